@@ -1,0 +1,17 @@
+// Subcommands of the single `m3serve` binary. Each lives in its own cmd_*.cpp and registers itself with
+// the CLI11 app; the returned callback runs when that subcommand was chosen and returns the exit code.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace m3::app {
+
+using CommandRun = std::function<int()>;
+
+CommandRun register_generate(CLI::App& app);        // m3serve generate --model DIR
+CommandRun register_score(CLI::App& app);           // m3serve score --model DIR --ids ...
+CommandRun register_tokenize(CLI::App& app);        // m3serve tokenize --tokenizer FILE [--decode]
+
+}  // namespace m3::app

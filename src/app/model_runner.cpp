@@ -1,0 +1,65 @@
+#include "app/model_runner.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+
+namespace m3::app {
+
+std::vector<int32_t> parse_id_list(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      fail("token ids: invalid JSON: {}", e.what());
+    }
+    for (const auto& v : j) {
+      M3_CHECK(v.is_number_integer(), "token ids: every entry must be an integer");
+      ids.push_back(v.get<int32_t>());
+    }
+    return ids;
+  }
+  std::string cur;
+  auto flush = [&] {
+    if (cur.empty()) return;
+    for (char ch : cur) M3_CHECK(std::isdigit(static_cast<unsigned char>(ch)), "token ids: '{}' is not an id", cur);
+    M3_CHECK(cur.size() < 10, "token ids: '{}' is too large", cur);
+    ids.push_back(std::stoi(cur));
+    cur.clear();
+  };
+  for (char ch : text) {
+    if (ch == ',' || std::isspace(static_cast<unsigned char>(ch)))
+      flush();
+    else
+      cur.push_back(ch);
+  }
+  flush();
+  return ids;
+}
+
+std::vector<float> prefill(const M3Model& model, KVCache& cache, SequenceKV& seq, const std::vector<int32_t>& ids,
+                           int64_t chunk, bool all_logits, ForwardTrace* trace) {
+  M3_CHECK(!ids.empty(), "prefill: empty prompt");
+  const int64_t n = int64_t(ids.size());
+  if (chunk <= 0) chunk = n;
+  seq.reserve(n);
+  std::vector<float> logits;
+  for (int64_t s = 0; s < n; s += chunk) {
+    const int64_t len = std::min(chunk, n - s);
+    SeqInput in{std::span<const int32_t>(ids.data() + s, size_t(len)), s, seq.pages(), all_logits};
+    auto out = model.forward(std::span<const SeqInput>(&in, 1), cache, trace);
+    if (all_logits)
+      logits.insert(logits.end(), out[0].begin(), out[0].end());
+    else
+      logits = std::move(out[0]);
+  }
+  return logits;
+}
+
+}  // namespace m3::app

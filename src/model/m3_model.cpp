@@ -1,0 +1,212 @@
+#include "model/m3_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "backend/cpu/cpu_ops.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
+
+namespace m3 {
+
+namespace {
+
+// Copies column block [c0, c0 + width) of a [T, ld] matrix into a dense [T, width] one.
+std::vector<float> take_cols(const std::vector<float>& src, int64_t T, int64_t ld, int64_t c0, int64_t width) {
+  std::vector<float> out(size_t(T * width));
+  for (int64_t t = 0; t < T; ++t) std::memcpy(&out[t * width], &src[t * ld + c0], size_t(width) * 4);
+  return out;
+}
+
+// SwiGLU-OAI MLP on x [T, H] → y [T, H].
+std::vector<float> run_mlp(const MlpWeights& m, const float* x, int64_t T, int64_t H, const M3Config& c) {
+  const int64_t I = m.intermediate;
+  std::vector<float> gu(size_t(T * 2 * I)), a(size_t(T * I)), y(size_t(T * H));
+  cpu::matmul_nt(x, T, H, m.gate_up.data(), 2 * I, gu.data());
+  cpu::swiglu_oai(gu.data(), T, I, c.swiglu_alpha, c.swiglu_limit, a.data());
+  cpu::matmul_nt(a.data(), T, I, m.down.data(), H, y.data());
+  return y;
+}
+
+// Per-head Gemma RMSNorm then partial NeoX RoPE, in place. x: [T, heads, D].
+void norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const std::vector<float>& w, const M3Config& c,
+               const int32_t* pos) {
+  cpu::rms_norm_gemma(x, T * heads, D, w.data(), c.rms_norm_eps, x);
+  cpu::rope_neox_partial(x, T, heads, D, c.rotary_dim, pos, c.rope_theta);
+}
+
+}  // namespace
+
+M3Model::M3Model(M3Config cfg, M3Weights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {}
+
+M3Model M3Model::load(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  M3_CHECK(fs::is_directory(model_dir), "model directory {} does not exist", model_dir);
+  M3Config cfg = load_m3_config((fs::path(model_dir) / "config.json").string());
+  SafeTensors st = SafeTensors::open(model_dir);
+  M3Weights w = M3Weights::load(cfg, st);
+  return M3Model(std::move(cfg), std::move(w));
+}
+
+std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs, KVCache& cache,
+                                                 ForwardTrace* trace) const {
+  const M3Config& c = cfg_;
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_q_heads, Hkv = c.num_kv_heads;
+  const int64_t B = c.sparse_block_size, V = c.vocab_size;
+  M3_CHECK(cache.block_size() == B, "KV cache page size {} differs from the model's block size {}",
+           cache.block_size(), B);
+
+  // Flatten the ragged batch: token t of the step belongs to sequence seq_of[t] at absolute position pos[t].
+  std::vector<int64_t> seq_begin;
+  std::vector<int32_t> pos;
+  int64_t T = 0;
+  for (const auto& s : seqs) {
+    M3_CHECK(!s.tokens.empty(), "forward: a sequence brings no new tokens");
+    const int64_t end = s.start_pos + int64_t(s.tokens.size());
+    M3_CHECK(int64_t(s.page_table.size()) * B >= end, "forward: page table covers {} tokens but {} are needed",
+             s.page_table.size() * B, end);
+    M3_CHECK(c.max_position_embeddings <= 0 || end <= c.max_position_embeddings,
+             "forward: position {} exceeds max_position_embeddings {}", end - 1, c.max_position_embeddings);
+    seq_begin.push_back(T);
+    for (size_t i = 0; i < s.tokens.size(); ++i) pos.push_back(int32_t(s.start_pos + int64_t(i)));
+    T += int64_t(s.tokens.size());
+  }
+  seq_begin.push_back(T);
+
+  std::vector<float> x(size_t(T * H));
+  {
+    int64_t t = 0;
+    for (const auto& s : seqs)
+      for (int32_t id : s.tokens) {
+        M3_CHECK(id >= 0 && id < V, "forward: token id {} is outside the vocabulary [0, {})", id, V);
+        std::memcpy(&x[t * H], &w_.embed[size_t(id) * H], size_t(H) * 4);
+        ++t;
+      }
+  }
+  if (trace) {
+    trace->hidden.assign(trace->capture_hidden ? c.num_layers : 0, {});
+    trace->selection.assign(c.num_layers, {});
+    trace->block_scores.assign(c.num_layers, {});
+    trace->block_scores_cols.assign(seqs.size(), 0);
+  }
+
+  const float scale = 1.0f / std::sqrt(float(D));
+  const int64_t qkv_w = (Hq + 2 * Hkv) * D;
+  std::vector<float> xn(size_t(T * H)), qkv(size_t(T * qkv_w)), attn(size_t(T * Hq * D)), o(size_t(T * H));
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    // ---- attention -------------------------------------------------------------------------------------
+    cpu::rms_norm_gemma(x.data(), T, H, L.input_norm.data(), c.rms_norm_eps, xn.data());
+    cpu::matmul_nt(xn.data(), T, H, L.wqkv.data(), qkv_w, qkv.data());
+    std::vector<float> q = take_cols(qkv, T, qkv_w, 0, Hq * D);             // [T, Hq, D]
+    std::vector<float> k = take_cols(qkv, T, qkv_w, Hq * D, Hkv * D);       // [T, Hkv, D]
+    std::vector<float> v = take_cols(qkv, T, qkv_w, (Hq + Hkv) * D, Hkv * D);  // [T, Hkv, D]
+    norm_rope(q.data(), T, Hq, D, L.q_norm, c, pos.data());
+    norm_rope(k.data(), T, Hkv, D, L.k_norm, c, pos.data());
+    // K/V of the new tokens go into the cache before anyone attends (queries see their own chunk).
+    for (size_t s = 0; s < seqs.size(); ++s)
+      for (int64_t t = seq_begin[s]; t < seq_begin[s + 1]; ++t) {
+        const int32_t page = seqs[s].page_table[pos[t] / B];
+        const int64_t off = pos[t] % B;
+        for (int64_t h = 0; h < Hkv; ++h) {
+          std::memcpy(cache.k(page, l) + (h * B + off) * D, &k[(t * Hkv + h) * D], size_t(D) * 4);
+          std::memcpy(cache.v(page, l) + (h * B + off) * D, &v[(t * Hkv + h) * D], size_t(D) * 4);
+        }
+      }
+    const cpu::PagedKV kv = cache.layer_view(l);
+
+    if (c.attn_kinds[l] == AttnKind::Sparse) {
+      const int64_t Hi = c.index_num_heads, Di = c.index_head_dim, K = c.sparse_topk_blocks;
+      const int64_t iw = (Hi + 1) * Di;
+      std::vector<float> iqk(size_t(T * iw));
+      cpu::matmul_nt(xn.data(), T, H, L.w_index_qk.data(), iw, iqk.data());
+      std::vector<float> iq = take_cols(iqk, T, iw, 0, Hi * Di);  // [T, Hidx, Di]
+      std::vector<float> ik = take_cols(iqk, T, iw, Hi * Di, Di);  // [T, Di]: one key shared by all index heads
+      norm_rope(iq.data(), T, Hi, Di, L.index_q_norm, c, pos.data());
+      norm_rope(ik.data(), T, 1, Di, L.index_k_norm, c, pos.data());
+      for (size_t s = 0; s < seqs.size(); ++s)
+        for (int64_t t = seq_begin[s]; t < seq_begin[s + 1]; ++t)
+          std::memcpy(cache.index_k(seqs[s].page_table[pos[t] / B], l) + (pos[t] % B) * Di, &ik[t * Di],
+                      size_t(Di) * 4);
+      const cpu::PagedIndexK ikv = cache.index_view(l);
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const int64_t t0 = seq_begin[s], n = seq_begin[s + 1] - t0;
+        const int64_t max_blocks = pos[t0 + n - 1] / B + 1;
+        std::vector<float> scores(size_t(Hi * n * max_blocks));
+        std::vector<int32_t> sel(size_t(Hi * n * K));
+        cpu::msa_block_scores(&iq[t0 * Hi * Di], n, int(Hi), &pos[t0], ikv, seqs[s].page_table.data(), max_blocks,
+                              scores.data());
+        cpu::msa_topk(scores.data(), n, int(Hi), &pos[t0], int(B), max_blocks, int(K), sel.data());
+        cpu::attention_sparse(&q[t0 * Hq * D], n, int(Hq), &pos[t0], kv, seqs[s].page_table.data(), sel.data(),
+                              int(K), scale, &attn[t0 * Hq * D]);
+        if (trace && trace->capture_selection) trace->selection[l].push_back(sel);
+        if (trace && trace->capture_block_scores) {
+          trace->block_scores[l].push_back(std::move(scores));
+          trace->block_scores_cols[s] = max_blocks;
+        }
+      }
+    } else {
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const int64_t t0 = seq_begin[s], n = seq_begin[s + 1] - t0;
+        cpu::attention_dense_causal(&q[t0 * Hq * D], n, int(Hq), &pos[t0], kv, seqs[s].page_table.data(), scale,
+                                    &attn[t0 * Hq * D]);
+      }
+    }
+    cpu::matmul_nt(attn.data(), T, Hq * D, L.wo.data(), H, o.data());
+    for (int64_t i = 0; i < T * H; ++i) x[i] += o[i];
+
+    // ---- feed-forward ----------------------------------------------------------------------------------
+    cpu::rms_norm_gemma(x.data(), T, H, L.post_attn_norm.data(), c.rms_norm_eps, xn.data());
+    if (c.mlp_kinds[l] == MlpKind::Dense) {
+      std::vector<float> y = run_mlp(L.mlp, xn.data(), T, H, c);
+      for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+    } else {
+      const int64_t E = c.num_experts, Kx = c.num_experts_per_tok;
+      std::vector<float> logits(size_t(T * E)), weights(size_t(T * Kx));
+      std::vector<int32_t> ids(size_t(T * Kx));
+      cpu::matmul_nt(xn.data(), T, H, L.router.data(), E, logits.data());
+      cpu::moe_route(logits.data(), T, E, L.router_bias.empty() ? nullptr : L.router_bias.data(), int(Kx),
+                     c.routed_scaling_factor, ids.data(), weights.data());
+      // Expert outputs per (token, slot); summed afterwards in slot order so a token's result does not depend on
+      // which other tokens share the step.
+      std::vector<float> slot_out(size_t(T * Kx * H));
+      for (int64_t e = 0; e < E; ++e) {
+        std::vector<int64_t> rows;  // (t·Kx + k) of the slots routed to expert e
+        for (int64_t r = 0; r < T * Kx; ++r)
+          if (ids[r] == e) rows.push_back(r);
+        if (rows.empty()) continue;
+        std::vector<float> xe(rows.size() * H);
+        for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&xe[i * H], &xn[(rows[i] / Kx) * H], size_t(H) * 4);
+        std::vector<float> ye = run_mlp(L.experts[e], xe.data(), int64_t(rows.size()), H, c);
+        for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot_out[rows[i] * H], &ye[i * H], size_t(H) * 4);
+      }
+      std::vector<float> shared;
+      if (!L.shared.gate_up.empty()) shared = run_mlp(L.shared, xn.data(), T, H, c);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          float acc = 0.f;
+          for (int64_t k2 = 0; k2 < Kx; ++k2) acc += weights[t * Kx + k2] * slot_out[(t * Kx + k2) * H + h];
+          if (!shared.empty()) acc += shared[t * H + h];
+          x[t * H + h] += acc;
+        }
+    }
+    if (trace && trace->capture_hidden) trace->hidden[l] = x;
+  }
+
+  // ---- head: final norm + LM head on the rows that need logits -------------------------------------------
+  std::vector<std::vector<float>> out;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t t0 = seqs[s].all_logits ? seq_begin[s] : seq_begin[s + 1] - 1;
+    const int64_t rows = seq_begin[s + 1] - t0;
+    std::vector<float> hn(size_t(rows * H)), lg(size_t(rows * V));
+    cpu::rms_norm_gemma(&x[t0 * H], rows, H, w_.final_norm.data(), c.rms_norm_eps, hn.data());
+    cpu::matmul_nt(hn.data(), rows, H, w_.lm_head.data(), V, lg.data());
+    out.push_back(std::move(lg));
+  }
+  return out;
+}
+
+}  // namespace m3

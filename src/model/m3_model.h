@@ -1,0 +1,54 @@
+// The M3 decoder forward on the CPU reference backend:
+//   x = embed[ids]; per layer: h = x + Attn(norm(x)); x = h + FFN(norm(h)); logits = lm_head(norm(x)).
+// Attn is dense causal GQA or MSA (index branch → block scores → top-k → sparse attention) per the config;
+// FFN is the dense SwiGLU-OAI MLP or the sigmoid-routed MoE with a shared expert.
+// A step is a ragged batch of sequences, each bringing n new tokens on top of start_pos cached ones.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "io/config.h"
+#include "kv/kv_cache.h"
+#include "model/m3_weights.h"
+
+namespace m3 {
+
+struct SeqInput {
+  std::span<const int32_t> tokens;      // [n] new tokens of this step
+  int64_t start_pos = 0;                // tokens of this sequence already in the cache (positions start here)
+  std::span<const int32_t> page_table;  // logical block → physical page; covers start_pos + n tokens
+  bool all_logits = false;              // logits for every new token, else only for the last one
+};
+
+// Optional capture of intermediate results (tests, `m3serve score`). Vectors are indexed by layer.
+struct ForwardTrace {
+  bool capture_hidden = false;     // residual stream after each layer: [T_total, H]
+  bool capture_selection = false;  // sparse layers, per sequence: [Hidx, n_seq, top_k] (ids ascending, local last)
+  bool capture_block_scores = false;  // sparse layers, per sequence: [Hidx, n_seq, max_blocks]
+  std::vector<std::vector<float>> hidden;
+  std::vector<std::vector<std::vector<int32_t>>> selection;  // [layer][seq]
+  std::vector<std::vector<std::vector<float>>> block_scores;  // [layer][seq]
+  std::vector<int64_t> block_scores_cols;                      // [seq] max_blocks used for that sequence
+};
+
+class M3Model {
+ public:
+  M3Model(M3Config cfg, M3Weights weights);
+  // Loads config.json and the safetensors of a model directory.
+  static M3Model load(const std::string& model_dir);
+
+  const M3Config& config() const { return cfg_; }
+
+  // Runs one step. Writes K, V, index-K of the new tokens into `cache` through each sequence's page table.
+  // Returns logits per sequence: [rows, V] with rows = n (all_logits) or 1.
+  std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, KVCache& cache,
+                                          ForwardTrace* trace = nullptr) const;
+
+ private:
+  M3Config cfg_;
+  M3Weights w_;
+};
+
+}  // namespace m3

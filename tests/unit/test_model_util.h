@@ -1,0 +1,23 @@
+// Helpers for tests: tiny M3 configs and random in-memory weights (no files), and a one-call forward.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "io/config.h"
+#include "model/m3_model.h"
+
+namespace m3::test {
+
+// 5 layers: 3 dense attention + dense MLP, 2 MSA + MoE (8 experts, top-2, shared expert); block 16, top-4.
+M3Config tiny_config();
+// Random weights with a fixed seed; scales keep activations O(1) through the layers.
+M3Weights random_weights(const M3Config& c, uint64_t seed);
+std::vector<int32_t> random_ids(int64_t n, int vocab, uint64_t seed);
+
+// Runs `ids` through a fresh cache in chunks of `chunk` tokens (0 = one shot) and returns logits for every
+// position [n, V]; optionally captures a trace of the last chunk.
+std::vector<float> run_chunked(const M3Model& model, const std::vector<int32_t>& ids, int64_t chunk,
+                               ForwardTrace* trace = nullptr);
+
+}  // namespace m3::test
