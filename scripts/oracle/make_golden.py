@@ -1006,7 +1006,15 @@ def mode_check_mxfp8(args):
                 s = fb.get_tensor(k + "_scale_inv").to(torch.float32)
                 e = (s - 127.0).repeat_interleave(32, 1)
                 ref = (w.double() / torch.exp2(e.double())).float().to(torch.float8_e4m3fn)
-                res["code_mismatch"] += int((ref.view(torch.uint8) != q.view(torch.uint8)).sum())
+                bad = (ref.view(torch.uint8) != q.view(torch.uint8)).nonzero().tolist()
+                res["code_mismatch"] += len(bad)
+                for i, j in bad[:10]:
+                    x = float(w[i, j].double() / torch.exp2(e[i, j].double()))
+                    # scalar cast too: torch's vectorised and scalar CPU paths may round ties differently
+                    scalar = torch.tensor([x], dtype=torch.float32)[0:1].to(torch.float8_e4m3fn).float().item()
+                    res.setdefault("mismatches", []).append(
+                        {"tensor": k, "row": i, "col": j, "scaled_value": x, "ours": float(q[i, j].float()),
+                         "torch": float(ref[i, j].float()), "torch_single_element_cast": scalar})
                 amax = w.abs().view(w.shape[0], -1, 32).amax(-1)
                 ok = (amax / torch.exp2(s - 127.0) <= 448) & ((amax == 0) | (amax / torch.exp2(s - 128.0) > 448))
                 res["scale_not_minimal"] += int((~ok).sum())

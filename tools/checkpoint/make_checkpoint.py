@@ -199,7 +199,8 @@ def f32_to_e4m3_bits(x):
     take_hi = (d_hi < d_lo) | ((d_hi == d_lo) & ((hi & 1) == 0))
     code = np.where(take_hi, hi, lo).astype(np.uint8)
     code = np.where(a == E4M3_POS[hi], hi, code).astype(np.uint8)
-    sign = (np.signbit(x) & (code != 0)).astype(np.uint8) << np.uint8(7)
+    # The sign is kept when a tiny negative value rounds to zero (-0 = 0x80), as torch's cast does.
+    sign = np.signbit(x).astype(np.uint8) << np.uint8(7)
     return code | sign
 
 
