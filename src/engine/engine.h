@@ -1,0 +1,90 @@
+// The serving engine: one thread owns the model, the scheduler and the KV cache. Other threads talk to it only
+// through submit()/abort() (a locked inbox) and the OutputSink callbacks it calls.
+//
+// Each step: admit waiting requests while pages allow (prefix-cache hits skip recompute), build a batch under the
+// token budget — decodes first, then prefill chunks —, run one forward, sample, emit outputs, retire finished
+// requests. When pages run out, the newest / lowest-priority running request is preempted by recompute (its
+// full pages stay in the prefix cache) and requeued; no request fails because the cache is full.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/metrics.h"
+#include "kv/kv_cache.h"
+#include "kv/prefix_cache.h"
+#include "model/m3_model.h"
+
+namespace m3 {
+
+struct EngineConfig {
+  int32_t num_pages = 0;              // KV pages (each holds block_size tokens of every layer)
+  int max_num_seqs = 64;              // running sequences at most
+  int max_num_batched_tokens = 2048;  // tokens per step (decode rows + prefill chunk tokens)
+  int64_t max_model_len = 0;          // prompt + generated, at most (0 = model's max_position_embeddings)
+  bool enable_prefix_caching = true;
+};
+
+class Engine {
+ public:
+  Engine(const M3Model& model, EngineConfig cfg);
+  ~Engine();  // stops the thread; pending requests finish with Abort
+
+  void start();
+  void stop();
+
+  // Thread-safe. Validates (prompt length, params) and throws m3::Error with a client-facing message when the
+  // request can never run; otherwise queues it. The sink receives every output event, the last one final.
+  void submit(EngineRequest req, OutputSink sink);
+  // Thread-safe; unknown or finished ids are ignored. The request's pages return to the pool within one step.
+  void abort(const std::string& request_id);
+
+  const EngineConfig& config() const { return cfg_; }
+  int64_t max_model_len() const { return cfg_.max_model_len; }
+  EngineMetrics metrics() const;  // thread-safe snapshot
+
+  // Runs one scheduling step on the calling thread (tests drive the engine without its thread). Returns false
+  // when there was nothing to do.
+  bool step();
+
+ private:
+  struct Sequence;
+  void loop();
+  void drain_inbox();
+  void finish(Sequence& s, FinishReason why, const std::string& error = {});
+  bool ensure_pages(Sequence& s, int64_t tokens);
+  void free_pages(Sequence& s, bool cache_full_pages);
+  void preempt_one();
+  void publish_state();  // running/waiting/page gauges for metrics()
+
+  const M3Model& model_;
+  EngineConfig cfg_;
+  KVCache cache_;
+  PrefixCache prefix_;
+
+  std::mutex inbox_mu_;
+  std::condition_variable inbox_cv_;
+  std::vector<std::pair<EngineRequest, OutputSink>> inbox_;
+  std::vector<std::string> abort_inbox_;
+  bool stop_ = false;
+  std::thread thread_;
+
+  // Owned by the engine thread (or by step() callers when no thread runs).
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  uint64_t arrival_counter_ = 0;
+
+  mutable std::mutex metrics_mu_;
+  EngineMetrics metrics_;
+};
+
+}  // namespace m3

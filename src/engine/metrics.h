@@ -1,0 +1,41 @@
+// Engine counters and latency histograms, snapshotted under a lock and rendered as Prometheus text by the server.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace m3 {
+
+struct Histogram {
+  std::vector<double> bounds;    // upper bounds (seconds), ascending; +Inf is implicit
+  std::vector<uint64_t> counts;  // per bucket, not cumulative; size bounds.size() + 1
+  double sum = 0;
+  uint64_t count = 0;
+
+  static Histogram latency();  // 1 ms … 60 s buckets
+  void observe(double seconds);
+};
+
+struct EngineMetrics {
+  int num_running = 0;
+  int num_waiting = 0;
+  int32_t pages_total = 0;
+  int32_t pages_used = 0;         // referenced by a running request (cached-only pages not counted)
+  int32_t pages_cached = 0;       // in the prefix cache (some may also be in use)
+  int32_t pages_free = 0;         // in the free list
+  uint64_t prompt_tokens = 0;     // total prompt tokens of admitted requests
+  uint64_t generation_tokens = 0;
+  uint64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache
+  uint64_t prefix_hit_tokens = 0;    // of those, served from it
+  uint64_t preemptions = 0;
+  uint64_t requests_stop = 0, requests_length = 0, requests_abort = 0, requests_error = 0;
+  Histogram ttft = Histogram::latency();
+  Histogram itl = Histogram::latency();
+  Histogram e2e = Histogram::latency();
+
+  // Prometheus exposition text; metric names prefixed "m3serve:" like vLLM's "vllm:".
+  std::string to_prometheus(const std::string& model_name) const;
+};
+
+}  // namespace m3

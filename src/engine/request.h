@@ -1,0 +1,64 @@
+// What crosses the boundary between the HTTP side and the engine thread. Plain, serialisable data: token ids,
+// sampling parameters, limits — so a gateway process can later send the same thing over the wire.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace m3 {
+
+struct GenerationParams {
+  SamplingParams sampling;           // temperature, top_p, top_k, min_p, seed
+  int max_tokens = 16;               // new tokens at most (≥ 1)
+  int min_tokens = 0;                // EOS / stop ids are suppressed before this many tokens
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  float presence_penalty = 0.f;      // [-2, 2], OpenAI semantics (on generated tokens)
+  float frequency_penalty = 0.f;     // [-2, 2]
+  float repetition_penalty = 1.f;    // (0, 2], HF/vLLM semantics (on prompt + generated tokens)
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to logits before sampling
+  int top_logprobs = -1;             // −1: no logprobs; 0..20: logprob of the chosen token + that many top ones
+  uint64_t choice_index = 0;         // for n > 1: keys the RNG stream with the seed
+
+  // Throws m3::Error naming the field when out of range (vocab_size bounds token ids).
+  void validate(int vocab_size) const;
+};
+
+struct EngineRequest {
+  std::string id;
+  std::vector<int32_t> prompt;
+  GenerationParams params;
+  int priority = 0;  // lower runs first (vLLM semantics); FCFS within a priority
+};
+
+enum class FinishReason { None, Stop, Length, Abort, Error };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, descending
+};
+
+// One engine → client event. Tokens arrive in order; the last event has finish != None.
+struct EngineOutput {
+  std::vector<int32_t> tokens;         // new tokens since the previous event
+  std::vector<TokenLogprob> logprobs;  // parallel to tokens when requested
+  FinishReason finish = FinishReason::None;
+  std::string error;                   // when finish == Error
+  int prompt_tokens = 0;
+  int cached_tokens = 0;               // prompt tokens served from the prefix cache
+  int completion_tokens = 0;           // so far
+};
+
+// Called on the engine thread: keep it cheap (push into a queue / post to an io_context).
+using OutputSink = std::function<void(const EngineOutput&)>;
+
+}  // namespace m3
