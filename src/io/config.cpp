@@ -163,8 +163,12 @@ M3Config parse_m3_config(const std::string& text, const std::string& source) {
   }
 
   std::string act = L.get<std::string>("hidden_act", "swigluoai");
-  M3_CHECK(act == "swigluoai" || act == "swiglu_oai", "{}: hidden_act '{}' is not supported (expected swigluoai)",
-           source, act);
+  // HF's save_pretrained writes its class default "silu" while its M3 MLP always applies SwiGLU-OAI with
+  // swiglu_alpha / swiglu_limit (verified by the oracle, docs/ORACLE.md); accept that spelling only together
+  // with the swiglu keys.
+  const bool hf_spelling = act == "silu" && L.find("swiglu_limit") != nullptr;
+  M3_CHECK(act == "swigluoai" || act == "swiglu_oai" || hf_spelling,
+           "{}: hidden_act '{}' is not supported (expected swigluoai)", source, act);
   c.swiglu_alpha = L.get<float>("swiglu_alpha", 1.702f);
   c.swiglu_limit = L.get<float>("swiglu_limit", 7.0f);
 
