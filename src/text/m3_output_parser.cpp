@@ -20,6 +20,16 @@ size_t skip_ws(std::string_view b, size_t i) {
   return i;
 }
 
+// Whitespace tolerated inside a marker ("NS <tag>", "<tool_call>\n NS<invoke"). Bounded so that the
+// held-back text, and the rescanning of it on every push, stay small.
+constexpr size_t kMaxTagGap = 64;
+
+size_t skip_gap(std::string_view b, size_t i) {
+  size_t limit = std::min(b.size(), i + kMaxTagGap);
+  while (i < limit && is_ws(b[i])) ++i;
+  return i;
+}
+
 bool all_ws(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return is_ws(c); });
 }
@@ -129,7 +139,7 @@ Match match_literal(std::string_view b, size_t i, std::string_view lit, bool at_
 Match match_ns_tag(std::string_view b, size_t i, std::string_view lit, bool at_end, size_t* end) {
   Match m = match_literal(b, i, kM3Namespace, at_end);
   if (m != kFull) return m;
-  size_t j = skip_ws(b, i + kM3Namespace.size());
+  size_t j = skip_gap(b, i + kM3Namespace.size());
   m = match_literal(b, j, lit, at_end);
   if (m == kFull) *end = j + lit.size();
   return m;
@@ -154,7 +164,7 @@ Match match_tool_open(std::string_view b, size_t i, bool at_end, size_t* len) {
   }
   Match m = match_literal(b, i, kToolCallOpen, at_end);
   if (m != kFull) return m;
-  size_t j = skip_ws(b, i + kToolCallOpen.size());
+  size_t j = skip_gap(b, i + kToolCallOpen.size());
   Match la = match_invoke_open(b, j, at_end, &end);
   if (la == kFull) *len = kToolCallOpen.size();
   return la;

@@ -87,6 +87,13 @@ const std::vector<Case> kToolCases = {
     {"WhitespaceBetweenNamespaceAndTag",
      "§ <tool_call>\n§\n<invoke name=\"get_time\">§ <tz>UTC§ </tz>§\t</invoke>\n§ </tool_call>", false, "", "",
      {{"get_time", R"({"tz":"UTC"})"}}},
+    // At most 64 whitespace characters are tolerated inside a marker.
+    {"LongGapAfterNamespaceLeavesTheBareOpener", "§" + std::string(65, ' ') + "<tool_call>" + kTime + "§</tool_call>",
+     false, "", "§" + std::string(65, ' '), {{"get_time", R"({"tz":"CET"})"}}},
+    {"LongGapAfterBareOpenerIsText", "<tool_call>" + std::string(65, '\n') + kTime + "§</tool_call>", false, "",
+     "<tool_call>" + std::string(65, '\n') + kTime + "§</tool_call>"},
+    {"GapOf64IsTolerated", "<tool_call>" + std::string(64, '\n') + kTime + "§</tool_call>", false, "", "",
+     {{"get_time", R"({"tz":"CET"})"}}},
     {"UnprefixedFirstToolCallTolerated", "<tool_call>\n" + kTime + "\n§</tool_call>", false, "", "",
      {{"get_time", R"({"tz":"CET"})"}}},
     {"UnprefixedCloserTolerated", "§<tool_call>" + kTime + "</tool_call>after", false, "", "after",
@@ -198,6 +205,17 @@ TEST(ToolCallStreaming, InvalidUtf8InValueDoesNotThrow) {
   EXPECT_NO_THROW(m = M3OutputParser::parse_full(text, false, test_tools(), true, kSeed));
   ASSERT_EQ(m.tool_calls.size(), 1u);
   EXPECT_EQ(m.tool_calls[0].arguments_json, "{\"tz\":\"\xEF\xBF\xBD\xEF\xBF\xBD ok\"}");
+}
+
+TEST(ToolCallStreaming, LongWhitespaceRunAfterOpenerIsNotHeldBack) {
+  // Tolerated whitespace inside a marker is bounded, so a degenerate run is released, not rescanned.
+  M3OutputParser p(false, test_tools(), true, kSeed);
+  ParsedMessage m;
+  m.append(p.push("<tool_call>"));
+  for (int i = 0; i < 100000; ++i) m.append(p.push(" "));
+  EXPECT_LT(p.held_bytes(), 100u);
+  m.append(p.finish());
+  EXPECT_EQ(m.content, "<tool_call>" + std::string(100000, ' '));
 }
 
 TEST(ToolCallStreaming, LongArgumentStreamedInTinyChunksStaysLinear) {
