@@ -81,24 +81,38 @@ bool runs_before(const EngineRequest& a, uint64_t arr_a, const EngineRequest& b,
 
 }  // namespace
 
+namespace {
+
+EngineConfig resolve_config(const M3Config& c, EngineConfig cfg, int32_t num_pages) {
+  cfg.num_pages = num_pages;
+  const int64_t capacity = int64_t(num_pages) * c.sparse_block_size;
+  if (cfg.max_model_len <= 0) cfg.max_model_len = c.max_position_embeddings > 0 ? c.max_position_embeddings : capacity;
+  if (c.max_position_embeddings > 0) cfg.max_model_len = std::min(cfg.max_model_len, c.max_position_embeddings);
+  // One sequence must always fit, or preemption could never make progress.
+  cfg.max_model_len = std::min(cfg.max_model_len, capacity);
+  M3_CHECK(cfg.max_num_seqs >= 1, "max_num_seqs must be at least 1");
+  M3_CHECK(cfg.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1");
+  return cfg;
+}
+
+}  // namespace
+
 Engine::Engine(const M3Model& model, EngineConfig cfg)
-    : model_(model),
-      cfg_([&] {
-        const M3Config& c = model.config();
-        if (cfg.num_pages <= 0) cfg.num_pages = pages_for_memory_default(c);
-        const int64_t capacity = int64_t(cfg.num_pages) * c.sparse_block_size;
-        if (cfg.max_model_len <= 0) cfg.max_model_len = c.max_position_embeddings > 0 ? c.max_position_embeddings : capacity;
-        if (c.max_position_embeddings > 0) cfg.max_model_len = std::min(cfg.max_model_len, c.max_position_embeddings);
-        // One sequence must always fit, or preemption could never make progress.
-        cfg.max_model_len = std::min(cfg.max_model_len, capacity);
-        M3_CHECK(cfg.max_num_seqs >= 1, "max_num_seqs must be at least 1");
-        M3_CHECK(cfg.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1");
-        return cfg;
-      }()),
-      cache_(model.config(), cfg_.num_pages),
-      prefix_(cache_.pool(), model.config().sparse_block_size, cfg_.enable_prefix_caching) {
+    : owned_executor_(std::make_unique<CpuExecutor>(
+          model, cfg.num_pages > 0 ? cfg.num_pages : pages_for_memory_default(model.config()))),
+      exec_(*owned_executor_),
+      cfg_(resolve_config(model.config(), cfg, exec_.pool().capacity())),
+      prefix_(exec_.pool(), model.config().sparse_block_size, cfg_.enable_prefix_caching) {
   metrics_.pages_total = cfg_.num_pages;
   metrics_.pages_free = cfg_.num_pages;
+}
+
+Engine::Engine(ModelExecutor& executor, EngineConfig cfg)
+    : exec_(executor),
+      cfg_(resolve_config(executor.config(), cfg, executor.pool().capacity())),
+      prefix_(exec_.pool(), executor.config().sparse_block_size, cfg_.enable_prefix_caching) {
+  metrics_.pages_total = cfg_.num_pages;
+  metrics_.pages_free = exec_.pool().num_free();
 }
 
 Engine::~Engine() {
@@ -131,7 +145,7 @@ void Engine::stop() {
 }
 
 void Engine::submit(EngineRequest req, OutputSink sink) {
-  const M3Config& c = model_.config();
+  const M3Config& c = exec_.config();
   M3_CHECK(!req.prompt.empty(), "the prompt is empty");
   for (int32_t id : req.prompt)
     M3_CHECK(id >= 0 && id < c.vocab_size, "prompt token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
@@ -213,12 +227,12 @@ void Engine::drain_inbox() {
 }
 
 void Engine::free_pages(Sequence& s, bool cache_full_pages) {
-  const int64_t B = cache_.block_size();
+  const int64_t B = exec_.config().sparse_block_size;
   if (cache_full_pages) {
     const int64_t full = s.computed / B;
     for (int64_t i = s.registered; i < full; ++i) prefix_.insert(s.tokens, int(i), s.pages[i]);
   }
-  for (int32_t p : s.pages) cache_.pool().release(p);
+  for (int32_t p : s.pages) exec_.pool().release(p);
   s.pages.clear();
   s.registered = 0;
 }
@@ -245,7 +259,7 @@ void Engine::finish(Sequence& s, FinishReason why, const std::string& error) {
 }
 
 bool Engine::ensure_pages(Sequence& s, int64_t tokens) {
-  const int64_t B = cache_.block_size();
+  const int64_t B = exec_.config().sparse_block_size;
   while (int64_t(s.pages.size()) * B < tokens) {
     auto p = prefix_.alloc();
     if (!p) return false;
@@ -319,7 +333,7 @@ bool Engine::step() {
     publish_state();
     return false;
   }
-  const M3Config& c = model_.config();
+  const M3Config& c = exec_.config();
   const int64_t B = c.sparse_block_size;
   int64_t budget = cfg_.max_num_batched_tokens;
 
@@ -399,7 +413,7 @@ bool Engine::step() {
   for (auto& [s, n] : work)
     inputs.push_back(SeqInput{std::span<const int32_t>(s->tokens.data() + s->computed, size_t(n)), s->computed,
                               s->pages, false});
-  std::vector<std::vector<float>> logits = model_.forward(inputs, cache_);
+  std::vector<std::vector<float>> logits = exec_.forward(inputs);
 
   // 5. Advance, sample where a sequence reached its end, emit, retire.
   std::vector<Sequence*> done;
@@ -474,9 +488,9 @@ void Engine::publish_state() {
   std::lock_guard<std::mutex> lk(metrics_mu_);
   metrics_.num_running = int(running_.size());
   metrics_.num_waiting = int(waiting_.size());
-  metrics_.pages_free = cache_.pool().num_free();
+  metrics_.pages_free = exec_.pool().num_free();
   metrics_.pages_cached = prefix_.num_cached();
-  metrics_.pages_used = cache_.pool().num_used() - prefix_.num_evictable();
+  metrics_.pages_used = exec_.pool().num_used() - prefix_.num_evictable();
 }
 
 }  // namespace m3

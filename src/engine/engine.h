@@ -22,12 +22,13 @@
 #include "engine/metrics.h"
 #include "kv/kv_cache.h"
 #include "kv/prefix_cache.h"
+#include "model/executor.h"
 #include "model/m3_model.h"
 
 namespace m3 {
 
 struct EngineConfig {
-  int32_t num_pages = 0;              // KV pages (each holds block_size tokens of every layer)
+  int32_t num_pages = 0;              // KV pages for the CPU executor the M3Model constructor builds (0 = default)
   int max_num_seqs = 64;              // running sequences at most
   int max_num_batched_tokens = 2048;  // tokens per step (decode rows + prefill chunk tokens)
   int64_t max_model_len = 0;          // prompt + generated, at most (0 = model's max_position_embeddings)
@@ -36,7 +37,10 @@ struct EngineConfig {
 
 class Engine {
  public:
+  // Runs on the CPU reference backend with an executor of cfg.num_pages pages.
   Engine(const M3Model& model, EngineConfig cfg);
+  // Runs on any executor (e.g. CUDA); the page count is the executor's.
+  Engine(ModelExecutor& executor, EngineConfig cfg);
   ~Engine();  // stops the thread; pending requests finish with Abort
 
   void start();
@@ -49,6 +53,7 @@ class Engine {
   void abort(const std::string& request_id);
 
   const EngineConfig& config() const { return cfg_; }
+  ModelExecutor& executor() { return exec_; }
   int64_t max_model_len() const { return cfg_.max_model_len; }
   EngineMetrics metrics() const;  // thread-safe snapshot
 
@@ -66,9 +71,9 @@ class Engine {
   void preempt_one();
   void publish_state();  // running/waiting/page gauges for metrics()
 
-  const M3Model& model_;
+  std::unique_ptr<ModelExecutor> owned_executor_;
+  ModelExecutor& exec_;
   EngineConfig cfg_;
-  KVCache cache_;
   PrefixCache prefix_;
 
   std::mutex inbox_mu_;

@@ -1,0 +1,42 @@
+// A model executor runs forwards for the engine over a paged cache it owns. The CPU executor wraps M3Model and a
+// host KVCache; the CUDA executor (issue 5) holds device weights and device pages. The engine only sees page ids:
+// it allocates them from pool() and passes page tables in SeqInput.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "kv/page_pool.h"
+#include "model/m3_model.h"
+
+namespace m3 {
+
+class ModelExecutor {
+ public:
+  virtual ~ModelExecutor() = default;
+  virtual const M3Config& config() const = 0;
+  virtual PagePool& pool() = 0;
+  // Same contract as M3Model::forward: writes the new tokens' K/V/index-K, returns logits per sequence.
+  virtual std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace = nullptr) = 0;
+  virtual std::string describe() const = 0;  // for the startup line, e.g. "cpu fp32, 512 pages × 16 tokens"
+};
+
+class CpuExecutor final : public ModelExecutor {
+ public:
+  CpuExecutor(const M3Model& model, int32_t num_pages) : model_(model), cache_(model.config(), num_pages) {}
+  const M3Config& config() const override { return model_.config(); }
+  PagePool& pool() override { return cache_.pool(); }
+  std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace) override {
+    return model_.forward(seqs, cache_, trace);
+  }
+  std::string describe() const override;
+
+ private:
+  const M3Model& model_;
+  KVCache cache_;
+};
+
+}  // namespace m3
