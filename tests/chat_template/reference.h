@@ -1,0 +1,49 @@
+// Test helper: runs tests/chat_template/reference_render.py (Python jinja2 configured like
+// transformers) on a batch of jobs and returns its results. Used by tests/text/jinja_test.cpp and
+// tests/text/chat_template_test.cpp. Paths are resolved from this header's location, so the test
+// binaries work from any working directory.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace m3::testref {
+
+inline std::filesystem::path chat_template_dir() { return std::filesystem::path(__FILE__).parent_path(); }
+inline std::filesystem::path repo_root() { return chat_template_dir().parent_path().parent_path(); }
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// jobs: array of {"template", "context"} or {"template", "inputs", "bos_token", "eos_token"}.
+// Returns an array of {"ok": bool, "out"|"error": string}; throws std::runtime_error if Python fails.
+inline nlohmann::ordered_json run_reference(const nlohmann::ordered_json& jobs) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("m3_jinja_ref_" + std::to_string(::getpid()) + "_" +
+                                              std::to_string(reinterpret_cast<uintptr_t>(&jobs)));
+  fs::create_directories(dir);
+  fs::path in = dir / "jobs.json", out = dir / "out.json";
+  {
+    std::ofstream f(in, std::ios::binary);
+    f << nlohmann::ordered_json{{"jobs", jobs}}.dump();
+  }
+  std::string cmd = "/usr/bin/python3 '" + (chat_template_dir() / "reference_render.py").string() + "' '" +
+                    in.string() + "' '" + out.string() + "'";
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) throw std::runtime_error("reference renderer failed (is python3-jinja2 installed?): " + cmd);
+  auto res = nlohmann::ordered_json::parse(slurp(out));
+  fs::remove_all(dir);
+  return res;
+}
+
+}  // namespace m3::testref
