@@ -1,6 +1,8 @@
 #include "text/m3_output_parser.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <random>
 
 #include <fmt/format.h>
@@ -41,6 +43,19 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Per-parser seed for call ids. random_device may be unavailable in odd sandboxes; a clock-based
+// seed is then good enough (ids only need to differ between requests, not be secret).
+uint64_t random_seed() {
+  static std::atomic<uint64_t> counter{0};
+  uint64_t salt = splitmix64(counter.fetch_add(1, std::memory_order_relaxed));
+  try {
+    std::random_device rd;
+    return ((uint64_t{rd()} << 32) ^ rd()) ^ salt;
+  } catch (...) {
+    return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^ salt;
+  }
+}
+
 }  // namespace
 
 void ParsedMessage::append(const ParsedDelta& d) {
@@ -60,7 +75,7 @@ M3OutputParser::M3OutputParser(bool starts_in_reasoning, const nlohmann::json& t
                                std::optional<uint64_t> call_id_seed)
     : tools_(tools),
       parse_tools_(parse_tools),
-      id_seed_(call_id_seed ? *call_id_seed : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()),
+      id_seed_(call_id_seed ? *call_id_seed : random_seed()),
       phase_(starts_in_reasoning ? Phase::kReasoning : Phase::kBeforeThink) {}
 
 ParsedMessage M3OutputParser::parse_full(std::string_view text, bool starts_in_reasoning,
