@@ -155,11 +155,16 @@ M3Config parse_m3_config(const std::string& text, const std::string& source) {
     std::string type = rs->is_object() ? rs->value("rope_type", rs->value("type", std::string("default"))) : "";
     M3_CHECK(type == "default", "{}: rope_scaling type '{}' is not supported", source, type);
   }
-  if (const json* rd = L.find("rotary_dim")) {
-    c.rotary_dim = rd->get<int>();
+  // HF (5.17) rotates int(head_dim · partial_rotary_factor) channels and ignores `rotary_dim`; the released
+  // config carries both (64 = 128 · 0.5). Take the factor when present and refuse a contradicting rotary_dim.
+  if (const json* f = R.find("partial_rotary_factor")) {
+    c.rotary_dim = int(R.get<double>("partial_rotary_factor", 1.0) * c.head_dim);
+    if (const json* rd = L.find("rotary_dim"))
+      M3_CHECK(rd->is_number_integer() && rd->get<int>() == c.rotary_dim,
+               "{}: rotary_dim {} contradicts head_dim × partial_rotary_factor = {}", source, rd->dump(), c.rotary_dim);
+    (void)f;
   } else {
-    double f = R.get<double>("partial_rotary_factor", 1.0);
-    c.rotary_dim = int(std::lround(f * c.head_dim));
+    c.rotary_dim = L.get<int>("rotary_dim", c.head_dim);
   }
 
   std::string act = L.get<std::string>("hidden_act", "swigluoai");

@@ -193,6 +193,9 @@ TEST(Config, ErrorsNameTheKey) {
   t = text_config_json(test::tiny_config());
   t["sparse_attention_config"]["sparse_num_index_heads"] = 3;
   expect_error([&] { parse_m3_config(t.dump()); }, {"sparse_num_index_heads"});
+  t = text_config_json(test::tiny_config());
+  t["partial_rotary_factor"] = 0.25;  // head_dim 16 · 0.25 = 4, but rotary_dim says 8
+  expect_error([&] { parse_m3_config(t.dump()); }, {"rotary_dim", "contradicts"});
 }
 
 class Checkpoint : public ::testing::Test {
