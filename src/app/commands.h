@@ -13,5 +13,7 @@ using CommandRun = std::function<int()>;
 CommandRun register_generate(CLI::App& app);        // m3serve generate --model DIR
 CommandRun register_score(CLI::App& app);           // m3serve score --model DIR --ids ...
 CommandRun register_tokenize(CLI::App& app);        // m3serve tokenize --tokenizer FILE [--decode]
+CommandRun register_serve(CLI::App& app);           // m3serve serve --model DIR
+CommandRun register_bench_serve(CLI::App& app);     // m3serve bench-serve --base-url URL
 
 }  // namespace m3::app

@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   add(m3::app::register_generate);
   add(m3::app::register_score);
   add(m3::app::register_tokenize);
+  add(m3::app::register_serve);
+  add(m3::app::register_bench_serve);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

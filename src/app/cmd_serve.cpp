@@ -1,0 +1,276 @@
+// m3serve serve: load a model directory, start the engine thread and the OpenAI-compatible HTTP server.
+// Flags follow `vllm serve` where they apply (--host, --port, --served-model-name, --max-model-len,
+// --max-num-seqs, --max-num-batched-tokens, --enable-prefix-caching); --kv-cache-memory sizes the KV pool.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "base/error.h"
+#include "engine/engine.h"
+#include "kv/kv_cache.h"
+#include "server/http_server.h"
+#include "server/openai_service.h"
+
+namespace m3::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ServeOptions {
+  std::string model, tokenizer, chat_template, host = "127.0.0.1", served_model_name;
+  int port = 8000;
+  int64_t max_model_len = 0;
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;
+  bool prefix_caching = true;
+  std::string kv_cache_memory;
+  std::string max_body_bytes = "32MiB";
+  int max_connections = 1024;
+  int io_threads = 2;
+  std::string default_thinking_mode;
+};
+
+// "2GiB", "512MiB", "1.5G", "1000000" → bytes.
+int64_t parse_bytes(const std::string& text, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    m3::fail("{} '{}' is not a size (examples: 2GiB, 512MiB, 1000000)", flag, text);
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  double mult = 1;
+  if (unit.empty() || unit == "B" || unit == "b") mult = 1;
+  else if (unit == "K" || unit == "KB" || unit == "k") mult = 1e3;
+  else if (unit == "M" || unit == "MB") mult = 1e6;
+  else if (unit == "G" || unit == "GB") mult = 1e9;
+  else if (unit == "KiB") mult = 1024.0;
+  else if (unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else m3::fail("{} '{}': unknown unit '{}' (use B, KiB, MiB, GiB, K, M, G)", flag, text, unit);
+  M3_CHECK(v > 0 && std::isfinite(v), "{} must be positive, got '{}'", flag, text);
+  return int64_t(v * mult);
+}
+
+int64_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  int64_t size = 0, rss = 0;
+  f >> size >> rss;
+  return rss * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+// What loading will touch: the mapped safetensors bytes plus an fp32 copy of every tensor (the CPU reference
+// backend converts at load). Read from the safetensors headers (8-byte length + JSON).
+int64_t expected_load_bytes(const std::string& dir) {
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".safetensors") continue;
+    total += int64_t(e.file_size(ec));
+    std::ifstream f(e.path(), std::ios::binary);
+    uint64_t n = 0;
+    if (!f.read(reinterpret_cast<char*>(&n), 8) || n > (uint64_t(1) << 30)) continue;
+    std::string header(n, '\0');
+    if (!f.read(header.data(), std::streamsize(n))) continue;
+    auto j = nlohmann::json::parse(header, nullptr, false);
+    if (!j.is_object()) continue;
+    for (const auto& [name, t] : j.items()) {
+      if (name == "__metadata__" || !t.contains("shape")) continue;
+      int64_t elems = 1;
+      for (const auto& d : t["shape"]) elems *= d.get<int64_t>();
+      total += elems * 4;
+    }
+  }
+  return std::max<int64_t>(total, 1);
+}
+
+// Loads the model while a thread draws a progress bar on stderr. Progress = resident memory grown / bytes the
+// load will touch (an estimate: the loader has no callback), clamped below 100 % until it returns.
+M3Model load_with_progress(const std::string& dir) {
+  const int64_t expected = expected_load_bytes(dir);
+  const int64_t rss0 = resident_bytes();
+  std::atomic<bool> done{false};
+  const bool tty = isatty(2);
+  auto t0 = std::chrono::steady_clock::now();
+  auto draw = [&](double frac, bool final) {
+    const int width = 30;
+    int filled = int(frac * width);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string bar(size_t(filled), '#');
+    bar.resize(width, '.');
+    std::fprintf(stderr, "%sloading weights [%s] %3d%% %.2f GB %.1fs%s", tty ? "\r" : "", bar.c_str(),
+                 int(frac * 100), double(expected) / 1e9, secs, (final || !tty) ? "\n" : "");
+    std::fflush(stderr);
+  };
+  std::thread bar([&] {
+    int ticks = 0;
+    while (!done.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (done.load()) break;
+      // Without a terminal, print a line every 2 s only (logs stay short).
+      if (tty || ++ticks % 20 == 0)
+        draw(std::clamp(double(resident_bytes() - rss0) / double(expected), 0.0, 0.99), false);
+    }
+  });
+  try {
+    M3Model m = M3Model::load(dir);
+    done = true;
+    bar.join();
+    draw(1.0, true);
+    return m;
+  } catch (...) {
+    done = true;
+    bar.join();
+    if (tty) std::fprintf(stderr, "\n");
+    throw;
+  }
+}
+
+class EngineBackend final : public server::GenerationBackend {
+ public:
+  explicit EngineBackend(Engine& e) : e_(e) {}
+  void submit(EngineRequest req, OutputSink sink) override { e_.submit(std::move(req), std::move(sink)); }
+  void abort(const std::string& id) override { e_.abort(id); }
+  EngineMetrics metrics() const override { return e_.metrics(); }
+
+ private:
+  Engine& e_;
+};
+
+}  // namespace
+
+CommandRun register_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  cmd->add_option("--model", o->model, "Model directory: config.json, *.safetensors, tokenizer.json "
+                                       "[, tokenizer_config.json / chat_template.jinja]")
+      ->required();
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json to use instead of the model directory's");
+  cmd->add_option("--chat-template", o->chat_template, "Jinja chat template file overriding the model's");
+  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port (0 = any free port; the startup line says which)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--served-model-name", o->served_model_name, "Model name in the API (default: directory name)");
+  cmd->add_option("--max-model-len", o->max_model_len, "Prompt + generated tokens at most (default: the model's)");
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Running sequences at most")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per engine step")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
+                "Reuse KV pages of identical prompt prefixes (default on)");
+  cmd->add_option("--kv-cache-memory", o->kv_cache_memory,
+                  "KV cache size, e.g. 2GiB or 512MiB (default: room for 8 sequences of up to 4096 tokens)");
+  cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body; larger ones get 413")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", o->max_connections, "Concurrent connections; more get 429 + Retry-After")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--io-threads", o->io_threads, "HTTP io threads")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--default-thinking-mode", o->default_thinking_mode,
+                  "chat_template_kwargs.thinking_mode when a request sets none")
+      ->check(CLI::IsMember({"enabled", "disabled", "adaptive"}));
+
+  return [o]() -> int {
+    M3_CHECK(fs::is_directory(o->model), "--model '{}' is not a directory", o->model);
+    const std::string tok_path = o->tokenizer.empty() ? (fs::path(o->model) / "tokenizer.json").string() : o->tokenizer;
+    M3_CHECK(fs::exists(tok_path), "no tokenizer: '{}' does not exist (pass --tokenizer FILE)", tok_path);
+    auto tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_file(tok_path));
+    std::shared_ptr<const ChatTemplate> tmpl;
+    if (!o->chat_template.empty()) {
+      std::ifstream f(o->chat_template);
+      M3_CHECK(f.good(), "cannot read --chat-template '{}'", o->chat_template);
+      std::string src((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      auto base = load_chat_template(o->model);  // for bos/eos tokens
+      ChatTemplate t = ChatTemplate::parse(src, o->chat_template);
+      if (base) {
+        t.bos_token = base->bos_token;
+        t.eos_token = base->eos_token;
+      }
+      tmpl = std::make_shared<const ChatTemplate>(std::move(t));
+    } else if (auto t = load_chat_template(o->model)) {
+      tmpl = std::make_shared<const ChatTemplate>(std::move(*t));
+    }
+    const int64_t max_body = parse_bytes(o->max_body_bytes, "--max-body-bytes");
+
+    M3Model model = load_with_progress(o->model);
+    const M3Config& c = model.config();
+    if (int64_t(tokenizer->vocab_size()) > c.vocab_size)
+      std::fprintf(stderr, "warning: tokenizer has %zu ids but the model's vocabulary is %d; larger ids are rejected\n",
+                   tokenizer->vocab_size(), c.vocab_size);
+
+    EngineConfig ec;
+    ec.max_num_seqs = o->max_num_seqs;
+    ec.max_num_batched_tokens = o->max_num_batched_tokens;
+    ec.max_model_len = o->max_model_len;
+    ec.enable_prefix_caching = o->prefix_caching;
+    const int64_t page_bytes = KVCache::page_floats(c) * int64_t(sizeof(float));
+    if (!o->kv_cache_memory.empty()) {
+      const int64_t bytes = parse_bytes(o->kv_cache_memory, "--kv-cache-memory");
+      const int64_t pages = bytes / page_bytes;
+      M3_CHECK(pages >= 1, "--kv-cache-memory {} holds no page (one page is {} bytes)", o->kv_cache_memory,
+               page_bytes);
+      M3_CHECK(pages < (int64_t(1) << 31), "--kv-cache-memory is too large");
+      ec.num_pages = int32_t(pages);
+    }
+    Engine engine(model, ec);
+    const EngineConfig& rc = engine.config();
+    if (o->max_model_len > 0 && rc.max_model_len < o->max_model_len)
+      std::fprintf(stderr, "note: --max-model-len %lld reduced to %lld (model limit / KV cache capacity)\n",
+                   (long long)o->max_model_len, (long long)rc.max_model_len);
+    engine.start();
+
+    server::ServiceConfig sc;
+    sc.limits.model_name =
+        o->served_model_name.empty() ? fs::path(o->model).lexically_normal().filename().string() : o->served_model_name;
+    if (sc.limits.model_name.empty()) sc.limits.model_name = "m3";
+    sc.limits.max_model_len = rc.max_model_len;
+    sc.limits.vocab_size = c.vocab_size;
+    sc.limits.default_thinking_mode = o->default_thinking_mode;
+    sc.tokenizer = tokenizer;
+    sc.chat_template = tmpl;
+    server::OpenAIService service(sc);
+    EngineBackend backend(engine);
+    server::HttpServerConfig hc;
+    hc.host = o->host;
+    hc.port = uint16_t(o->port);
+    hc.io_threads = o->io_threads;
+    hc.max_body_bytes = size_t(max_body);
+    hc.max_connections = o->max_connections;
+    server::HttpServer http(hc, service, backend);
+    http.start();
+
+    // The executor's description says where it runs and how many KV pages / tokens fit.
+    std::fprintf(stdout,
+                 "m3serve: serving '%s' from %s (%d layers, hidden %d, vocab %d) | %s | max_model_len %lld | "
+                 "prefix caching %s | chat template %s | listening on http://%s:%u\n",
+                 sc.limits.model_name.c_str(), o->model.c_str(), c.num_layers, c.hidden_size, c.vocab_size,
+                 engine.executor().describe().c_str(), (long long)rc.max_model_len,
+                 rc.enable_prefix_caching ? "on" : "off", tmpl ? "yes" : "none", o->host.c_str(), http.port());
+    std::fflush(stdout);
+
+    http.wait_for_signal();
+    std::fprintf(stderr, "m3serve: shutting down\n");
+    engine.stop();  // in-flight requests finish with "abort"
+    http.stop();
+    return 0;
+  };
+}
+
+}  // namespace m3::app

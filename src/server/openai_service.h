@@ -1,0 +1,111 @@
+// The OpenAI-compatible API without the sockets: request → engine requests, engine outputs → response bytes.
+// The HTTP layer (http_server.h) owns connections and calls into this; unit tests drive it directly.
+//
+//   prepare()  body → validated request, prompt ids (chat template + tokenizer), one EngineRequest per choice
+//   Job        per HTTP request: feeds each choice's EngineOutput through a ChoiceStream and renders SSE chunks
+//              (streaming) or the final JSON body, plus usage.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/backend.h"
+#include "server/choice_stream.h"
+#include "server/request_parse.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace m3::server {
+
+struct ServiceConfig {
+  ApiLimits limits;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::shared_ptr<const ChatTemplate> chat_template;  // null: /v1/chat/completions answers 400
+  int64_t created = 0;                                // /v1/models "created"
+};
+
+struct PreparedJob {
+  ParsedRequest req;
+  std::vector<EngineRequest> engine_requests;  // one per choice, choice i ↔ engine_requests[i]
+  std::vector<ChoiceOptions> choice_options;
+  std::vector<std::string> prompt_texts;       // completions echo: prompt text per choice
+  std::string id;                              // "chatcmpl-…" / "cmpl-…"
+  int64_t created = 0;
+};
+
+class OpenAIService {
+ public:
+  explicit OpenAIService(ServiceConfig cfg);
+
+  const ServiceConfig& config() const { return cfg_; }
+
+  // Parses, validates, templates and tokenises. Throws ApiError.
+  PreparedJob prepare(ApiKind kind, std::string_view body) const;
+
+  // Simple endpoints: JSON bodies. Throw ApiError.
+  std::string models_body() const;
+  std::string tokenize_body(std::string_view body) const;
+  std::string detokenize_body(std::string_view body) const;
+
+  // Renders the chat template for a validated chat request (exposed for tests).
+  std::string render_chat(const ParsedRequest& r) const;
+
+ private:
+  ServiceConfig cfg_;
+  mutable std::atomic<uint64_t> next_id_{1};
+};
+
+// One HTTP generation request in flight. Not thread-safe: the HTTP layer calls it from one strand.
+class Job {
+ public:
+  Job(const OpenAIService& svc, PreparedJob prep);
+
+  int num_choices() const { return int(choices_.size()); }
+  bool streaming() const { return prep_.req.stream; }
+  bool done() const { return finished_ == int(choices_.size()); }
+  const PreparedJob& prepared() const { return prep_; }
+
+  // Streaming: the bytes to send before any output (the assistant role chunks for chat).
+  std::string stream_prologue();
+
+  struct Update {
+    std::string bytes;                   // SSE events to send now (streaming only)
+    std::vector<std::string> abort_ids;  // engine requests to abort (stop string matched)
+  };
+  // Feeds one engine event of choice `i`. When the last choice finishes, a streaming update also carries the
+  // usage chunk (if asked) and "data: [DONE]".
+  Update on_output(int i, const EngineOutput& out);
+
+  // Non-streaming, after done(): HTTP status and body.
+  std::pair<int, std::string> final_response() const;
+
+  // Engine ids of choices that have not finished (to abort on disconnect).
+  std::vector<std::string> unfinished_ids() const;
+
+ private:
+  struct Choice {
+    std::unique_ptr<ChoiceStream> stream;
+    ParsedMessage message;                 // chat, accumulated (non-streaming)
+    std::string text;                      // completions, accumulated
+    std::vector<TokenLogprob> logprobs;    // accumulated (non-streaming)
+    std::string finish_reason;
+    std::string error;
+    bool done = false;
+  };
+  std::string chunk(const nlohmann::ordered_json& choices_or_usage, bool usage) const;
+  nlohmann::ordered_json usage_json() const;
+  nlohmann::ordered_json chat_logprobs(const std::vector<TokenLogprob>& lps) const;
+  nlohmann::ordered_json completion_logprobs(const std::vector<TokenLogprob>& lps, size_t text_offset) const;
+  std::string token_text(int32_t id) const;
+
+  const OpenAIService& svc_;
+  PreparedJob prep_;
+  std::vector<Choice> choices_;
+  int finished_ = 0;
+};
+
+}  // namespace m3::server
