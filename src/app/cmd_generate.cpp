@@ -2,6 +2,8 @@
 // generated ids and tokens/s.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -11,6 +13,8 @@
 #include "app/model_runner.h"
 #include "base/error.h"
 #include "engine/sampler.h"
+#include "text/detokenizer.h"
+#include "text/tokenizer.h"
 
 namespace m3::app {
 
@@ -18,6 +22,8 @@ namespace {
 struct GenerateOptions {
   std::string model;
   std::string ids;
+  std::string prompt;
+  std::string tokenizer;
   int max_tokens = 32;
   int64_t chunk = 0;
   float temperature = 0.f;
@@ -33,7 +39,10 @@ CommandRun register_generate(CLI::App& app) {
   auto opt = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate tokens from a prompt with the CPU reference engine");
   cmd->add_option("--model", opt->model, "Model directory (config.json + safetensors)")->required();
-  cmd->add_option("--prompt-ids", opt->ids, "Prompt as token ids: '1,2,3' or a JSON array")->required();
+  auto* ids_opt = cmd->add_option("--prompt-ids", opt->ids, "Prompt as token ids: '1,2,3' or a JSON array");
+  auto* text_opt = cmd->add_option("--prompt", opt->prompt, "Prompt as text (needs a tokenizer)");
+  ids_opt->excludes(text_opt);
+  cmd->add_option("--tokenizer", opt->tokenizer, "tokenizer.json (default: <model>/tokenizer.json)");
   cmd->add_option("--max-tokens", opt->max_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--chunk", opt->chunk, "Prefill chunk size in tokens (0 = whole prompt)");
   cmd->add_option("--temperature", opt->temperature, "0 = greedy");
@@ -50,8 +59,16 @@ CommandRun register_generate(CLI::App& app) {
     sp.min_p = opt->min_p;
     if (opt->seed >= 0) sp.seed = uint64_t(opt->seed);
     sp.validate();
-    std::vector<int32_t> ids = parse_id_list(opt->ids);
-    M3_CHECK(!ids.empty(), "--prompt-ids is empty");
+    // Text in/out when a tokenizer is available; ids otherwise.
+    std::optional<Tokenizer> tok;
+    std::string tok_path = opt->tokenizer;
+    if (tok_path.empty() && std::filesystem::exists(std::filesystem::path(opt->model) / "tokenizer.json"))
+      tok_path = (std::filesystem::path(opt->model) / "tokenizer.json").string();
+    if (!tok_path.empty()) tok = Tokenizer::from_file(tok_path);
+    M3_CHECK(!opt->ids.empty() || !opt->prompt.empty(), "give --prompt-ids or --prompt");
+    M3_CHECK(opt->prompt.empty() || tok, "--prompt needs a tokenizer: pass --tokenizer or put tokenizer.json in the model");
+    std::vector<int32_t> ids = opt->prompt.empty() ? parse_id_list(opt->ids) : tok->encode(opt->prompt, true);
+    M3_CHECK(!ids.empty(), "the prompt is empty");
 
     auto t_load = std::chrono::steady_clock::now();
     M3Model model = M3Model::load(opt->model);
@@ -68,9 +85,15 @@ CommandRun register_generate(CLI::App& app) {
     auto t1 = std::chrono::steady_clock::now();
     std::vector<int32_t> out;
     int64_t pos = int64_t(ids.size());
+    std::optional<IncrementalDetokenizer> detok;
+    if (tok && !opt->prompt.empty()) detok.emplace(*tok, true);
     for (int i = 0; i < opt->max_tokens; ++i) {
       int32_t next = sampler.sample(logits);
       out.push_back(next);
+      if (detok) {
+        std::fputs(detok->push(next).c_str(), stdout);
+        std::fflush(stdout);
+      }
       if (!opt->ignore_eos && next == c.eos_token_id) break;
       if (i + 1 == opt->max_tokens) break;
       seq.reserve(pos + 1);
@@ -81,9 +104,13 @@ CommandRun register_generate(CLI::App& app) {
     auto t2 = std::chrono::steady_clock::now();
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double decode_s = std::chrono::duration<double>(t2 - t1).count();
-    std::string text;
-    for (size_t i = 0; i < out.size(); ++i) text += (i ? "," : "") + std::to_string(out[i]);
-    std::printf("%s\n", text.c_str());
+    if (detok) {
+      std::printf("%s\n", detok->flush().c_str());
+    } else {
+      std::string text;
+      for (size_t i = 0; i < out.size(); ++i) text += (i ? "," : "") + std::to_string(out[i]);
+      std::printf("%s\n", text.c_str());
+    }
     std::fprintf(stderr,
                  "loaded in %.2f s | prompt %zu tokens in %.3f s (%.1f tok/s) | generated %zu tokens in %.3f s "
                  "(%.1f tok/s)\n",
