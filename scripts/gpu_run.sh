@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU run (issue 5), on the H200 device machine: build the CUDA backend, run every `gpu` test, run the smoke
+# benchmark, and write a summary plus logs into the folder given as $1 (default $OUT).
+#   bash scripts/gpu_run.sh [OUTDIR]        env: M3_JOBS (16), M3_COMMIT (recorded), M3_SKIP_BENCH=1, M3_SKIP_TESTS=1
+# The device machine has nvcc, cmake and PyTorch but none of m3serve's C++ dependencies and no package registry:
+# `bash scripts/gpu_deps.sh` (run here, with apt) downloads the Debian packages into .gpudeps/, the device run
+# carries that folder (run's `carry`), and this script unpacks them into /tmp and points CMake / pkg-config there.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${1:-${OUT:-$root/out/gpu}}"
+jobs="${M3_JOBS:-16}"
+build="$root/build-gpu"
+mkdir -p "$out"
+summary="$out/summary.md"
+: >"$summary"
+say() { echo "$@" | tee -a "$summary"; }
+t0=$(date +%s)
+
+say "# m3serve GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "commit: ${M3_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}"
+{
+  echo "## environment"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv 2>&1
+  nvcc --version 2>&1 | tail -1
+  cmake --version 2>&1 | head -1
+  (. /etc/os-release 2>/dev/null && echo "os: $PRETTY_NAME")
+  ldd --version 2>&1 | head -1
+  c++ --version 2>&1 | head -1
+  nproc
+} >"$out/env.txt" 2>&1
+grep -E "H200|H100|NVIDIA" "$out/env.txt" | head -2 | sed 's/^/gpu: /' | tee -a "$summary"
+
+# ---- dependencies from .gpudeps/*.deb -------------------------------------------------------------------------------
+cmake_extra=()
+if ls "$root"/.gpudeps/*.deb >/dev/null 2>&1; then
+  deps=/tmp/m3-gpudeps
+  rm -rf "$deps" && mkdir -p "$deps"
+  for f in "$root"/.gpudeps/*.deb; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$f" "$deps"
+    else
+      (cd /tmp && rm -rf m3deb && mkdir m3deb && cd m3deb && ar x "$f" && tar -xf data.tar.* -C "$deps")
+    fi
+  done
+  # Relocate pkg-config files from /usr to the unpacked prefix.
+  find "$deps" -name '*.pc' -exec sed -i "s|=/usr|=$deps/usr|g; s|-I/usr/|-I$deps/usr/|g; s|-L/usr/|-L$deps/usr/|g" {} +
+  export PKG_CONFIG_PATH="$deps/usr/lib/x86_64-linux-gnu/pkgconfig:$deps/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  cmake_extra+=(-DCMAKE_PREFIX_PATH="$deps/usr")
+  command -v pkg-config >/dev/null || cmake_extra+=(-DPKG_CONFIG_EXECUTABLE="$deps/usr/bin/pkgconf")
+fi
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
+
+# ---- build --------------------------------------------------------------------------------------------------------
+tb=$(date +%s)
+targets=(gpu_ops_test gpu_model_test)
+[ "${M3_SKIP_BENCH:-0}" = 1 ] || targets+=(bench_msa)
+if cmake -S "$root" -B "$build" -DM3_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${cmake_extra[@]}" >"$out/build.log" 2>&1 &&
+   cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$out/build.log" 2>&1; then
+  say "build: ok ($(( $(date +%s) - tb )) s, targets ${targets[*]})"
+else
+  say "build: FAILED ($(( $(date +%s) - tb )) s) — tail of build.log:"
+  grep -E "error|Error|CMake Error" "$out/build.log" | head -30 | tee -a "$summary"
+  tail -20 "$out/build.log"
+  exit 1
+fi
+
+# ---- gpu tests ----------------------------------------------------------------------------------------------------
+status=0
+if [ "${M3_SKIP_TESTS:-0}" != 1 ]; then
+  tt=$(date +%s)
+  (cd "$build" && ctest -L gpu -V --timeout 600) >"$out/ctest.log" 2>&1 || status=1
+  say "gpu tests: $( [ $status = 0 ] && echo passed || echo FAILED ) ($(( $(date +%s) - tt )) s)"
+  grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1 | tee -a "$summary"
+  grep -E "\(Failed\)|\*\*\*Failed|Exception|Timeout" "$out/ctest.log" | head -20 | tee -a "$summary"
+  say ""
+  say '```'
+  grep -hoE "\[gpu-(op|model)\].*" "$out/ctest.log" | tee -a "$summary" >/dev/null
+  grep -hE "Failure|Expected|Which is|actual|error:" "$out/ctest.log" | head -40 >>"$summary"
+  say '```'
+fi
+
+# ---- smoke benchmark ----------------------------------------------------------------------------------------------
+if [ "${M3_SKIP_BENCH:-0}" != 1 ]; then
+  bb=$(date +%s)
+  if "$build/tools/bench_msa/bench_msa" --model "$root/tests/golden/fixtures/tiny_sparse_f32" >"$out/bench.log" 2>&1; then
+    say "bench: ok ($(( $(date +%s) - bb )) s)"
+  else
+    say "bench: FAILED ($(( $(date +%s) - bb )) s)"; status=1
+  fi
+  say '```'
+  grep -E "^\|" "$out/bench.log" >>"$summary" || tail -20 "$out/bench.log" >>"$summary"
+  say '```'
+fi
+say "total: $(( $(date +%s) - t0 )) s"
+cat "$summary"
+exit $status

@@ -1,0 +1,233 @@
+#include "backend/cuda/attention_dense.cuh"
+
+#include <algorithm>
+
+namespace m3::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;            // one CTA = 4 warps; warp w handles query heads g ≡ w (mod 4)
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTile = 32;            // keys per shared-memory tile: one key per lane when scoring
+
+// One CTA per (fake request r, split). Online softmax in fp32; K/V tiles of 32 tokens staged in shared memory.
+// DPL = D / 32 output channels per lane, HPW = query heads per warp (compile-time so accumulators stay in
+// registers). smem: q [G, D] | K tile [32, D + 1] (padded: lanes read different rows) | V tile [32, D].
+template <int DPL, int HPW>
+__global__ void __launch_bounds__(kThreads) paged_gqa_kernel(PagedGqaArgs a) {
+  extern __shared__ float smem[];
+  constexpr int D = 32 * DPL;
+  float* qs = smem;
+  float* ks = qs + a.G * D;
+  float* vs = ks + kTile * (D + 1);
+  const int r = blockIdx.x, split = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* q = a.q + int64_t(r) * a.G * D;
+  for (int i = threadIdx.x; i < a.G * D; i += kThreads) qs[i] = q[i];
+
+  const int beg = a.indptr[r], end = a.indptr[r + 1];
+  const int per = (end - beg + a.num_splits - 1) / a.num_splits;
+  const int p0 = beg + split * per, p1 = min(end, p0 + per);
+  float m[HPW], l[HPW], acc[HPW][DPL];
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) {
+    m[hh] = -INFINITY;
+    l[hh] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[hh][i] = 0.f;
+  }
+  for (int pg = p0; pg < p1; ++pg) {
+    const int64_t vp = a.indices[pg];
+    const int ntok = pg == end - 1 ? a.last_len[r] : a.page_size;
+    const float* kp = a.k + vp * a.stride_page;
+    const float* vpp = a.v + vp * a.stride_page;
+    for (int j0 = 0; j0 < ntok; j0 += kTile) {
+      const int nt = min(kTile, ntok - j0);
+      __syncthreads();  // the previous tile is consumed
+      for (int i = threadIdx.x; i < nt * D; i += kThreads) {
+        const int j = i / D, d = i % D;
+        const int64_t off = int64_t(j0 + j) * a.stride_tok + d;
+        ks[j * (D + 1) + d] = kp[off];
+        vs[j * D + d] = vpp[off];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int hh = 0; hh < HPW; ++hh) {
+        const int g = warp + hh * kWarps;
+        if (g < a.G) {  // uniform per warp
+          float sc = -INFINITY;
+          if (lane < nt) {
+            const float* qr = qs + g * D;
+            const float* kr = ks + lane * (D + 1);
+            float dot = 0.f;
+#pragma unroll 8
+            for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
+            sc = dot * a.scale;
+          }
+          const float mnew = fmaxf(m[hh], warp_max(sc));
+          const float alpha = expf(m[hh] - mnew);  // m = −inf on the first tile → 0
+          const float p = lane < nt ? expf(sc - mnew) : 0.f;
+          l[hh] = l[hh] * alpha + warp_sum(p);
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) acc[hh][i] *= alpha;
+          for (int j = 0; j < nt; ++j) {
+            const float pj = __shfl_sync(0xffffffffu, p, j);
+            const float* vr = vs + j * D + lane;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) acc[hh][i] += pj * vr[32 * i];
+          }
+          m[hh] = mnew;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) {
+    const int g = warp + hh * kWarps;
+    if (g >= a.G) continue;
+    const float inv = l[hh] > 0.f ? 1.f / l[hh] : 0.f;
+    float* o = a.num_splits == 1 ? a.out + (int64_t(r) * a.G + g) * D
+                                 : a.part_o + ((int64_t(split) * a.R + r) * a.G + g) * D;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) o[lane + 32 * i] = acc[hh][i] * inv;
+    if (a.num_splits > 1 && lane == 0)
+      a.part_lse[(int64_t(split) * a.R + r) * a.G + g] = l[hh] > 0.f ? m[hh] + logf(l[hh]) : -INFINITY;
+  }
+}
+
+// out[r, g, :] = Σ_s w_s·O_s / Σ_s w_s with w_s = exp(LSE_s − max LSE); all splits empty → 0.
+__global__ void merge_splits_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int splits,
+                                    int64_t RG, int D, float* __restrict__ out) {
+  const int64_t idx = blockIdx.x;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_lse[s * RG + idx]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.f, den = 0.f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < splits; ++s) {
+        const float w = expf(part_lse[s * RG + idx] - mx);
+        num += w * part_o[(s * RG + idx) * D + d];
+        den += w;
+      }
+    }
+    out[idx * D + d] = den > 0.f ? num / den : 0.f;
+  }
+}
+
+// Dense page lists: request r = t·Hkv + h reads logical blocks 0..pos[t]/B of its sequence, KV head h.
+__global__ void build_dense_pages_kernel(DevStepRows rows, int Hkv, int B, int64_t ppu,
+                                         const int32_t* __restrict__ indptr, int32_t* __restrict__ indices) {
+  const int r = blockIdx.x, t = r / Hkv, h = r % Hkv;
+  const int32_t* pt = rows.pt_pages + rows.pt_indptr[rows.row_seq[t]];
+  const int n = rows.pos[t] / B + 1;
+  for (int b = threadIdx.x; b < n; b += blockDim.x) indices[indptr[r] + b] = int32_t(pt[b] * ppu + h);
+}
+
+template <int DPL, int HPW>
+void launch(const PagedGqaArgs& a, cudaStream_t s) {
+  constexpr int D = 32 * DPL;
+  const size_t smem = (size_t(a.G) * D + kTile * (D + 1) + kTile * D) * sizeof(float);
+  M3_CUDA_CHECK(cudaFuncSetAttribute(paged_gqa_kernel<DPL, HPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(smem)));
+  paged_gqa_kernel<DPL, HPW><<<dim3(unsigned(a.R), unsigned(a.num_splits)), kThreads, smem, s>>>(a);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+template <int DPL>
+void launch_d(const PagedGqaArgs& a, cudaStream_t s) {
+  const int hpw = (a.G + kWarps - 1) / kWarps;
+  if (hpw <= 1) return launch<DPL, 1>(a, s);
+  if (hpw <= 2) return launch<DPL, 2>(a, s);
+  if (hpw <= 4) return launch<DPL, 4>(a, s);
+  return launch<DPL, 8>(a, s);
+}
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, c = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return c;
+  }();
+  return n;
+}
+
+}  // namespace
+
+void paged_gqa_decode(const PagedGqaArgs& a, cudaStream_t s) {
+  if (a.R <= 0) return;
+  M3_CUDA_REQUIRE(a.D % 32 == 0 && a.D >= 32 && a.D <= 256, "paged attention: head dim %d must be a multiple of 32 in [32, 256]", a.D);
+  M3_CUDA_REQUIRE(a.G >= 1 && a.G <= 32, "paged attention: %d query heads per KV head (supported: 1..32)", a.G);
+  M3_CUDA_REQUIRE(a.num_splits >= 1 && a.num_splits <= 65535, "paged attention: bad split count %d", a.num_splits);
+  M3_CUDA_REQUIRE(a.num_splits == 1 || (a.part_o && a.part_lse), "paged attention: split-K needs partial buffers");
+  switch (a.D / 32) {
+    case 1: launch_d<1>(a, s); break;
+    case 2: launch_d<2>(a, s); break;
+    case 4: launch_d<4>(a, s); break;
+    case 8: launch_d<8>(a, s); break;
+    default: failf("paged attention: head dim %d not supported (32, 64, 128, 256)", a.D);
+  }
+  if (a.num_splits > 1) {
+    const int64_t RG = int64_t(a.R) * a.G;
+    merge_splits_kernel<<<unsigned(RG), std::min(a.D, 256), 0, s>>>(a.part_o, a.part_lse, a.num_splits, RG, a.D,
+                                                                    a.out);
+    M3_CUDA_LAUNCH_CHECK();
+  }
+}
+
+int choose_splits(int64_t R, int64_t max_pages) {
+  const int64_t target = 2 * int64_t(sm_count());
+  if (R <= 0 || R >= target || max_pages < 4) return 1;
+  const int64_t want = (target + R - 1) / R;
+  return int(std::max<int64_t>(1, std::min<int64_t>({want, max_pages / 2, 64})));
+}
+
+void DenseAttention::plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_kv_heads, int group,
+                          int head_dim, int block_size, int64_t pages_per_unit, bool allow_split, cudaStream_t s) {
+  const int64_t T = int64_t(pos.size());
+  R_ = int(T * num_kv_heads), G_ = group, D_ = head_dim, B_ = block_size;
+  h_indptr_.assign(size_t(R_) + 1, 0);
+  h_last_.assign(size_t(R_), 0);
+  int64_t total = 0, max_pages = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    M3_CUDA_REQUIRE(pos[t] >= 0, "dense attention: negative position %d", pos[t]);
+    const int64_t n = pos[t] / block_size + 1;
+    max_pages = std::max(max_pages, n);
+    for (int h = 0; h < num_kv_heads; ++h) {
+      const int64_t r = t * num_kv_heads + h;
+      h_last_[r] = pos[t] % block_size + 1;
+      total += n;
+      M3_CUDA_REQUIRE(total < (int64_t(1) << 31), "dense attention: page lists exceed 2^31 entries");
+      h_indptr_[r + 1] = int32_t(total);
+    }
+  }
+  if (R_ == 0) return;
+  upload(indptr_, h_indptr_.data(), h_indptr_.size(), s);
+  upload(last_, h_last_.data(), h_last_.size(), s);
+  indices_.grow(size_t(total));
+  build_dense_pages_kernel<<<unsigned(R_), 128, 0, s>>>(rows, num_kv_heads, block_size, pages_per_unit, indptr_.get(),
+                                                        indices_.get());
+  M3_CUDA_LAUNCH_CHECK();
+  splits_ = allow_split ? choose_splits(R_, max_pages) : 1;
+  if (splits_ > 1) {
+    part_o_.grow(size_t(splits_) * R_ * G_ * D_);
+    part_lse_.grow(size_t(splits_) * R_ * G_);
+  }
+}
+
+void DenseAttention::run(const float* q, const DevPagedKV& kv, float scale, float* out, cudaStream_t s) {
+  if (R_ == 0) return;
+  M3_CUDA_REQUIRE(kv.block_size == B_ && kv.head_dim == D_, "dense attention: cache view does not match the plan");
+  M3_CUDA_REQUIRE(kv.page_stride % (int64_t(kv.block_size) * kv.head_dim) == 0,
+                  "dense attention: page unit of %lld floats is not a multiple of block·head_dim",
+                  (long long)kv.page_stride);
+  PagedGqaArgs a;
+  a.q = q, a.out = out, a.k = kv.k, a.v = kv.v;
+  a.stride_page = int64_t(kv.block_size) * kv.head_dim, a.stride_tok = kv.head_dim;
+  a.indptr = indptr_.get(), a.indices = indices_.get(), a.last_len = last_.get();
+  a.R = R_, a.G = G_, a.D = D_, a.page_size = B_, a.scale = scale;
+  a.num_splits = splits_, a.part_o = part_o_.get(), a.part_lse = part_lse_.get();
+  paged_gqa_decode(a, s);
+}
+
+}  // namespace m3::cuda

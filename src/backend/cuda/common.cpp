@@ -1,0 +1,33 @@
+// Host glue of the CUDA backend that needs fmt (kept out of .cu files).
+#include "backend/cuda/common.cuh"
+
+#include <cstdarg>
+#include <cstdio>
+
+#include "base/error.h"
+
+namespace m3::cuda {
+
+void raise_cuda_error(const char* expr, int code, const char* msg, const char* file, int line) {
+  fail("CUDA error {} ({}) in {} at {}:{}", msg, code, expr, file, line);
+}
+
+void failf(const char* f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  fail("{}", buf);
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error so later checks start clean
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,187 @@
+#include "backend/cuda/mlp_moe.cuh"
+
+#include <algorithm>
+
+namespace m3::cuda {
+
+namespace {
+
+__global__ void swiglu_kernel(const float* __restrict__ gu, int64_t T, int64_t I, float alpha, float limit,
+                              float* __restrict__ out) {
+  const int64_t n = T * I;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = k / I, i = k % I;
+    const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
+    const float gc = fminf(g, limit);
+    const float uc = fminf(fmaxf(u, -limit), limit);
+    const float sig = 1.0f / (1.0f + expf(-alpha * gc));
+    out[k] = gc * sig * (uc + 1.0f);
+  }
+}
+
+// True when (ka, a) ranks strictly before (kb, b): higher key, then lower id.
+__device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
+  return ka > kb || (ka == kb && a < b);
+}
+
+__global__ void moe_route_kernel(const float* __restrict__ logits, int64_t T, int E, const float* __restrict__ bias,
+                                 int top_k, float scale, int32_t* __restrict__ ids, float* __restrict__ weights) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= T) return;
+  const float* l = logits + t * E;
+  auto choice = [&](int e) {
+    const float s = 1.0f / (1.0f + expf(-l[e]));
+    const float c = s + (bias ? bias[e] : 0.0f);
+    return isnan(c) ? -INFINITY : c;
+  };
+  // Round k picks the best expert ranking strictly after the previous pick in the total order (choice desc,
+  // id asc) — the same order as the CPU's partial_sort, with no "already taken" set.
+  float prev_c = 0.f;
+  int prev_e = -1;
+  float sum = 0.f;
+  for (int k = 0; k < top_k; ++k) {
+    int best = -1;
+    float best_c = 0.f;
+    for (int e = 0; e < E; ++e) {
+      const float c = choice(e);
+      if (prev_e >= 0 && !ranks_before(prev_c, prev_e, c, e)) continue;
+      if (best < 0 || ranks_before(c, e, best_c, best)) best = e, best_c = c;
+    }
+    ids[t * top_k + k] = best;
+    prev_c = best_c, prev_e = best;
+    sum += 1.0f / (1.0f + expf(-l[best]));
+  }
+  for (int k = 0; k < top_k; ++k) {
+    const float s = 1.0f / (1.0f + expf(-l[ids[t * top_k + k]]));
+    weights[t * top_k + k] = s / sum * scale;
+  }
+}
+
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+// x[t, h] += Σ_k w[t,k]·ye[slot_pos[t·K + k], h] (+ shared[t, h]), summed in slot order like the CPU.
+__global__ void moe_combine_kernel(float* __restrict__ x, int64_t H, int K, const float* __restrict__ w,
+                                   const float* __restrict__ ye, const int32_t* __restrict__ slot_pos,
+                                   const float* __restrict__ shared) {
+  const int64_t t = blockIdx.x;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) acc += w[t * K + k] * ye[int64_t(slot_pos[t * K + k]) * H + h];
+    if (shared) acc += shared[t * H + h];
+    x[t * H + h] += acc;
+  }
+}
+
+// For the grouped path: xe[i] = x[src[i]].
+__global__ void gather_kernel(const float* __restrict__ x, int64_t H, const int32_t* __restrict__ src,
+                              float* __restrict__ xe) {
+  const float* r = x + int64_t(src[blockIdx.x]) * H;
+  float* d = xe + int64_t(blockIdx.x) * H;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) d[h] = r[h];
+}
+
+unsigned grid_for(int64_t n, int threads) { return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 8192))); }
+
+}  // namespace
+
+void swiglu_oai(const float* gate_up, int64_t T, int64_t I, float alpha, float limit, float* out, cudaStream_t s) {
+  if (T * I <= 0) return;
+  swiglu_kernel<<<grid_for(T * I, 256), 256, 0, s>>>(gate_up, T, I, alpha, limit, out);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void moe_route(const float* logits, int64_t T, int64_t E, const float* bias, int top_k, float scale, int32_t* ids,
+               float* weights, cudaStream_t s) {
+  if (T <= 0) return;
+  M3_CUDA_REQUIRE(top_k >= 1 && top_k <= E, "moe_route: top_k %d must be in [1, %lld]", top_k, (long long)E);
+  moe_route_kernel<<<unsigned((T + 127) / 128), 128, 0, s>>>(logits, T, int(E), bias, top_k, scale, ids, weights);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, y, n);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
+             bool accumulate, FfnScratch& scr, cudaStream_t s) {
+  if (T <= 0) return;
+  scr.gu.grow(size_t(T * 2 * m.I));
+  scr.act.grow(size_t(T * m.I));
+  g.nt(x, T, H, m.gate_up, m.wt, 2 * m.I, scr.gu.get(), false, s);
+  swiglu_oai(scr.gu.get(), T, m.I, alpha, limit, scr.act.get(), s);
+  g.nt(scr.act.get(), T, m.I, m.down, m.wt, H, y, accumulate, s);
+}
+
+void moe_forward(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,
+                 cudaStream_t s) {
+  if (T <= 0) return;
+  const int64_t E = a.E, K = a.top_k, TK = T * K;
+  M3_CUDA_REQUIRE(int64_t(a.experts.size()) == E, "moe_forward: %zu expert weight sets for %lld experts",
+                  a.experts.size(), (long long)E);
+  scr.logits.grow(size_t(T * E));
+  scr.weights.grow(size_t(TK));
+  scr.ids.grow(size_t(TK));
+  g.nt(xn, T, H, a.router, WType::F32, E, scr.logits.get(), false, s);
+  moe_route(scr.logits.get(), T, E, a.router_bias, int(K), a.routed_scale, scr.ids.get(), scr.weights.get(), s);
+
+  // Group the (token, slot) pairs by expert on the host: counts need to be known to size each expert's GEMM.
+  std::vector<int32_t> ids(static_cast<size_t>(TK));
+  M3_CUDA_CHECK(cudaMemcpyAsync(ids.data(), scr.ids.get(), size_t(TK) * 4, cudaMemcpyDeviceToHost, s));
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<int64_t> count(size_t(E) + 1, 0);
+  for (int32_t e : ids) {
+    M3_CUDA_REQUIRE(e >= 0 && e < E, "moe_forward: router chose expert %d of %lld", e, (long long)E);
+    ++count[size_t(e) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];  // now offsets
+  std::vector<int32_t> src(static_cast<size_t>(TK)), slot_pos(static_cast<size_t>(TK));
+  {
+    std::vector<int64_t> fill(count.begin(), count.end() - 1);
+    for (int64_t r = 0; r < TK; ++r) {  // ascending slot order inside each expert
+      const int64_t at = fill[size_t(ids[r])]++;
+      src[size_t(at)] = int32_t(r / K);
+      slot_pos[size_t(r)] = int32_t(at);
+    }
+  }
+  upload(scr.gather_src, src.data(), src.size(), s);
+  upload(scr.slot_pos, slot_pos.data(), slot_pos.size(), s);
+  scr.xe.grow(size_t(TK * H));
+  scr.y.grow(size_t(TK * H));
+  gather_kernel<<<unsigned(TK), 256, 0, s>>>(xn, H, scr.gather_src.get(), scr.xe.get());
+  M3_CUDA_LAUNCH_CHECK();
+  // Expert MLPs over their contiguous row ranges (gate_up for all, one SwiGLU pass, down for all).
+  const int64_t I = a.experts.empty() ? 0 : a.experts[0].I;
+  scr.gu.grow(size_t(TK * 2 * I));
+  scr.act.grow(size_t(TK * I));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = count[e + 1] - count[e];
+    if (n == 0) continue;
+    M3_CUDA_REQUIRE(a.experts[e].I == I, "moe_forward: experts differ in intermediate size");
+    g.nt(scr.xe.get() + count[e] * H, n, H, a.experts[e].gate_up, a.experts[e].wt, 2 * I, scr.gu.get() + count[e] * 2 * I,
+         false, s);
+  }
+  swiglu_oai(scr.gu.get(), TK, I, a.alpha, a.limit, scr.act.get(), s);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = count[e + 1] - count[e];
+    if (n == 0) continue;
+    g.nt(scr.act.get() + count[e] * I, n, I, a.experts[e].down, a.experts[e].wt, H, scr.y.get() + count[e] * H, false,
+         s);
+  }
+  const float* shared = nullptr;
+  if (a.shared.I > 0) {
+    scr.shared_y.grow(size_t(T * H));
+    // run_mlp reuses gu/act: the routed experts' SwiGLU inputs are consumed already (stream order).
+    run_mlp(g, a.shared, xn, T, H, a.alpha, a.limit, scr.shared_y.get(), false, scr, s);
+    shared = scr.shared_y.get();
+  }
+  moe_combine_kernel<<<unsigned(T), 256, 0, s>>>(x, H, int(K), scr.weights.get(), scr.y.get(), scr.slot_pos.get(),
+                                                 shared);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace m3::cuda

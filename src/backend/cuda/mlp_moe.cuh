@@ -1,0 +1,59 @@
+// SwiGLU-OAI, MoE routing and the grouped expert path (semantics: cpu::swiglu_oai, cpu::moe_route and the FFN of
+// M3Model::forward).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemm.cuh"
+
+namespace m3::cuda {
+
+// gate_up: [T, 2·I] = [gate | up] per row; out: [T, I].
+void swiglu_oai(const float* gate_up, int64_t T, int64_t I, float alpha, float limit, float* out, cudaStream_t s);
+
+// logits [T, E] → ids/weights [T, top_k]: top_k by sigmoid + bias (bias may be null; NaN ranks last; ties → lower
+// id), weights = unbiased sigmoid renormalised × scale. One thread per token (E·top_k work each).
+void moe_route(const float* logits, int64_t T, int64_t E, const float* bias, int top_k, float scale, int32_t* ids,
+               float* weights, cudaStream_t s);
+
+// x[i] += y[i] for i < n.
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s);
+
+// One SwiGLU-OAI MLP's device weights: gate_up [2·I, H] (gate rows then up rows), down [H, I].
+struct MlpDev {
+  const void* gate_up = nullptr;
+  const void* down = nullptr;
+  WType wt = WType::BF16;
+  int64_t I = 0;
+};
+
+// Scratch for run_mlp / MoeGrouped (grown on demand, reused across layers).
+struct FfnScratch {
+  DeviceBuffer<float> gu, act, y, shared_y, xe, logits, weights;
+  DeviceBuffer<int32_t> ids, gather_src, slot_pos;
+};
+
+// y[T, H] = MLP(x) (or y += MLP(x) when accumulate).
+void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
+             bool accumulate, FfnScratch& scr, cudaStream_t s);
+
+// Routed experts + shared expert, added to the residual: x[t] += Σ_k w[t,k]·expert_{id[t,k]}(xn[t]) + shared(xn[t]).
+// The grouped path: route on the device, copy the ids to the host (one sync), gather each expert's rows into one
+// contiguous block, run gate_up / SwiGLU / down per expert with cuBLASLt, then combine per token in slot order
+// (so a token's result does not depend on the batch, like the CPU reference).
+struct MoeArgs {
+  const float* router = nullptr;       // [E, H] fp32
+  const float* router_bias = nullptr;  // [E] or null
+  std::vector<MlpDev> experts;         // [E]
+  MlpDev shared;                       // I = 0 → none
+  int64_t E = 0, top_k = 0;
+  float routed_scale = 1.f, alpha = 1.702f, limit = 7.f;
+};
+void moe_forward(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,
+                 cudaStream_t s);
+
+}  // namespace m3::cuda

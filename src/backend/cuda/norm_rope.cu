@@ -1,0 +1,130 @@
+#include "backend/cuda/norm_rope.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "backend/cuda/common.cuh"
+
+namespace m3::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+
+// One block per row of D floats. Sum of squares in fp32 over a fixed tree (the CPU sums in fp64; the difference
+// is rounding only).
+__global__ void rms_norm_kernel(const float* x, int64_t D, const float* __restrict__ w, float eps, float* y) {
+  const float* xr = x + blockIdx.x * D;
+  float* yr = y + blockIdx.x * D;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv = float(1.0 / sqrt(double(ss) / double(D) + double(eps)));
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = xr[i] * inv * (1.0f + w[i]);
+}
+
+// grid (T, n_q + n_k + n_v), block kThreads, dynamic smem D floats.
+__global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
+  extern __shared__ float row[];
+  const int t = blockIdx.x, hh = blockIdx.y, D = a.D;
+  int kind, head, col0;  // kind 0 = q, 1 = k, 2 = v
+  if (hh < a.n_q) {
+    kind = 0, head = hh, col0 = a.q_col0;
+  } else if (hh < a.n_q + a.n_k) {
+    kind = 1, head = hh - a.n_q, col0 = a.k_col0;
+  } else {
+    kind = 2, head = hh - a.n_q - a.n_k, col0 = a.v_col0;
+  }
+  const float* src = a.src + int64_t(t) * a.src_ld + col0 + int64_t(head) * D;
+  const int32_t p = a.pos[t];
+  float* dst;
+  if (kind == 0) {
+    dst = a.q_out + (int64_t(t) * a.n_q + head) * D;
+  } else {
+    const int64_t base = int64_t(a.slot_page[t]) * a.page_stride + int64_t(p % a.block_size) * D;
+    dst = kind == 1 ? a.k_cache + base + head * a.k_head_stride : a.v_cache + base + head * a.v_head_stride;
+  }
+  if (kind == 2) {
+    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
+    return;
+  }
+  const float* w = kind == 0 ? a.q_w : a.k_w;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += src[i] * src[i];
+  ss = block_sum(ss);
+  const float inv = float(1.0 / sqrt(double(ss) / double(D) + double(a.eps)));
+  for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = src[i] * inv * (1.0f + w[i]);
+  __syncthreads();
+  const int half = a.rotary_dim / 2;
+  const float fp = float(p);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float v = row[i];
+    if (i < half) {
+      const float ang = fp * a.inv_freq[i];
+      v = row[i] * cosf(ang) - row[i + half] * sinf(ang);
+    } else if (i < 2 * half) {
+      const float ang = fp * a.inv_freq[i - half];
+      v = row[i] * cosf(ang) + row[i - half] * sinf(ang);
+    }
+    dst[i] = v;
+  }
+}
+
+__global__ void gather_rows_kernel(const float* __restrict__ x, int64_t D, const int32_t* __restrict__ idx,
+                                   float* __restrict__ y) {
+  const float* src = x + int64_t(idx[blockIdx.x]) * D;
+  float* dst = y + int64_t(blockIdx.x) * D;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
+}
+
+__global__ void embed_kernel(const void* table, bool bf16, int64_t H, const int32_t* __restrict__ ids, float* out) {
+  const int64_t id = ids[blockIdx.x];
+  float* dst = out + int64_t(blockIdx.x) * H;
+  if (bf16) {
+    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(table) + id * H;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) dst[i] = __bfloat162float(src[i]);
+  } else {
+    const float* src = static_cast<const float*>(table) + id * H;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+}  // namespace
+
+void rms_norm_gemma(const float* x, int64_t rows, int64_t D, const float* w, float eps, float* y, cudaStream_t s) {
+  if (rows <= 0) return;
+  M3_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm_gemma: %lld rows is too many", (long long)rows);
+  rms_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, D, w, eps, y);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+std::vector<float> rope_inv_freq(int rotary_dim, double theta) {
+  std::vector<float> f(size_t(rotary_dim / 2));
+  for (int i = 0; i < rotary_dim / 2; ++i) f[i] = float(1.0 / std::pow(theta, double(2 * i) / double(rotary_dim)));
+  return f;
+}
+
+void heads_norm_rope(const HeadsNormRopeArgs& a, cudaStream_t s) {
+  const int heads = a.n_q + a.n_k + a.n_v;
+  if (a.T <= 0 || heads == 0) return;
+  M3_CUDA_REQUIRE(a.D > 0 && a.rotary_dim >= 0 && a.rotary_dim <= a.D && a.rotary_dim % 2 == 0,
+                  "heads_norm_rope: rotary_dim %d must be even and ≤ head dim %d", a.rotary_dim, a.D);
+  M3_CUDA_REQUIRE(heads <= 65535, "heads_norm_rope: %d heads per token is too many", heads);
+  heads_norm_rope_kernel<<<dim3(unsigned(a.T), unsigned(heads)), kThreads, size_t(a.D) * sizeof(float), s>>>(a);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void gather_rows(const float* x, int64_t D, const int32_t* idx, int64_t n, float* y, cudaStream_t s) {
+  if (n <= 0) return;
+  gather_rows_kernel<<<unsigned(n), kThreads, 0, s>>>(x, D, idx, y);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void embed_rows(const void* table, bool bf16, int64_t H, const int32_t* ids, int64_t T, float* out, cudaStream_t s) {
+  if (T <= 0) return;
+  embed_kernel<<<unsigned(T), kThreads, 0, s>>>(table, bf16, H, ids, out);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,55 @@
+// Gemma RMSNorm, and the fused per-head q/k norm + partial NeoX RoPE + paged-cache write of the attention and
+// index branches. Semantics: cpu::rms_norm_gemma and cpu::rope_neox_partial (backend/cpu/cpu_ops.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace m3::cuda {
+
+// y[rows, D] = x / sqrt(mean(x²) + eps) · (1 + w); x and y may alias. One block per row.
+void rms_norm_gemma(const float* x, int64_t rows, int64_t D, const float* w, float eps, float* y, cudaStream_t s);
+
+// inv_freq[i] = theta^(−2i/rotary_dim), i < rotary_dim/2, computed exactly as the CPU reference does (fp64 → fp32).
+std::vector<float> rope_inv_freq(int rotary_dim, double theta);
+
+// One projection row per token holds several heads of width D at known columns. The kernel normalises the "q"
+// heads and the "k" heads with their own weights, applies RoPE to both, and routes them:
+//   q head i  → q_out[t, i, :]                                       ([T, n_q, D], contiguous)
+//   k head i  → k_cache + slot_page[t]·page_stride + i·k_head_stride + (pos[t] % block)·D
+//   v head i  → v_cache + (same addressing, raw, no norm/RoPE)
+// Attention branch: q = Hq heads, k = v = Hkv heads, head stride block·D (HND pages).
+// Index branch: q = Hidx index-query heads, k = the one index key (head stride 0), no v.
+struct HeadsNormRopeArgs {
+  const float* src = nullptr;  // [T, src_ld]
+  int64_t src_ld = 0;
+  int T = 0, D = 0;
+  int n_q = 0, q_col0 = 0;
+  const float* q_w = nullptr;  // [D]
+  float* q_out = nullptr;
+  int n_k = 0, k_col0 = 0;
+  const float* k_w = nullptr;  // [D]
+  float* k_cache = nullptr;
+  int64_t k_head_stride = 0;
+  int n_v = 0, v_col0 = 0;
+  float* v_cache = nullptr;
+  int64_t v_head_stride = 0;
+  const int32_t* pos = nullptr;        // [T] absolute positions
+  const int32_t* slot_page = nullptr;  // [T] physical page holding position pos[t] (unused when n_k = n_v = 0)
+  int64_t page_stride = 0;             // floats per page unit
+  int block_size = 0;
+  const float* inv_freq = nullptr;  // [rotary_dim / 2]
+  int rotary_dim = 0;
+  float eps = 1e-6f;
+};
+void heads_norm_rope(const HeadsNormRopeArgs& a, cudaStream_t s);
+
+// x[rows, D] → gathered rows: y[i] = x[idx[i]] (fp32). Used for the LM-head rows and the MoE expert inputs.
+void gather_rows(const float* x, int64_t D, const int32_t* idx, int64_t n, float* y, cudaStream_t s);
+
+// out[t, :] = table[ids[t], :] (bf16 or fp32 table → fp32). Bad ids were rejected on the host.
+void embed_rows(const void* table, bool bf16, int64_t H, const int32_t* ids, int64_t T, float* out, cudaStream_t s);
+
+}  // namespace m3::cuda

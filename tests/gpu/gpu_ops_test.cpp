@@ -1,0 +1,569 @@
+// Op-by-op harness: every CUDA op of src/backend/cuda against its CPU twin (backend/cpu/cpu_ops.h,
+// engine/sampler.h) on fresh random inputs, at tiny shapes (the golden fixtures' block 16 / top-4 / head dim 32) and
+// production M3 shapes (64/4/128 heads, block 128, top-16, index 4×128, contexts well past 2,048 tokens so the
+// selection matters). Outputs are poisoned before each run and every element is checked written.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/attention_dense.cuh"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/mlp_moe.cuh"
+#include "backend/cuda/msa_decode.cuh"
+#include "backend/cuda/msa_indexer.cuh"
+#include "backend/cuda/msa_prefill.cuh"
+#include "backend/cuda/msa_topk.cuh"
+#include "backend/cuda/norm_rope.cuh"
+#include "backend/cuda/sampling.cuh"
+#include "base/dtype.h"
+#include "base/error.h"
+#include "engine/sampler.h"
+#include "gpu_test_util.h"
+
+namespace m3 {
+namespace {
+
+using gpu_test::Dev;
+using gpu_test::expect_close;
+using gpu_test::expect_equal_ids;
+using gpu_test::rand_vec;
+using gpu_test::rng;
+
+std::string fmt_shape(std::initializer_list<std::pair<const char*, int64_t>> kv) {
+  std::string s;
+  for (auto& [k, v] : kv) s += std::string(s.empty() ? "" : " ") + k + "=" + std::to_string(v);
+  return s;
+}
+
+// ---- GEMM ------------------------------------------------------------------------------------------------------
+TEST(GpuOps, GemmMatchesCpuInFp32AndBf16) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::Gemm g;
+  struct S { int64_t T, K, N; };
+  for (S s : {S{1, 128, 96}, S{37, 128, 1152}, S{3, 6144, 9216}, S{64, 6144, 9216}, S{16, 8192, 6144}, S{9, 3072, 6144}}) {
+    std::vector<float> x = rand_vec(static_cast<size_t>(s.T * s.K)), W = rand_vec(static_cast<size_t>(s.N * s.K));
+    Dev<float> dx(x), dy(static_cast<size_t>(s.T * s.N));
+    for (cuda::WType wt : {cuda::WType::F32, cuda::WType::BF16}) {
+      std::vector<float> xr = x, Wr = W;
+      Dev<uint8_t> dW;
+      if (wt == cuda::WType::BF16) {
+        std::vector<uint8_t> raw(W.size() * 2);
+        for (size_t i = 0; i < W.size(); ++i) {
+          const uint16_t h = f32_to_bf16(W[i]);
+          std::memcpy(&raw[i * 2], &h, 2);
+          Wr[i] = bf16_to_f32(h);
+        }
+        for (auto& v : xr) v = round_to_bf16(v);
+        dW.set(raw);
+      } else {
+        std::vector<uint8_t> raw(W.size() * 4);
+        std::memcpy(raw.data(), W.data(), raw.size());
+        dW.set(raw);
+      }
+      std::vector<float> ref(static_cast<size_t>(s.T * s.N));
+      cpu::matmul_nt(xr.data(), s.T, s.K, Wr.data(), s.N, ref.data());
+      dy.poison();
+      g.nt(dx.p(), s.T, s.K, dW.p(), wt, s.N, dy.p(), false, nullptr);
+      expect_close(wt == cuda::WType::F32 ? "gemm_nt f32" : "gemm_nt bf16", fmt_shape({{"T", s.T}, {"K", s.K}, {"N", s.N}}),
+                   dy.get(), ref, 1e-4);
+      if (s.T == 37) {  // accumulate: y += x·Wᵀ
+        std::vector<float> y0 = rand_vec(ref.size()), ref2 = ref;
+        for (size_t i = 0; i < ref2.size(); ++i) ref2[i] += y0[i];
+        dy.set(y0);
+        g.nt(dx.p(), s.T, s.K, dW.p(), wt, s.N, dy.p(), true, nullptr);
+        expect_close("gemm_nt accumulate", fmt_shape({{"T", s.T}, {"K", s.K}, {"N", s.N}}), dy.get(), ref2, 1e-4);
+      }
+    }
+  }
+}
+
+// ---- norms, RoPE, cache write ----------------------------------------------------------------------------------
+TEST(GpuOps, RmsNormGemmaMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  for (auto [rows, D] : {std::pair<int64_t, int64_t>{7, 128}, {33, 6144}, {5, 32}}) {
+    std::vector<float> x = rand_vec(static_cast<size_t>(rows * D), 0.05f, 4.f), w = rand_vec(static_cast<size_t>(D)), ref(x.size());
+    cpu::rms_norm_gemma(x.data(), rows, D, w.data(), 1e-6f, ref.data());
+    Dev<float> dx(x), dw(w), dy(x.size());
+    dy.poison();
+    cuda::rms_norm_gemma(dx.p(), rows, D, dw.p(), 1e-6f, dy.p(), nullptr);
+    expect_close("rms_norm_gemma", fmt_shape({{"rows", rows}, {"D", D}}), dy.get(), ref, 1e-5);
+  }
+}
+
+struct NormRopeCase {
+  int Hq, Hkv, D, rot, B;
+  double theta;
+  int max_pos;
+};
+
+TEST(GpuOps, FusedQkNormRopeAndCacheWriteMatchCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  for (NormRopeCase c : {NormRopeCase{8, 2, 32, 16, 16, 1e4, 4000}, NormRopeCase{64, 4, 128, 64, 128, 5e6, 200000}}) {
+    const int T = 150, width = (c.Hq + 2 * c.Hkv) * c.D + 7;  // +7: an odd row stride
+    const int64_t unit = int64_t(2 * c.Hkv) * c.B * c.D + 3 * c.B * c.D, pages = (c.max_pos + c.B - 1) / c.B + 1;
+    std::vector<float> src = rand_vec(static_cast<size_t>(T) * width, 0.05f, 3.f), qw = rand_vec(static_cast<size_t>(c.D)), kw = rand_vec(static_cast<size_t>(c.D));
+    // Distinct random positions, each mapped to a random physical page.
+    std::vector<int32_t> all_pos(static_cast<size_t>(c.max_pos));
+    std::iota(all_pos.begin(), all_pos.end(), 0);
+    std::shuffle(all_pos.begin(), all_pos.end(), rng());
+    std::vector<int32_t> pos(all_pos.begin(), all_pos.begin() + T), page_of_block(static_cast<size_t>(pages));
+    std::iota(page_of_block.begin(), page_of_block.end(), 0);
+    std::shuffle(page_of_block.begin(), page_of_block.end(), rng());
+    std::vector<int32_t> slot(T);
+    for (int t = 0; t < T; ++t) slot[t] = page_of_block[static_cast<size_t>(pos[t] / c.B)];
+    // CPU: take the columns, norm + RoPE, scatter into a NaN cache.
+    std::vector<float> q(static_cast<size_t>(T) * c.Hq * c.D), k(static_cast<size_t>(T) * c.Hkv * c.D), v(k.size());
+    for (int t = 0; t < T; ++t) {
+      std::memcpy(&q[static_cast<size_t>(t) * c.Hq * c.D], &src[static_cast<size_t>(t) * width], static_cast<size_t>(c.Hq * c.D) * 4);
+      std::memcpy(&k[static_cast<size_t>(t) * c.Hkv * c.D], &src[static_cast<size_t>(t) * width + c.Hq * c.D], static_cast<size_t>(c.Hkv * c.D) * 4);
+      std::memcpy(&v[static_cast<size_t>(t) * c.Hkv * c.D], &src[static_cast<size_t>(t) * width + (c.Hq + c.Hkv) * c.D], static_cast<size_t>(c.Hkv * c.D) * 4);
+    }
+    // rope_neox_partial takes one position per token: run per token.
+    cpu::rms_norm_gemma(q.data(), int64_t(T) * c.Hq, c.D, qw.data(), 1e-6f, q.data());
+    cpu::rms_norm_gemma(k.data(), int64_t(T) * c.Hkv, c.D, kw.data(), 1e-6f, k.data());
+    cpu::rope_neox_partial(q.data(), T, c.Hq, c.D, c.rot, pos.data(), c.theta);
+    cpu::rope_neox_partial(k.data(), T, c.Hkv, c.D, c.rot, pos.data(), c.theta);
+    std::vector<float> cache(static_cast<size_t>(pages * unit), std::nanf(""));
+    const int64_t v_off = int64_t(c.Hkv) * c.B * c.D;
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < c.Hkv; ++h) {
+        const int64_t base = slot[t] * unit + (int64_t(h) * c.B + pos[t] % c.B) * c.D;
+        std::memcpy(&cache[static_cast<size_t>(base)], &k[(static_cast<size_t>(t) * c.Hkv + h) * c.D], static_cast<size_t>(c.D) * 4);
+        std::memcpy(&cache[static_cast<size_t>(base + v_off)], &v[(static_cast<size_t>(t) * c.Hkv + h) * c.D], static_cast<size_t>(c.D) * 4);
+      }
+    Dev<float> dsrc(src), dqw(qw), dkw(kw), dq(q.size()), dcache(cache.size());
+    Dev<float> dfreq(cuda::rope_inv_freq(c.rot, c.theta));
+    Dev<int32_t> dpos(pos), dslot(slot);
+    dq.poison();
+    dcache.poison();
+    cuda::HeadsNormRopeArgs a;
+    a.src = dsrc.p(), a.src_ld = width, a.T = T, a.D = c.D;
+    a.n_q = c.Hq, a.q_col0 = 0, a.q_w = dqw.p(), a.q_out = dq.p();
+    a.n_k = c.Hkv, a.k_col0 = c.Hq * c.D, a.k_w = dkw.p(), a.k_cache = dcache.p(), a.k_head_stride = int64_t(c.B) * c.D;
+    a.n_v = c.Hkv, a.v_col0 = (c.Hq + c.Hkv) * c.D, a.v_cache = dcache.p() + v_off, a.v_head_stride = int64_t(c.B) * c.D;
+    a.pos = dpos.p(), a.slot_page = dslot.p(), a.page_stride = unit, a.block_size = c.B;
+    a.inv_freq = dfreq.p(), a.rotary_dim = c.rot, a.eps = 1e-6f;
+    cuda::heads_norm_rope(a, nullptr);
+    const std::string shape = fmt_shape({{"T", T}, {"Hq", c.Hq}, {"Hkv", c.Hkv}, {"D", c.D}, {"rot", c.rot}, {"maxpos", c.max_pos}});
+    expect_close("qk_norm_rope q", shape, dq.get(), q, 2e-5);
+    // Cache: written slots match, untouched slots stay NaN (compare() requires NaN exactly where the CPU has NaN).
+    expect_close("qk_norm_rope k/v cache", shape, dcache.get(), cache, 2e-5);
+
+    // Index branch: Hidx query heads + the one shared index key (head stride 0, [B, Di] pages).
+    const int Hi = c.Hkv, Di = c.D, iw = (Hi + 1) * Di;
+    std::vector<float> isrc = rand_vec(static_cast<size_t>(T) * iw, 0.05f, 3.f), iq(static_cast<size_t>(T) * Hi * Di), ik(static_cast<size_t>(T) * Di);
+    for (int t = 0; t < T; ++t) {
+      std::memcpy(&iq[static_cast<size_t>(t) * Hi * Di], &isrc[static_cast<size_t>(t) * iw], static_cast<size_t>(Hi * Di) * 4);
+      std::memcpy(&ik[static_cast<size_t>(t) * Di], &isrc[static_cast<size_t>(t) * iw + Hi * Di], static_cast<size_t>(Di) * 4);
+    }
+    cpu::rms_norm_gemma(iq.data(), int64_t(T) * Hi, Di, qw.data(), 1e-6f, iq.data());
+    cpu::rms_norm_gemma(ik.data(), T, Di, kw.data(), 1e-6f, ik.data());
+    cpu::rope_neox_partial(iq.data(), T, Hi, Di, c.rot, pos.data(), c.theta);
+    cpu::rope_neox_partial(ik.data(), T, 1, Di, c.rot, pos.data(), c.theta);
+    std::vector<float> icache(static_cast<size_t>(pages * unit), std::nanf(""));
+    for (int t = 0; t < T; ++t)
+      std::memcpy(&icache[static_cast<size_t>(slot[t] * unit + 2 * v_off + (pos[t] % c.B) * Di)], &ik[static_cast<size_t>(t) * Di], static_cast<size_t>(Di) * 4);
+    Dev<float> disrc(isrc), diq(iq.size());
+    diq.poison();
+    dcache.poison();
+    cuda::HeadsNormRopeArgs b = a;
+    b.src = disrc.p(), b.src_ld = iw, b.D = Di, b.n_q = Hi, b.q_out = diq.p(), b.k_col0 = Hi * Di, b.n_k = 1;
+    b.k_cache = dcache.p() + 2 * v_off, b.k_head_stride = 0, b.n_v = 0;
+    cuda::heads_norm_rope(b, nullptr);
+    expect_close("index_norm_rope iq", shape, diq.get(), iq, 2e-5);
+    expect_close("index_norm_rope index-K cache", shape, dcache.get(), icache, 2e-5);
+  }
+}
+
+// ---- SwiGLU, routing, MoE --------------------------------------------------------------------------------------
+TEST(GpuOps, SwigluOaiMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  for (auto [T, I] : {std::pair<int64_t, int64_t>{37, 64}, {5, 3072}, {64, 12288}}) {
+    std::vector<float> gu = rand_vec(static_cast<size_t>(T * 2 * I), 0.01f, 10.f), ref(static_cast<size_t>(T * I));  // crosses the ±7 limit
+    cpu::swiglu_oai(gu.data(), T, I, 1.702f, 7.f, ref.data());
+    Dev<float> dgu(gu), dout(ref.size());
+    dout.poison();
+    cuda::swiglu_oai(dgu.p(), T, I, 1.702f, 7.f, dout.p(), nullptr);
+    expect_close("swiglu_oai", fmt_shape({{"T", T}, {"I", I}}), dout.get(), ref, 1e-5);
+  }
+}
+
+TEST(GpuOps, MoeRouteMatchesCpuIncludingTies) {
+  M3_SKIP_WITHOUT_GPU();
+  struct S { int64_t T, E; int k; bool bias, ties; };
+  for (S s : {S{50, 8, 2, true, false}, S{64, 128, 4, true, false}, S{300, 128, 4, false, true}, S{7, 8, 8, true, false}}) {
+    std::vector<float> logits = rand_vec(static_cast<size_t>(s.T * s.E), 0.01f, 4.f), bias = rand_vec(static_cast<size_t>(s.E), 0.001f, 0.1f);
+    if (s.ties)  // quantised logits: many exact ties, which must go to the lower expert id
+      for (auto& v : logits) v = std::round(v * 2.f) / 2.f;
+    std::vector<int32_t> ids(static_cast<size_t>(s.T * s.k));
+    std::vector<float> w(ids.size());
+    cpu::moe_route(logits.data(), s.T, s.E, s.bias ? bias.data() : nullptr, s.k, 2.f, ids.data(), w.data());
+    Dev<float> dl(logits), db(bias), dw(w.size());
+    Dev<int32_t> di(ids.size());
+    dw.poison();
+    di.poison(0x7F);
+    cuda::moe_route(dl.p(), s.T, s.E, s.bias ? db.p() : nullptr, s.k, 2.f, di.p(), dw.p(), nullptr);
+    const std::string shape = fmt_shape({{"T", s.T}, {"E", s.E}, {"k", s.k}, {"ties", s.ties}});
+    expect_equal_ids("moe_route ids", shape, di.get(), ids);
+    expect_close("moe_route weights", shape, dw.get(), w, 1e-6);
+  }
+}
+
+TEST(GpuOps, GroupedMoeWithSharedExpertMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  struct S { int64_t T, H, E, k, I, S_; };
+  for (S s : {S{37, 128, 8, 2, 64, 64}, S{64, 512, 128, 4, 128, 128}, S{1, 512, 128, 4, 128, 0}}) {
+    const float scale = 1.f / std::sqrt(float(s.H));
+    std::vector<float> xn = rand_vec(static_cast<size_t>(s.T * s.H)), x0 = rand_vec(static_cast<size_t>(s.T * s.H));
+    std::vector<float> router = rand_vec(static_cast<size_t>(s.E * s.H)), bias = rand_vec(static_cast<size_t>(s.E), 0.001f, 0.05f);
+    std::vector<std::vector<float>> gu(static_cast<size_t>(s.E)), dn(static_cast<size_t>(s.E));
+    for (int64_t e = 0; e < s.E; ++e) {
+      gu[e] = rand_vec(static_cast<size_t>(2 * s.I * s.H), 0.01f, 3.f * scale);
+      dn[e] = rand_vec(static_cast<size_t>(s.H * s.I), 0.01f, 1.f / std::sqrt(float(s.I)));
+    }
+    std::vector<float> sgu = rand_vec(static_cast<size_t>(2 * s.S_ * s.H), 0.01f, 3.f * scale), sdn = rand_vec(static_cast<size_t>(s.H * s.S_), 0.01f, 0.1f);
+    // CPU: the FFN of M3Model::forward.
+    std::vector<float> logits(static_cast<size_t>(s.T * s.E)), w(static_cast<size_t>(s.T * s.k)), ref = x0;
+    std::vector<int32_t> ids(static_cast<size_t>(s.T * s.k));
+    cpu::matmul_nt(xn.data(), s.T, s.H, router.data(), s.E, logits.data());
+    cpu::moe_route(logits.data(), s.T, s.E, bias.data(), int(s.k), 2.f, ids.data(), w.data());
+    auto mlp = [&](const float* x, const std::vector<float>& g, const std::vector<float>& d, int64_t I, float* y) {
+      std::vector<float> a(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I));
+      cpu::matmul_nt(x, 1, s.H, g.data(), 2 * I, a.data());
+      cpu::swiglu_oai(a.data(), 1, I, 1.702f, 7.f, act.data());
+      cpu::matmul_nt(act.data(), 1, I, d.data(), s.H, y);
+    };
+    std::vector<float> y(static_cast<size_t>(s.H)), ys(static_cast<size_t>(s.H));
+    for (int64_t t = 0; t < s.T; ++t) {
+      std::vector<float> acc(static_cast<size_t>(s.H), 0.f);
+      for (int64_t kk = 0; kk < s.k; ++kk) {
+        mlp(&xn[static_cast<size_t>(t * s.H)], gu[static_cast<size_t>(ids[static_cast<size_t>(t * s.k + kk)])], dn[static_cast<size_t>(ids[static_cast<size_t>(t * s.k + kk)])], s.I, y.data());
+        for (int64_t h = 0; h < s.H; ++h) acc[h] += w[static_cast<size_t>(t * s.k + kk)] * y[h];
+      }
+      if (s.S_ > 0) {
+        mlp(&xn[static_cast<size_t>(t * s.H)], sgu, sdn, s.S_, ys.data());
+        for (int64_t h = 0; h < s.H; ++h) acc[h] += ys[h];
+      }
+      for (int64_t h = 0; h < s.H; ++h) ref[static_cast<size_t>(t * s.H + h)] += acc[h];
+    }
+    // GPU (fp32 weights).
+    Dev<float> dxn(xn), dx(x0), drouter(router), dbias(bias), dsgu(sgu), dsdn(sdn);
+    std::vector<Dev<float>> dgu, ddn;
+    for (int64_t e = 0; e < s.E; ++e) dgu.emplace_back(gu[e]), ddn.emplace_back(dn[e]);
+    cuda::MoeArgs a;
+    a.router = drouter.p(), a.router_bias = dbias.p(), a.E = s.E, a.top_k = s.k, a.routed_scale = 2.f;
+    for (int64_t e = 0; e < s.E; ++e) a.experts.push_back(cuda::MlpDev{dgu[e].p(), ddn[e].p(), cuda::WType::F32, s.I});
+    if (s.S_ > 0) a.shared = cuda::MlpDev{dsgu.p(), dsdn.p(), cuda::WType::F32, s.S_};
+    cuda::Gemm g;
+    cuda::FfnScratch scr;
+    cuda::moe_forward(g, a, dxn.p(), s.T, s.H, dx.p(), scr, nullptr);
+    expect_close("moe_forward (grouped) f32", fmt_shape({{"T", s.T}, {"H", s.H}, {"E", s.E}, {"k", s.k}, {"I", s.I}, {"shared", s.S_}}),
+                 dx.get(), ref, 1e-4);
+  }
+}
+
+// ---- paged cache fixtures for attention and the indexer ----------------------------------------------------------
+// One layer's slice of page units: K [Hkv, B, D], V [Hkv, B, D], index-K [B, Di], then padding up to a multiple
+// of B·D plus one extra B·D (so the virtual-page stride differs from a K-only pool, catching stride bugs).
+struct Cache {
+  int Hkv, B, D, Di, pages;
+  int64_t unit, v_off, ik_off;
+  std::vector<float> host;
+  Dev<float> dev;
+  Cache(int hkv, int b, int d, int di, int npages) : Hkv(hkv), B(b), D(d), Di(di), pages(npages) {
+    v_off = int64_t(Hkv) * B * D;
+    ik_off = 2 * v_off;
+    const int64_t used = ik_off + int64_t(B) * Di, bd = int64_t(B) * D;
+    unit = (used + bd - 1) / bd * bd + bd;
+    host = rand_vec(static_cast<size_t>(pages * unit), 0.01f, 1.f);
+    dev.set(host);
+  }
+  cpu::PagedKV cpu_kv() const { return {host.data(), host.data() + v_off, unit, Hkv, B, D}; }
+  cpu::PagedIndexK cpu_ik() const { return {host.data() + ik_off, unit, B, Di}; }
+  cuda::DevPagedKV gpu_kv() { return {dev.p(), dev.p() + v_off, unit, Hkv, B, D}; }
+  cuda::DevPagedIndexK gpu_ik() { return {dev.p() + ik_off, unit, B, Di}; }
+};
+
+// Sequences of one step: (start_pos, new tokens); each gets a random, non-contiguous page table.
+struct Step {
+  std::vector<int64_t> begin;  // row offsets per sequence
+  std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
+  std::vector<std::vector<int32_t>> tables;
+  Dev<int32_t> dpos, drow, dind, dpages;
+  Step(const std::vector<std::pair<int, int>>& seqs, int B, int num_pages) {
+    std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng());
+    size_t next = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const auto [start, n] = seqs[s];
+      begin.push_back(int64_t(pos.size()));
+      for (int i = 0; i < n; ++i) pos.push_back(start + i), row_seq.push_back(int32_t(s));
+      const int blocks = (start + n + B - 1) / B;
+      std::vector<int32_t> t(perm.begin() + int64_t(next), perm.begin() + int64_t(next + static_cast<size_t>(blocks)));
+      EXPECT_LE(next + static_cast<size_t>(blocks), perm.size()) << "test cache too small";
+      next += static_cast<size_t>(blocks);
+      pt_pages.insert(pt_pages.end(), t.begin(), t.end());
+      pt_indptr.push_back(int32_t(pt_pages.size()));
+      tables.push_back(std::move(t));
+    }
+    begin.push_back(int64_t(pos.size()));
+    dpos.set(pos), drow.set(row_seq), dind.set(pt_indptr), dpages.set(pt_pages);
+  }
+  int T() const { return int(pos.size()); }
+  int n(size_t s) const { return int(begin[s + 1] - begin[s]); }
+  cuda::DevStepRows rows() { return {dpos.p(), drow.p(), dind.p(), dpages.p(), T()}; }
+};
+
+int pages_needed(const std::vector<std::pair<int, int>>& seqs, int B) {
+  int n = 0;
+  for (auto [s, k] : seqs) n += (s + k + B - 1) / B;
+  return n + 3;
+}
+
+struct AttnCase {
+  const char* name;
+  int Hq, Hkv, D, B, K;
+  std::vector<std::pair<int, int>> seqs;  // (start_pos, new tokens)
+};
+
+std::vector<AttnCase> attn_cases() {
+  return {
+      {"tiny prefill chunk", 8, 2, 32, 16, 4, {{200, 100}}},
+      {"tiny decode batch", 8, 2, 32, 16, 4, {{5, 1}, {63, 1}, {64, 1}, {290, 1}, {1000, 3}}},
+      {"M3 prefill chunk", 64, 4, 128, 128, 16, {{2900, 64}}},
+      {"M3 prefill 2 seqs", 64, 4, 128, 128, 16, {{0, 40}, {4000, 24}}},
+      {"M3 decode batch", 64, 4, 128, 128, 16, {{100, 1}, {2047, 1}, {2048, 1}, {9000, 1}, {33000, 1}}},
+      {"M3 verify Q=8", 64, 4, 128, 128, 16, {{20000, 8}, {3000, 8}}},
+      {"M3 TP8 G=8", 8, 1, 128, 128, 16, {{17000, 4}, {70000, 1}}},
+  };
+}
+
+std::string case_shape(const AttnCase& c, int T) {
+  return std::string(c.name) + " " + fmt_shape({{"T", T}, {"Hq", c.Hq}, {"Hkv", c.Hkv}, {"D", c.D}, {"B", c.B}});
+}
+
+TEST(GpuOps, DenseCausalPagedAttentionPrefillAndSplitKDecodeMatchCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  for (const AttnCase& c : attn_cases()) {
+    Cache cache(c.Hkv, c.B, c.D, c.D, pages_needed(c.seqs, c.B));
+    Step st(c.seqs, c.B, cache.pages);
+    const int T = st.T();
+    std::vector<float> q = rand_vec(static_cast<size_t>(T) * c.Hq * c.D), ref(q.size());
+    const float scale = 1.f / std::sqrt(float(c.D));
+    for (size_t s = 0; s < c.seqs.size(); ++s)
+      cpu::attention_dense_causal(&q[static_cast<size_t>(st.begin[s]) * c.Hq * c.D], st.n(s), c.Hq, &st.pos[static_cast<size_t>(st.begin[s])],
+                                  cache.cpu_kv(), st.tables[s].data(), scale, &ref[static_cast<size_t>(st.begin[s]) * c.Hq * c.D]);
+    Dev<float> dq(q), dout(q.size());
+    for (bool split : {false, true}) {
+      cuda::DenseAttention att;
+      att.plan(st.pos, st.rows(), c.Hkv, c.Hq / c.Hkv, c.D, c.B, cache.unit / (int64_t(c.B) * c.D), split, nullptr);
+      dout.poison();
+      att.run(dq.p(), cache.gpu_kv(), scale, dout.p(), nullptr);
+      expect_close(split ? "dense_attention split-K" : "dense_attention", case_shape(c, T), dout.get(), ref, 1e-4);
+    }
+  }
+}
+
+// ---- MSA indexer, top-k, sparse attention ------------------------------------------------------------------------
+TEST(GpuOps, MsaIndexerBlockScoresMatchCpuInPrefillAndDecode) {
+  M3_SKIP_WITHOUT_GPU();
+  for (const AttnCase& c : attn_cases()) {
+    const int Hi = c.Hkv, Di = c.D;
+    Cache cache(c.Hkv, c.B, c.D, Di, pages_needed(c.seqs, c.B));
+    Step st(c.seqs, c.B, cache.pages);
+    const int T = st.T();
+    std::vector<float> iq = rand_vec(static_cast<size_t>(T) * Hi * Di);
+    Dev<float> diq(iq);
+    for (bool decode : {false, true}) {
+      cuda::MsaIndexer ix;
+      ix.plan(st.pos, st.row_seq, Hi, c.B, decode, nullptr);
+      const int64_t cols = ix.max_cols();
+      std::vector<float> ref(static_cast<size_t>(Hi) * T * cols);
+      for (size_t s = 0; s < c.seqs.size(); ++s) {  // the CPU scores one sequence at a time: place its rows
+        const int n = st.n(s);
+        std::vector<float> part(static_cast<size_t>(Hi) * n * cols);
+        cpu::msa_block_scores(&iq[static_cast<size_t>(st.begin[s]) * Hi * Di], n, Hi, &st.pos[static_cast<size_t>(st.begin[s])], cache.cpu_ik(),
+                              st.tables[s].data(), cols, part.data());
+        for (int h = 0; h < Hi; ++h)
+          std::memcpy(&ref[(static_cast<size_t>(h) * T + static_cast<size_t>(st.begin[s])) * cols], &part[static_cast<size_t>(h) * n * cols], static_cast<size_t>(n * cols) * 4);
+      }
+      Dev<float> dscores(ref.size());
+      dscores.poison();
+      ix.run(diq.p(), cache.gpu_ik(), st.rows(), dscores.p(), nullptr);
+      expect_close(decode ? "msa_index_scores decode" : "msa_index_scores prefill", case_shape(c, T) + " cols=" + std::to_string(cols),
+                   dscores.get(), ref, 1e-4);
+    }
+  }
+}
+
+TEST(GpuOps, MsaTopkMatchesCpuExactlyIncludingTiesAndShortRows) {
+  M3_SKIP_WITHOUT_GPU();
+  struct S { int B, K, H; std::vector<int32_t> pos; bool ties; };
+  std::vector<S> cases = {
+      {16, 4, 2, {0, 15, 16, 47, 48, 63, 64, 65, 300, 999}, false},
+      {128, 16, 4, {0, 127, 1000, 2047, 2048, 2049, 5000, 33000, 100000, 131071}, false},
+      {128, 16, 4, {2048, 5000, 40000, 100000}, true},
+      {128, 16, 1, {1999, 20000}, false},
+  };
+  for (const S& s : cases) {
+    const int T = int(s.pos.size());
+    int64_t cols = 1;
+    for (int32_t p : s.pos) cols = std::max<int64_t>(cols, p / s.B + 1);
+    std::vector<float> scores = rand_vec(static_cast<size_t>(s.H) * T * cols, 0.f, 10.f);
+    if (s.ties)
+      for (auto& v : scores) v = std::round(v);  // ~20 distinct values over hundreds of blocks
+    std::vector<int32_t> ref(static_cast<size_t>(s.H) * T * s.K);
+    cpu::msa_topk(scores.data(), T, s.H, s.pos.data(), s.B, cols, s.K, ref.data());
+    Dev<float> dsc(scores);
+    Dev<int32_t> dpos(s.pos), dsel(ref.size());
+    dsel.poison(0x7F);
+    cuda::msa_topk(dsc.p(), T, s.H, dpos.p(), s.B, cols, s.K, dsel.p(), nullptr);
+    expect_equal_ids("msa_topk", fmt_shape({{"T", T}, {"H", s.H}, {"B", s.B}, {"K", s.K}, {"cols", cols}, {"ties", s.ties}}),
+                     dsel.get(), ref);
+  }
+}
+
+// A valid selection per the contract, history in random order (consumers must not assume sorted ids).
+std::vector<int32_t> random_selection(const Step& st, int Hkv, int B, int K) {
+  const int T = st.T();
+  std::vector<int32_t> sel(static_cast<size_t>(Hkv) * T * K, -1);
+  for (int h = 0; h < Hkv; ++h)
+    for (int t = 0; t < T; ++t) {
+      const int local = st.pos[static_cast<size_t>(t)] / B, n = std::min(K, local + 1);
+      std::vector<int32_t> hist(static_cast<size_t>(local));
+      std::iota(hist.begin(), hist.end(), 0);
+      std::shuffle(hist.begin(), hist.end(), rng());
+      int32_t* row = &sel[(static_cast<size_t>(h) * T + static_cast<size_t>(t)) * K];
+      for (int i = 0; i < n - 1; ++i) row[i] = hist[static_cast<size_t>(i)];
+      row[n - 1] = local;
+    }
+  return sel;
+}
+
+TEST(GpuOps, MsaSparseAttentionPrefillAndDecodeMatchCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  for (const AttnCase& c : attn_cases()) {
+    Cache cache(c.Hkv, c.B, c.D, c.D, pages_needed(c.seqs, c.B));
+    Step st(c.seqs, c.B, cache.pages);
+    const int T = st.T(), G = c.Hq / c.Hkv;
+    std::vector<float> q = rand_vec(static_cast<size_t>(T) * c.Hq * c.D), ref(q.size());
+    const std::vector<int32_t> sel = random_selection(st, c.Hkv, c.B, c.K);
+    const float scale = 1.f / std::sqrt(float(c.D));
+    for (size_t s = 0; s < c.seqs.size(); ++s) {  // per sequence: its rows of the head-major selection
+      const int n = st.n(s);
+      std::vector<int32_t> ssel(static_cast<size_t>(c.Hkv) * n * c.K);
+      for (int h = 0; h < c.Hkv; ++h)
+        std::memcpy(&ssel[static_cast<size_t>(h) * n * c.K], &sel[(static_cast<size_t>(h) * T + static_cast<size_t>(st.begin[s])) * c.K], static_cast<size_t>(n * c.K) * 4);
+      cpu::attention_sparse(&q[static_cast<size_t>(st.begin[s]) * c.Hq * c.D], n, c.Hq, &st.pos[static_cast<size_t>(st.begin[s])], cache.cpu_kv(),
+                            st.tables[s].data(), ssel.data(), c.K, scale, &ref[static_cast<size_t>(st.begin[s]) * c.Hq * c.D]);
+    }
+    Dev<float> dq(q), dout(q.size());
+    Dev<int32_t> dsel(sel);
+    {
+      cuda::MsaPrefill pf;
+      pf.plan(st.pos, c.Hkv, G, c.D, c.B, c.K, nullptr);
+      dout.poison();
+      pf.run(dq.p(), dsel.p(), st.rows(), cache.gpu_kv(), scale, dout.p(), nullptr);
+      pf.check(nullptr);
+      expect_close("msa_prefill (query-major)", case_shape(c, T), dout.get(), ref, 1e-4);
+    }
+    for (bool split : {false, true}) {
+      cuda::MsaDecode dc;
+      dc.plan(st.pos, c.Hkv, G, c.D, c.B, c.K, split, nullptr);
+      dout.poison();
+      dc.run(dq.p(), dsel.p(), st.rows(), cache.gpu_kv(), scale, dout.p(), nullptr);
+      dc.check(nullptr);
+      expect_close(split ? "msa_decode split-K" : "msa_decode", case_shape(c, T) + " splits=" + std::to_string(dc.splits()),
+                   dout.get(), ref, 1e-4);
+    }
+  }
+}
+
+TEST(GpuOps, MsaAttentionRejectsSelectionsThatBreakTheContract) {
+  M3_SKIP_WITHOUT_GPU();
+  const int Hkv = 2, B = 16, D = 32, K = 4, G = 4;
+  Cache cache(Hkv, B, D, D, 40);
+  Step st({{300, 2}}, B, cache.pages);
+  std::vector<float> q = rand_vec(static_cast<size_t>(st.T()) * Hkv * G * D);
+  Dev<float> dq(q), dout(q.size());
+  auto run_with = [&](std::vector<int32_t> sel) {
+    Dev<int32_t> dsel(sel);
+    cuda::MsaDecode dc;
+    dc.plan(st.pos, Hkv, G, D, B, K, false, nullptr);
+    dc.run(dq.p(), dsel.p(), st.rows(), cache.gpu_kv(), 0.2f, dout.p(), nullptr);
+    dc.check(nullptr);
+  };
+  std::vector<int32_t> good = random_selection(st, Hkv, B, K);
+  EXPECT_NO_THROW(run_with(good));
+  auto dup = good;
+  dup[1] = dup[0];  // duplicate history block
+  EXPECT_THROW(run_with(dup), Error);
+  auto not_last = good;
+  std::swap(not_last[0], not_last[K - 1]);  // local block not in the last valid slot
+  EXPECT_THROW(run_with(not_last), Error);
+  auto future = good;
+  future[0] = 300 / B + 1;  // a block after the local one
+  EXPECT_THROW(run_with(future), Error);
+}
+
+// ---- sampling ----------------------------------------------------------------------------------------------------
+// The CPU Sampler's algorithm (engine/sampler.cpp) with the uniform draw given: the GPU's host twin.
+int32_t sample_twin(const std::vector<float>& lg, const cuda::SampleRow& p) {
+  const int64_t V = int64_t(lg.size());
+  if (p.temperature == 0.f || p.top_k == 1) return argmax(lg);
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return lg[a] > lg[b]; });
+  if (p.top_k > 0 && p.top_k < V) idx.resize(static_cast<size_t>(p.top_k));
+  std::vector<double> prob(idx.size());
+  double sum = 0;
+  for (size_t i = 0; i < idx.size(); ++i) sum += prob[i] = std::exp((double(lg[idx[i]]) - lg[idx[0]]) / p.temperature);
+  for (auto& x : prob) x /= sum;
+  size_t n = prob.size();
+  if (p.min_p > 0.f) {
+    const double floor = p.min_p * prob[0];
+    while (n > 1 && prob[n - 1] < floor) --n;
+  }
+  if (p.top_p < 1.f) {
+    double c = 0;
+    for (size_t i = 0; i < n; ++i)
+      if ((c += prob[i]) >= p.top_p) {
+        n = i + 1;
+        break;
+      }
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += prob[i];
+  const double r = double(p.u) * total;
+  double c = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (r < (c += prob[i])) return idx[i];
+  return idx[n - 1];
+}
+
+TEST(GpuOps, SamplingMatchesTheCpuSamplerGivenTheSameUniform) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::GpuSampler sampler;
+  for (int V : {1000, 200064}) {
+    std::vector<cuda::SampleRow> rows = {
+        {0.f, 1.f, -1, 0.f, 0.3f},   {1.f, 1.f, -1, 0.f, 0.5f},   {0.7f, 0.9f, -1, 0.f, 0.8f},
+        {1.2f, 1.f, 50, 0.f, 0.1f},  {1.f, 1.f, -1, 0.05f, 0.6f}, {0.8f, 0.95f, 40, 0.02f, 0.9f},
+        {1.f, 1.f, 1, 0.f, 0.99f},   {0.5f, 0.5f, 3, 0.1f, 0.42f},
+    };
+    for (auto& r : rows)
+      if (r.temperature > 0.f) r.u = float(cuda::uniform_from_seed(std::uniform_int_distribution<uint64_t>()(rng()), 0, 0));
+    const int R = int(rows.size());
+    std::vector<float> lg = rand_vec(static_cast<size_t>(R) * V, 0.f, 8.f);
+    for (int i = 0; i < 5; ++i) lg[static_cast<size_t>(V) * 0 + 10 + i] = 9.5f;  // a tie at the top of row 0 → lowest id wins
+    Dev<float> dlg(lg);
+    const std::vector<int32_t> got = sampler.sample(dlg.p(), R, V, rows, nullptr);
+    std::vector<int32_t> ref;
+    for (int r = 0; r < R; ++r) ref.push_back(sample_twin(std::vector<float>(lg.begin() + int64_t(r) * V, lg.begin() + int64_t(r + 1) * V), rows[static_cast<size_t>(r)]));
+    expect_equal_ids("sample (greedy/temp/top-k/top-p/min-p)", fmt_shape({{"R", R}, {"V", V}}), got, ref);
+  }
+}
+
+}  // namespace
+}  // namespace m3
