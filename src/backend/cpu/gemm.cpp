@@ -18,8 +18,8 @@ inline float reduce_lanes(const float* a) {
 
 // 4 weight rows × up to 4 tokens per tile keeps 16 dot products in flight and reuses each loaded x and W value.
 template <int NT>
-__attribute__((target_clones("avx2", "default"))) void tile_kernel(const float* x, int64_t K, const float* W,
-                                                                   int64_t ldx, float* y, int64_t ldy, int nrows) {
+inline __attribute__((always_inline)) void tile_body(const float* x, int64_t K, const float* W, int64_t ldx,
+                                                     float* y, int64_t ldy, int nrows) {
   float acc[NT][4][kLanes] = {};
   const int64_t K8 = K / kLanes * kLanes;
   for (int64_t k = 0; k < K8; k += kLanes) {
@@ -38,6 +38,36 @@ __attribute__((target_clones("avx2", "default"))) void tile_kernel(const float* 
       for (int64_t k = K8; k < K; ++k) tail += x[t * ldx + k] * W[r * K + k];
       y[t * ldy + r] = reduce_lanes(acc[t][r]) + tail;
     }
+}
+
+// The same body compiled twice: for any x86-64, and for AVX2+FMA machines (chosen once at run time, so every
+// call in a process takes the same path and results stay deterministic). Manual dispatch instead of
+// target_clones because clang-14 (the fuzz builds) rejects target_clones on templates.
+template <int NT>
+void tile_generic(const float* x, int64_t K, const float* W, int64_t ldx, float* y, int64_t ldy, int nrows) {
+  tile_body<NT>(x, K, W, ldx, y, ldy, nrows);
+}
+#if defined(__x86_64__)
+template <int NT>
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t K, const float* W, int64_t ldx, float* y,
+                                                   int64_t ldy, int nrows) {
+  tile_body<NT>(x, K, W, ldx, y, ldy, nrows);
+}
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+const bool kHaveAvx2 = false;
+template <int NT>
+void tile_avx2(const float* x, int64_t K, const float* W, int64_t ldx, float* y, int64_t ldy, int nrows) {
+  tile_body<NT>(x, K, W, ldx, y, ldy, nrows);
+}
+#endif
+
+template <int NT>
+void tile_kernel(const float* x, int64_t K, const float* W, int64_t ldx, float* y, int64_t ldy, int nrows) {
+  if (kHaveAvx2)
+    tile_avx2<NT>(x, K, W, ldx, y, ldy, nrows);
+  else
+    tile_generic<NT>(x, K, W, ldx, y, ldy, nrows);
 }
 
 }  // namespace
