@@ -28,6 +28,9 @@ struct Options {
   bool keep_trailing_newline = false;   // jinja2 default: one trailing newline of the source is dropped
   std::size_t max_output_bytes = std::size_t{1} << 30;  // guards against `'a' * 10**12` style blow-ups
   int max_call_depth = 256;             // macro recursion limit (stack safety)
+  // Convert stray library exceptions (renderer bugs) into m3::Error. The fuzz target turns it off so
+  // such bugs crash loudly instead.
+  bool wrap_internal_errors = true;
 };
 
 struct Program;  // parsed AST, defined in jinja_internal.h

@@ -245,10 +245,11 @@ void Evaluator::install_globals() {
     int64_t start = p.size() == 1 ? 0 : p[0], stop = p.size() == 1 ? p[0] : p[1], step = p.size() == 3 ? p[2] : 1;
     if (step == 0) ev.rt_fail(a.line, "range() arg 3 must not be zero");
     Json arr = Json::array();
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       // Same cap as jinja2's sandbox (MAX_RANGE).
       if (arr.size() >= 100000) ev.rt_fail(a.line, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       arr.push_back(i);
+      if (__builtin_add_overflow(i, step, &i)) break;
     }
     return Value::of(std::move(arr));
   });
@@ -758,7 +759,7 @@ Value Evaluator::string_method(const Value& obj, const std::string& name) {
           const Value* v = nullptr;
           if (field.empty()) {
             if (auto_idx < a.pos.size()) v = &a.pos[auto_idx++];
-          } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
+          } else if (field.size() < 9 && std::all_of(field.begin(), field.end(), ::isdigit)) {
             size_t k = std::stoul(field);
             if (k < a.pos.size()) v = &a.pos[k];
           } else {
@@ -810,9 +811,18 @@ Value Evaluator::binary(const std::string& op, const Value& l, const Value& r, i
   bool an = l.is_number(), bn = r.is_number();
   if (an && bn) {
     bool fl = a.is_number_float() || b.is_number_float();
-    if (op == "+") return fl ? Value::of(num_as_double(a) + num_as_double(b)) : Value::of(num_as_int(a) + num_as_int(b));
-    if (op == "-") return fl ? Value::of(num_as_double(a) - num_as_double(b)) : Value::of(num_as_int(a) - num_as_int(b));
-    if (op == "*") return fl ? Value::of(num_as_double(a) * num_as_double(b)) : Value::of(num_as_int(a) * num_as_int(b));
+    if (!fl && (op == "+" || op == "-" || op == "*")) {
+      // 64-bit ints (Python's are unbounded): overflow is an error, not wrap-around.
+      int64_t x = num_as_int(a), y = num_as_int(b), res = 0;
+      bool ovf = op == "+" ? __builtin_add_overflow(x, y, &res)
+                 : op == "-" ? __builtin_sub_overflow(x, y, &res)
+                             : __builtin_mul_overflow(x, y, &res);
+      if (ovf) rt_fail(line, "integer overflow in '" + op + "'");
+      return Value::of(res);
+    }
+    if (op == "+") return Value::of(num_as_double(a) + num_as_double(b));
+    if (op == "-") return Value::of(num_as_double(a) - num_as_double(b));
+    if (op == "*") return Value::of(num_as_double(a) * num_as_double(b));
     if (op == "/") {
       if (num_as_double(b) == 0) rt_fail(line, "division by zero");
       return Value::of(num_as_double(a) / num_as_double(b));
@@ -843,6 +853,7 @@ Value Evaluator::binary(const std::string& op, const Value& l, const Value& r, i
         return Value::of(fd);
       }
       int64_t x = num_as_int(a), y = num_as_int(b);
+      if (x == INT64_MIN && y == -1) rt_fail(line, "integer overflow in '" + op + "'");
       int64_t q = x / y, m = x % y;
       if (m != 0 && ((m < 0) != (y < 0))) {
         --q;
@@ -852,9 +863,12 @@ Value Evaluator::binary(const std::string& op, const Value& l, const Value& r, i
     }
     if (op == "**") {
       if (!fl && num_as_int(b) >= 0) {
+        // Exponentiation by squaring; overflow is an error (Python ints are unbounded).
         int64_t base = num_as_int(a), e = num_as_int(b), res = 1;
-        for (int64_t i = 0; i < e; ++i) {
-          if (__builtin_mul_overflow(res, base, &res)) rt_fail(line, "integer overflow in **");
+        while (e > 0) {
+          if ((e & 1) && __builtin_mul_overflow(res, base, &res)) rt_fail(line, "integer overflow in **");
+          e >>= 1;
+          if (e > 0 && __builtin_mul_overflow(base, base, &base)) rt_fail(line, "integer overflow in **");
         }
         return Value::of(res);
       }
@@ -1057,6 +1071,7 @@ Value Evaluator::eval(const Expr& e, const FramePtr& f) {
       if (!v.is_number()) rt_fail(e.line, "bad operand type for unary " + std::string(e.kind == EK::Neg ? "-" : "+") + ": '" + type_name(v) + "'");
       if (e.kind == EK::Pos) return v.is_bool() ? Value::of(num_as_int(v.j())) : v;
       if (v.is_float()) return Value::of(-v.j().get<double>());
+      if (num_as_int(v.j()) == INT64_MIN) rt_fail(e.line, "integer overflow in unary '-'");
       return Value::of(-num_as_int(v.j()));
     }
     case EK::Not: return Value::of(!py_truthy(eval(*e.a, f)));
@@ -1307,9 +1322,9 @@ Value attr_path(Evaluator& ev, const Value& item, const std::string& path, int l
   while (true) {
     size_t d = path.find('.', st);
     std::string part = path.substr(st, d == std::string::npos ? std::string::npos : d - st);
-    Value key = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)
-                    ? Value::of(static_cast<int64_t>(std::stoll(part)))
-                    : Value::of(part);
+    Value key = Value::of(part);
+    if (!part.empty() && part.size() < 18 && std::all_of(part.begin(), part.end(), ::isdigit))
+      key = Value::of(static_cast<int64_t>(std::stoll(part)));
     cur = ev.get_item(cur, key, line);
     if (d == std::string::npos) break;
     st = d + 1;
@@ -1348,7 +1363,7 @@ Value f_tojson(Evaluator& ev, const Value& v, CallValues& a) {
     if (ind->is_string())
       o.indent = ind->str();
     else if (ind->is_int())
-      o.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, num_as_int(ind->j()))), ' ');
+      o.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(num_as_int(ind->j()), 0, 4096)), ' ');
     else
       ev.rt_fail(a.line, "tojson indent must be an int or a string");
     o.item_sep = ",";
@@ -1490,13 +1505,13 @@ Value f_int(Evaluator&, const Value& v, CallValues& a) {
   if (j.is_number_float()) {
     double x = j.get<double>();
     if (!std::isfinite(x)) return def;
-    return Value::of(static_cast<int64_t>(std::trunc(x)));
+    return Value::of(num_as_int(Json(std::trunc(x))));
   }
   if (j.is_string()) {
     int64_t r;
     if (parse_py_int(v.str(), base, r)) return Value::of(r);
     double x;
-    if (parse_py_float(v.str(), x) && std::isfinite(x)) return Value::of(static_cast<int64_t>(std::trunc(x)));
+    if (parse_py_float(v.str(), x) && std::isfinite(x)) return Value::of(num_as_int(Json(std::trunc(x))));
   }
   return def;
 }
@@ -1632,7 +1647,7 @@ Value f_indent(Evaluator& ev, const Value& v, CallValues& a) {
     if (w->is_string())
       ind = w->str();
     else if (w->is_int())
-      ind = std::string(static_cast<size_t>(std::max<int64_t>(0, num_as_int(w->j()))), ' ');
+      ind = std::string(static_cast<size_t>(std::clamp<int64_t>(num_as_int(w->j()), 0, 4096)), ' ');
     else
       ev.rt_fail(a.line, "indent width must be an int or a string");
   }
@@ -1755,6 +1770,7 @@ Value f_sum(Evaluator& ev, const Value& v, CallValues& a) {
 Value f_abs(Evaluator& ev, const Value& v, CallValues& a) {
   if (!v.is_number()) ev.rt_fail(a.line, "bad operand type for abs(): '" + type_name(v) + "'");
   if (v.is_float()) return Value::of(std::fabs(v.j().get<double>()));
+  if (num_as_int(v.j()) == INT64_MIN) ev.rt_fail(a.line, "integer overflow in abs()");
   return Value::of(std::llabs(num_as_int(v.j())));
 }
 
@@ -1775,7 +1791,7 @@ Value f_round(Evaluator& ev, const Value& v, CallValues& a) {
     r = std::floor(x * scale) / scale;
   else
     ev.rt_fail(a.line, "method must be common, ceil or floor");
-  if (v.is_int() && method == "common") return Value::of(static_cast<int64_t>(r));
+  if (v.is_int() && method == "common") return Value::of(num_as_int(Json(r)));
   return Value::of(r);
 }
 
@@ -1893,19 +1909,14 @@ bool t_sameas(Evaluator& ev, const Value& v, CallValues& a) {
   }
   return v.kind == o.kind && v.ns == o.ns && v.fn == o.fn && v.loop == o.loop;
 }
-bool t_odd(Evaluator& ev, const Value& v, CallValues& a) {
-  if (!v.is_number()) ev.rt_fail(a.line, "odd expects a number");
-  return num_as_int(v.j()) % 2 != 0;
+// value % n == 0 with Python semantics (floats included).
+bool py_mod_is_zero(Evaluator& ev, const Value& v, const Value& n, int line) {
+  Value m = ev.binary("%", v, n, line);
+  return !py_truthy(m);
 }
-bool t_even(Evaluator& ev, const Value& v, CallValues& a) {
-  if (!v.is_number()) ev.rt_fail(a.line, "even expects a number");
-  return num_as_int(v.j()) % 2 == 0;
-}
-bool t_divisibleby(Evaluator& ev, const Value& v, CallValues& a) {
-  const Value& n = test_arg(ev, a);
-  if (!v.is_number() || !n.is_number() || num_as_int(n.j()) == 0) ev.rt_fail(a.line, "divisibleby expects non-zero numbers");
-  return num_as_int(v.j()) % num_as_int(n.j()) == 0;
-}
+bool t_odd(Evaluator& ev, const Value& v, CallValues& a) { return !py_mod_is_zero(ev, v, Value::of(int64_t{2}), a.line); }
+bool t_even(Evaluator& ev, const Value& v, CallValues& a) { return py_mod_is_zero(ev, v, Value::of(int64_t{2}), a.line); }
+bool t_divisibleby(Evaluator& ev, const Value& v, CallValues& a) { return py_mod_is_zero(ev, v, test_arg(ev, a), a.line); }
 bool t_lower(Evaluator&, const Value& v, CallValues&) { return str_pred(py_str(v), 4); }
 bool t_upper(Evaluator&, const Value& v, CallValues&) { return str_pred(py_str(v), 5); }
 bool t_filter(Evaluator&, const Value& v, CallValues&) { return v.is_string() && filters().count(v.str()); }
@@ -1946,7 +1957,18 @@ std::string Template::render(const Json& context) const {
   M3_CHECK(prog_ != nullptr, "render() on an empty template");
   M3_CHECK(context.is_object(), "{}: template context must be a JSON object", prog_->name);
   Evaluator ev(*prog_, context);
-  return ev.run();
+  if (!prog_->opts.wrap_internal_errors) return ev.run();
+  try {
+    return ev.run();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail("{}: out of memory while rendering", prog_->name);
+  } catch (const std::exception& e) {
+    // Safety net: a library exception escaping the evaluator is a renderer bug; surface it as an
+    // m3::Error so a request fails instead of the server (the fuzz target aborts on this text).
+    fail("{}: internal template error: {}", prog_->name, e.what());
+  }
 }
 
 const std::string& Template::name() const {

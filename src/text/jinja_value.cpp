@@ -194,7 +194,12 @@ int64_t num_as_int(const Json& j) {
   if (j.is_boolean()) return j.get<bool>() ? 1 : 0;
   if (j.is_number_unsigned()) return static_cast<int64_t>(j.get<uint64_t>());
   if (j.is_number_integer()) return j.get<int64_t>();
-  return static_cast<int64_t>(j.get<double>());
+  // Saturating float -> int (a plain cast of an out-of-range double is undefined behaviour).
+  double d = j.get<double>();
+  if (std::isnan(d)) return 0;
+  if (d >= 9.2233720368547758e18) return INT64_MAX;
+  if (d <= -9.2233720368547758e18) return INT64_MIN;
+  return static_cast<int64_t>(d);
 }
 
 // repr(float): shortest round-trip digits; fixed notation for 1e-4 <= |x| < 1e16, else scientific.

@@ -36,12 +36,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   opts.keep_trailing_newline = data[0] & 4;
   opts.max_output_bytes = 1 << 20;  // keep each run small and fast
   opts.max_call_depth = 64;
+  opts.wrap_internal_errors = false;
   std::string src(reinterpret_cast<const char*>(data) + 1, size - 1);
   try {
     auto t = m3::jinja::Template::parse(src, "fuzz", opts);
     (void)t.render(context());
   } catch (const m3::Error&) {
-    // expected for invalid or unsupported templates
+    // Expected for invalid or unsupported templates. Any other exception escapes and crashes the
+    // fuzzer: wrap_internal_errors is off, so library exceptions are not disguised as m3::Error.
   }
   return 0;
 }
