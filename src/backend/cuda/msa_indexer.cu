@@ -76,6 +76,98 @@ __global__ void __launch_bounds__(kThreads) msa_scores_kernel(const float* __res
   }
 }
 
+// Decode-shaped tiles (≤ kDecRows = 32 (token, head) rows, e.g. Q ≤ 8 at 4 index heads): the generic kernel would
+// leave most of its 64-row thread grid idle, so here all 256 threads work on keys: thread = (key kq = tid / 8,
+// part = tid % 8); a part covers DPP = Di / 8 dimensions, read straight from global memory with 16-byte loads
+// (8 consecutive lanes read one 4·Di-byte key row: coalesced). Partial dots are summed over the 8 lanes of a key
+// with shuffles, the max over keys is reduced per warp and then across warps in shared memory.
+// smem: q rows [kDecRows][8][DPP + 1] (padding: the 8 parts of a row sit on distinct banks) | per-warp maxima.
+constexpr int kDecRows = 32;
+
+template <int DPP>
+__global__ void __launch_bounds__(kThreads) msa_scores_decode_kernel(const float* __restrict__ iq, int H,
+                                                                     DevPagedIndexK cache, DevStepRows rows,
+                                                                     const MsaIndexer::Tile* __restrict__ tiles,
+                                                                     int64_t max_cols, float* __restrict__ scores) {
+  constexpr int Di = 8 * DPP;
+  __shared__ float qs[kDecRows * 8 * (DPP + 1)];
+  __shared__ float red[kThreads / 32][kDecRows];
+  const MsaIndexer::Tile tile = tiles[blockIdx.x];
+  const int nrows = tile.n * H;
+  const int tid = threadIdx.x, kq = tid >> 3, part = tid & 7, lane = tid & 31, warp = tid >> 5;
+  const int T = rows.T, B = cache.block_size;
+  for (int i = tid; i < kDecRows * Di; i += kThreads) {
+    const int rr = i / Di, d = i % Di;
+    qs[rr * 8 * (DPP + 1) + (d / DPP) * (DPP + 1) + d % DPP] =
+        rr < nrows ? iq[(int64_t(tile.t0) + rr / H) * H * Di + (rr % H) * Di + d] : 0.f;
+  }
+  __syncthreads();
+  const int32_t* pt = rows.pt_pages + rows.pt_indptr[rows.row_seq[tile.t0]];
+  for (int64_t b = blockIdx.y; b < max_cols; b += gridDim.y) {
+    if (b >= tile.max_local) {  // no row ranks this block: just the −inf fill
+      if (tid < nrows) {
+        const int t = tile.t0 + tid / H, h = tid % H;
+        scores[(int64_t(h) * T + t) * max_cols + b] = -INFINITY;
+      }
+      continue;
+    }
+    const float* kp = cache.ik + int64_t(pt[b]) * cache.page_stride;
+    float run[kDecRows];
+#pragma unroll
+    for (int r = 0; r < kDecRows; ++r) run[r] = -INFINITY;
+    for (int j0 = 0; j0 < B; j0 += 32) {
+      const int j = j0 + kq;
+      float kv[DPP];
+      if (j < B) {
+        const float4* src = reinterpret_cast<const float4*>(kp + int64_t(j) * Di + part * DPP);
+#pragma unroll
+        for (int i = 0; i < DPP / 4; ++i) {
+          const float4 v = src[i];
+          kv[4 * i] = v.x, kv[4 * i + 1] = v.y, kv[4 * i + 2] = v.z, kv[4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < DPP; ++i) kv[i] = 0.f;
+      }
+#pragma unroll
+      for (int r = 0; r < kDecRows; ++r) {
+        if (r >= nrows) break;  // uniform across the CTA
+        const float* qr = qs + r * 8 * (DPP + 1) + part * (DPP + 1);
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < DPP; ++i) dot += qr[i] * kv[i];
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 4);
+        if (j < B) run[r] = fmaxf(run[r], dot);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kDecRows; ++r) {
+      if (r >= nrows) break;
+      float v = fmaxf(run[r], __shfl_xor_sync(0xffffffffu, run[r], 8));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+      if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (tid < nrows) {
+      float v = red[0][tid];
+      for (int w = 1; w < kThreads / 32; ++w) v = fmaxf(v, red[w][tid]);
+      const int t = tile.t0 + tid / H, h = tid % H;
+      const int64_t local = rows.pos[t] / B;
+      scores[(int64_t(h) * T + t) * max_cols + b] = b < local ? v : -INFINITY;
+    }
+    __syncthreads();  // red[] is rewritten by the next block
+  }
+}
+
+template <int DPP>
+void launch_decode(dim3 grid, const float* iq, int H, const DevPagedIndexK& cache, const DevStepRows& rows,
+                   const MsaIndexer::Tile* tiles, int64_t max_cols, float* scores, cudaStream_t s) {
+  msa_scores_decode_kernel<DPP><<<grid, kThreads, 0, s>>>(iq, H, cache, rows, tiles, max_cols, scores);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void MsaIndexer::plan(const std::vector<int32_t>& pos, const std::vector<int32_t>& row_seq, int num_heads,
@@ -83,7 +175,9 @@ void MsaIndexer::plan(const std::vector<int32_t>& pos, const std::vector<int32_t
   M3_CUDA_REQUIRE(num_heads >= 1 && num_heads <= kRows, "msa indexer: %d index heads (supported: 1..64)", num_heads);
   M3_CUDA_REQUIRE(pos.size() == row_seq.size(), "msa indexer: positions and row sequences differ in length");
   H_ = num_heads, B_ = block_size, T_ = int(pos.size());
-  rows_per_tile_ = kRows / num_heads;
+  decode_ = decode && num_heads <= kDecRows;
+  // Decode tiles hold ≤ 32 rows (Q ≤ 8 tokens at 4 heads) for the decode-shaped kernel.
+  rows_per_tile_ = (decode_ ? kDecRows : kRows) / num_heads;
   h_tiles_.clear();
   max_cols_ = 1;
   for (int t = 0; t < T_;) {
@@ -108,9 +202,19 @@ void MsaIndexer::run(const float* iq, const DevPagedIndexK& cache, const DevStep
   M3_CUDA_REQUIRE(cache.block_size == B_ && rows.T == T_, "msa indexer: cache/rows do not match the plan");
   const int Di = cache.index_dim;
   M3_CUDA_REQUIRE(Di >= 1 && Di <= 256, "msa indexer: index dim %d (supported: 1..256)", Di);
+  const dim3 grid(unsigned(h_tiles_.size()), unsigned(col_groups_));
+  if (decode_ && Di % 32 == 0 && Di <= 256 && reinterpret_cast<uintptr_t>(cache.ik) % 16 == 0 &&
+      cache.page_stride % 4 == 0) {
+    switch (Di / 8) {
+      case 4: return launch_decode<4>(grid, iq, H_, cache, rows, tiles_.get(), max_cols_, scores, s);
+      case 8: return launch_decode<8>(grid, iq, H_, cache, rows, tiles_.get(), max_cols_, scores, s);
+      case 16: return launch_decode<16>(grid, iq, H_, cache, rows, tiles_.get(), max_cols_, scores, s);
+      case 32: return launch_decode<32>(grid, iq, H_, cache, rows, tiles_.get(), max_cols_, scores, s);
+    }
+  }
   const size_t smem = size_t(kRows + kKeys) * (Di + 1) * sizeof(float);
   M3_CUDA_CHECK(cudaFuncSetAttribute(msa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  msa_scores_kernel<<<dim3(unsigned(h_tiles_.size()), unsigned(col_groups_)), kThreads, smem, s>>>(
+  msa_scores_kernel<<<grid, kThreads, smem, s>>>(
       iq, H_, Di, cache, rows, tiles_.get(), max_cols_, scores);
   M3_CUDA_LAUNCH_CHECK();
 }

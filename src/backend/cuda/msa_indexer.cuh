@@ -3,9 +3,10 @@
 //   visible: no causal mask), and −inf for every other column < max_cols.
 // Layout head-major [Hidx, T, max_cols] over all rows of the step (MSA_KERNELS.md §1.1); every element is written.
 //
-// v1 kernel (fp32 CUDA cores): a CTA owns a tile of ≤ 64 (token, head) rows of ONE sequence and a strided set of
-// blocks; per block it stages 32 keys at a time in shared memory and keeps a running max per row in registers.
-// The same kernel serves prefill (many rows per tile) and decode (few rows, more CTAs per tile over the pages).
+// v1 kernels (fp32 CUDA cores). Prefill: a CTA owns a tile of ≤ 64 (token, head) rows of ONE sequence and a strided
+// set of blocks; per block it stages 32 keys at a time in shared memory and keeps a running max per row in registers.
+// Decode (plan(decode = true)): tiles of ≤ 32 rows, all 256 threads on keys (8 lanes per key row, 16-byte loads
+// straight from the cache), many CTAs per tile over the pages — a bandwidth kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,6 +42,7 @@ class MsaIndexer {
 
  private:
   int H_ = 0, B_ = 0, T_ = 0, rows_per_tile_ = 0, col_groups_ = 1;
+  bool decode_ = false;
   int64_t max_cols_ = 0;
   std::vector<Tile> h_tiles_;
   DeviceBuffer<Tile> tiles_;
