@@ -45,6 +45,22 @@ std::string ChatTemplate::apply(const ChatTemplateInputs& in) const {
   return tmpl_.render(chat_template_context(in, bos_token, eos_token));
 }
 
+OJson decode_tool_call_arguments(const OJson& messages) {
+  OJson out = messages;
+  if (!out.is_array()) return out;
+  for (auto& m : out) {
+    if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+    for (auto& tc : m["tool_calls"]) {
+      if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object()) continue;
+      auto& fn = tc["function"];
+      if (!fn.contains("arguments") || !fn["arguments"].is_string()) continue;
+      OJson parsed = OJson::parse(fn["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_object()) fn["arguments"] = std::move(parsed);
+    }
+  }
+  return out;
+}
+
 namespace {
 
 std::string read_file(const std::filesystem::path& p) {

@@ -52,6 +52,13 @@ class ChatTemplate {
 nlohmann::ordered_json chat_template_context(const ChatTemplateInputs& in, const std::string& bos_token,
                                              const std::string& eos_token);
 
+// Returns a copy of `messages` where every assistant tool_calls[].function.arguments that is a string
+// holding a JSON object is replaced by that object (strings that are not JSON objects stay as they
+// are). OpenAI clients send arguments as strings; templates that walk arguments as a mapping (the
+// M3 template's XML rendering, MiniMax-M2's) need objects. transformers does not do this by itself,
+// so apply() never does it implicitly: call it before apply() for such templates.
+nlohmann::ordered_json decode_tool_call_arguments(const nlohmann::ordered_json& messages);
+
 // Loads a model directory's chat template: chat_template.jinja, else tokenizer_config.json's
 // "chat_template" (a string, or a list of {name, template} where "default" or the first wins), else
 // chat_template.json's "chat_template". bos/eos tokens come from tokenizer_config.json (string or

@@ -244,6 +244,27 @@ TEST(ChatTemplateLoad, ReadsJinjaFileOrTokenizerConfig) {
   fs::remove_all(dir);
 }
 
+TEST(ChatTemplateApply, DecodeToolCallArgumentsTurnsJsonStringsIntoObjects) {
+  OJson msgs = OJson::parse(R"([{"role":"user","content":"x"},
+    {"role":"assistant","tool_calls":[{"function":{"name":"a","arguments":"{\"z\": 1, \"b\": [true]}"}},
+                                      {"function":{"name":"b","arguments":"not json"}},
+                                      {"function":{"name":"c","arguments":"[1]"}},
+                                      {"function":{"name":"d","arguments":{"k":"v"}}}]}])");
+  OJson d = decode_tool_call_arguments(msgs);
+  const OJson& tcs = d[1]["tool_calls"];
+  EXPECT_EQ(tcs[0]["function"]["arguments"].dump(), R"({"z":1,"b":[true]})");  // key order kept
+  EXPECT_EQ(tcs[1]["function"]["arguments"], "not json");
+  EXPECT_EQ(tcs[2]["function"]["arguments"], "[1]");
+  EXPECT_EQ(tcs[3]["function"]["arguments"]["k"], "v");
+  EXPECT_EQ(d[0], msgs[0]);
+  // With decoded arguments the M3 template renders XML parameters instead of raw JSON.
+  ChatTemplate t = m3_template();
+  ChatTemplateInputs in;
+  in.messages = d;
+  std::string s = t.apply(in);
+  EXPECT_NE(s.find("]<]minimax[>[<z>1]<]minimax[>[</z>"), std::string::npos) << s;
+}
+
 TEST(ChatTemplateApply, ExtraContextOverridesAndToolsDefaultToNone) {
   ChatTemplate t = ChatTemplate::parse("{{ tools is none }}|{{ documents is none }}|{{ bos_token }}|{{ x }}");
   t.bos_token = "<b>";
