@@ -90,7 +90,7 @@ if [ "${M3_SKIP_BENCH:-0}" != 1 ]; then
     say "bench: FAILED ($(( $(date +%s) - bb )) s)"; status=1
   fi
   say '```'
-  grep -E "^\|" "$out/bench.log" >>"$summary" || tail -20 "$out/bench.log" >>"$summary"
+  grep -E "^\||^$|^device" "$out/bench.log" | cat -s >>"$summary" || tail -20 "$out/bench.log" >>"$summary"
   say '```'
 fi
 say "total: $(( $(date +%s) - t0 )) s"

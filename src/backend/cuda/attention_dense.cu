@@ -10,20 +10,24 @@ constexpr int kWarps = 4;            // one CTA = 4 warps; warp w handles query 
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTile = 32;            // keys per shared-memory tile: one key per lane when scoring
 
-// One CTA per (fake request r, split). Online softmax in fp32; K/V tiles of 32 tokens staged in shared memory.
-// DPL = D / 32 output channels per lane, HPW = query heads per warp (compile-time so accumulators stay in
-// registers). smem: q [G, D] | K tile [32, D + 1] (padded: lanes read different rows) | V tile [32, D].
+// One CTA per (fake request r, split). Online softmax in fp32; K/V tiles of 32 tokens staged in shared memory with
+// 16-byte loads. DPL = D / 32 output channels per lane, HPW = query heads per warp (compile-time so accumulators
+// stay in registers). Per tile a warp first scores its HPW heads against the 32 keys (lane = key; one float4 of K
+// feeds HPW float4s of q), then updates the softmax state of each head, then accumulates P·V with one V read per
+// (key, channel) shared by the HPW heads.
+// smem: q [G, D] | K tile [32, D + 4] (row stride ≡ 4 mod 32 words: the 8 lanes of a float4 phase hit distinct
+// banks) | V tile [32, D].
 template <int DPL, int HPW>
 __global__ void __launch_bounds__(kThreads) paged_gqa_kernel(PagedGqaArgs a) {
-  extern __shared__ float smem[];
-  constexpr int D = 32 * DPL;
-  float* qs = smem;
+  extern __shared__ float4 smem4[];
+  constexpr int D = 32 * DPL, D4 = D / 4, KS = D + 4;
+  float* qs = reinterpret_cast<float*>(smem4);
   float* ks = qs + a.G * D;
-  float* vs = ks + kTile * (D + 1);
+  float* vs = ks + kTile * KS;
   const int r = blockIdx.x, split = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float* q = a.q + int64_t(r) * a.G * D;
-  for (int i = threadIdx.x; i < a.G * D; i += kThreads) qs[i] = q[i];
+  const float4* q4 = reinterpret_cast<const float4*>(a.q + int64_t(r) * a.G * D);
+  for (int i = threadIdx.x; i < a.G * D4; i += kThreads) reinterpret_cast<float4*>(qs)[i] = q4[i];
 
   const int beg = a.indptr[r], end = a.indptr[r + 1];
   const int per = (end - beg + a.num_splits - 1) / a.num_splits;
@@ -43,40 +47,59 @@ __global__ void __launch_bounds__(kThreads) paged_gqa_kernel(PagedGqaArgs a) {
     const float* vpp = a.v + vp * a.stride_page;
     for (int j0 = 0; j0 < ntok; j0 += kTile) {
       const int nt = min(kTile, ntok - j0);
-      __syncthreads();  // the previous tile is consumed
-      for (int i = threadIdx.x; i < nt * D; i += kThreads) {
-        const int j = i / D, d = i % D;
-        const int64_t off = int64_t(j0 + j) * a.stride_tok + d;
-        ks[j * (D + 1) + d] = kp[off];
-        vs[j * D + d] = vpp[off];
+      __syncthreads();  // the previous tile is consumed (and q is loaded)
+      for (int i = threadIdx.x; i < nt * D4; i += kThreads) {
+        const int j = i / D4, d4 = i % D4;
+        const int64_t off = int64_t(j0 + j) * a.stride_tok + 4 * d4;
+        *reinterpret_cast<float4*>(ks + j * KS + 4 * d4) = *reinterpret_cast<const float4*>(kp + off);
+        *reinterpret_cast<float4*>(vs + j * D + 4 * d4) = *reinterpret_cast<const float4*>(vpp + off);
       }
       __syncthreads();
+      // Scores: lane = key (rows ≥ nt hold stale data and are masked below).
+      float dot[HPW];
+#pragma unroll
+      for (int hh = 0; hh < HPW; ++hh) dot[hh] = 0.f;
+      const float4* kr = reinterpret_cast<const float4*>(ks + lane * KS);
+#pragma unroll 4
+      for (int d4 = 0; d4 < D4; ++d4) {
+        const float4 kv = kr[d4];
+#pragma unroll
+        for (int hh = 0; hh < HPW; ++hh) {
+          const int g = warp + hh * kWarps;
+          if (g < a.G) {
+            const float4 qv = reinterpret_cast<const float4*>(qs + g * D)[d4];
+            dot[hh] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+          }
+        }
+      }
+      float p[HPW];
 #pragma unroll
       for (int hh = 0; hh < HPW; ++hh) {
+        p[hh] = 0.f;
         const int g = warp + hh * kWarps;
         if (g < a.G) {  // uniform per warp
-          float sc = -INFINITY;
-          if (lane < nt) {
-            const float* qr = qs + g * D;
-            const float* kr = ks + lane * (D + 1);
-            float dot = 0.f;
-#pragma unroll 8
-            for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
-            sc = dot * a.scale;
-          }
+          const float sc = lane < nt ? dot[hh] * a.scale : -INFINITY;
           const float mnew = fmaxf(m[hh], warp_max(sc));
           const float alpha = expf(m[hh] - mnew);  // m = −inf on the first tile → 0
-          const float p = lane < nt ? expf(sc - mnew) : 0.f;
-          l[hh] = l[hh] * alpha + warp_sum(p);
+          p[hh] = lane < nt ? expf(sc - mnew) : 0.f;
+          l[hh] = l[hh] * alpha + warp_sum(p[hh]);
 #pragma unroll
           for (int i = 0; i < DPL; ++i) acc[hh][i] *= alpha;
-          for (int j = 0; j < nt; ++j) {
-            const float pj = __shfl_sync(0xffffffffu, p, j);
-            const float* vr = vs + j * D + lane;
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) acc[hh][i] += pj * vr[32 * i];
-          }
           m[hh] = mnew;
+        }
+      }
+      // P·V: one V read per (key, channel), shared by the warp's heads.
+      for (int j = 0; j < nt; ++j) {
+        float v[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) v[i] = vs[j * D + lane + 32 * i];
+#pragma unroll
+        for (int hh = 0; hh < HPW; ++hh) {
+          if (warp + hh * kWarps < a.G) {
+            const float pj = __shfl_sync(0xffffffffu, p[hh], j);
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) acc[hh][i] += pj * v[i];
+          }
         }
       }
     }
@@ -126,7 +149,7 @@ __global__ void build_dense_pages_kernel(DevStepRows rows, int Hkv, int B, int64
 template <int DPL, int HPW>
 void launch(const PagedGqaArgs& a, cudaStream_t s) {
   constexpr int D = 32 * DPL;
-  const size_t smem = (size_t(a.G) * D + kTile * (D + 1) + kTile * D) * sizeof(float);
+  const size_t smem = (size_t(a.G) * D + kTile * (D + 4) + kTile * D) * sizeof(float);
   M3_CUDA_CHECK(cudaFuncSetAttribute(paged_gqa_kernel<DPL, HPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      int(smem)));
   paged_gqa_kernel<DPL, HPW><<<dim3(unsigned(a.R), unsigned(a.num_splits)), kThreads, smem, s>>>(a);
@@ -160,6 +183,10 @@ void paged_gqa_decode(const PagedGqaArgs& a, cudaStream_t s) {
   M3_CUDA_REQUIRE(a.G >= 1 && a.G <= 32, "paged attention: %d query heads per KV head (supported: 1..32)", a.G);
   M3_CUDA_REQUIRE(a.num_splits >= 1 && a.num_splits <= 65535, "paged attention: bad split count %d", a.num_splits);
   M3_CUDA_REQUIRE(a.num_splits == 1 || (a.part_o && a.part_lse), "paged attention: split-K needs partial buffers");
+  // 16-byte loads of q and of K/V rows.
+  M3_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && a.stride_page % 4 == 0 && a.stride_tok % 4 == 0,
+                  "paged attention: q/K/V must be 16-byte aligned with strides that are multiples of 4 floats");
   switch (a.D / 32) {
     case 1: launch_d<1>(a, s); break;
     case 2: launch_d<2>(a, s); break;
