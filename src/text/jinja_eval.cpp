@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <unordered_map>
 
@@ -793,6 +795,133 @@ Value Evaluator::string_method(const Value& obj, const std::string& name) {
 
 // ============================================================================================ operators
 
+namespace {
+
+// Python printf-style formatting: fmt % args. `args` holds the positional values (a tuple's items, or
+// the single right-hand value); `mapping` is set for "%(name)s" forms.
+std::string py_percent_format(Evaluator& ev, const std::string& fmt, const std::vector<Value>& args,
+                              const Value* mapping, int line) {
+  std::string out;
+  size_t next_arg = 0;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    char c = fmt[i];
+    if (c != '%') {
+      out += c;
+      continue;
+    }
+    if (++i >= fmt.size()) ev.rt_fail(line, "incomplete format");
+    if (fmt[i] == '%') {
+      out += '%';
+      continue;
+    }
+    const Value* arg = nullptr;
+    Value keyed;
+    if (fmt[i] == '(') {
+      size_t e = fmt.find(')', i);
+      if (e == std::string::npos) ev.rt_fail(line, "incomplete format key");
+      if (!mapping || !mapping->is_dict()) ev.rt_fail(line, "format requires a mapping");
+      auto it = mapping->j().find(fmt.substr(i + 1, e - i - 1));
+      if (it == mapping->j().end()) ev.rt_fail(line, "KeyError: '" + fmt.substr(i + 1, e - i - 1) + "'");
+      keyed = Value::child(*mapping, &*it);
+      arg = &keyed;
+      i = e + 1;
+    }
+    std::string flags;
+    while (i < fmt.size() && std::strchr("-+ #0", fmt[i]) && fmt[i] != 0) flags += fmt[i++];
+    std::string width, prec;
+    while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) width += fmt[i++];
+    bool has_prec = false;
+    if (i < fmt.size() && fmt[i] == '.') {
+      has_prec = true;
+      ++i;
+      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) prec += fmt[i++];
+    }
+    if (width.size() > 4 || prec.size() > 3) ev.rt_fail(line, "format width/precision too large");
+    if (i >= fmt.size()) ev.rt_fail(line, "incomplete format");
+    char conv = fmt[i];
+    if (!arg) {
+      if (next_arg >= args.size()) ev.rt_fail(line, "not enough arguments for format string");
+      arg = &args[next_arg++];
+    }
+    std::string body;
+    switch (conv) {
+      case 's':
+      case 'r':
+      case 'a': {
+        body = conv == 's' ? py_str(*arg) : (arg->is_data() ? py_repr_json(arg->j()) : py_str(*arg));
+        if (has_prec) {
+          auto chars = utf8_chars(body);
+          size_t p = prec.empty() ? 0 : std::stoul(prec);
+          if (chars.size() > p) {
+            std::string t;
+            for (size_t k = 0; k < p; ++k) t += chars[k];
+            body = t;
+          }
+        }
+        break;
+      }
+      case 'd':
+      case 'i':
+      case 'u':
+      case 'x':
+      case 'X':
+      case 'o':
+      case 'e':
+      case 'E':
+      case 'f':
+      case 'F':
+      case 'g':
+      case 'G': {
+        if (!arg->is_number())
+          ev.rt_fail(line, std::string("%") + conv + " format: a real number is required, not " + type_name(*arg));
+        std::string spec = "%" + flags + (has_prec ? "." + (prec.empty() ? std::string("0") : prec) : std::string());
+        char buf[512];
+        if (std::strchr("diuxXo", conv)) {
+          spec += std::string("ll") + (conv == 'i' || conv == 'u' ? 'd' : conv);
+          std::snprintf(buf, sizeof(buf), spec.c_str(), static_cast<long long>(num_as_int(arg->j())));
+        } else {
+          spec += conv;
+          std::snprintf(buf, sizeof(buf), spec.c_str(), num_as_double(arg->j()));
+        }
+        body = buf;
+        break;
+      }
+      case 'c': {
+        if (arg->is_string() && utf8_length(arg->str()) == 1) {
+          body = arg->str();
+        } else if (arg->is_int()) {
+          int64_t cp = num_as_int(arg->j());
+          if (cp < 0 || cp > 0x10FFFF) ev.rt_fail(line, "%c arg not in range(0x110000)");
+          utf8_append(body, static_cast<uint32_t>(cp));
+        } else {
+          ev.rt_fail(line, "%c requires int or char");
+        }
+        break;
+      }
+      default: ev.rt_fail(line, std::string("unsupported format character '") + conv + "'");
+    }
+    size_t w = width.empty() ? 0 : std::stoul(width);
+    size_t len = utf8_length(body);
+    if (len < w) {
+      bool left = flags.find('-') != std::string::npos;
+      bool zero = flags.find('0') != std::string::npos && std::strchr("diuxXoeEfFgG", conv) && !left;
+      if (left) {
+        body += std::string(w - len, ' ');
+      } else if (zero) {
+        size_t sign = (!body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ')) ? 1 : 0;
+        body.insert(sign, std::string(w - len, '0'));
+      } else {
+        body = std::string(w - len, ' ') + body;
+      }
+    }
+    out += body;
+  }
+  if (!mapping && next_arg < args.size()) ev.rt_fail(line, "not all arguments converted during string formatting");
+  return out;
+}
+
+}  // namespace
+
 Value Evaluator::binary(const std::string& op, const Value& l, const Value& r, int line) {
   if (op == "~") {
     std::string s = py_str(l);
@@ -917,7 +1046,18 @@ Value Evaluator::binary(const std::string& op, const Value& l, const Value& r, i
       for (auto& e : *seq) out.push_back(e);
     return Value::of(std::move(out));
   }
-  if (op == "%" && a.is_string()) rt_fail(line, "printf-style string formatting ('%' on str) is not supported");
+  if (op == "%" && a.is_string()) {
+    std::vector<Value> args;
+    const Value* mapping = nullptr;
+    if (r.shape == 1 && b.is_array()) {
+      for (const auto& e : b) args.push_back(Value::child(r, &e));
+    } else {
+      args.push_back(r);
+      if (b.is_object()) mapping = &r;
+    }
+    std::string res = py_percent_format(*this, a.get_ref<const std::string&>(), args, mapping, line);
+    return Value::of(std::move(res));
+  }
   return bad();
 }
 
@@ -1815,6 +1955,19 @@ Value f_attr(Evaluator& ev, const Value& v, CallValues& a) {
   return ev.get_attr(v, py_str(a.pos[0]), a.line);
 }
 
+// jinja2 do_format: str(value) % (kwargs or args).
+Value f_format(Evaluator& ev, const Value& v, CallValues& a) {
+  if (!a.pos.empty() && !a.kw.empty()) ev.rt_fail(a.line, "can't handle positional and keyword arguments at the same time");
+  std::string fmt = py_str(v);
+  if (!a.kw.empty()) {
+    Json m = Json::object();
+    for (auto& [k, x] : a.kw) m[k] = ev.to_json(x, a.line);
+    Value mv = Value::of(std::move(m));
+    return Value::of(py_percent_format(ev, fmt, {mv}, &mv, a.line));
+  }
+  return Value::of(py_percent_format(ev, fmt, a.pos, nullptr, a.line));
+}
+
 Value f_wordcount(Evaluator&, const Value& v, CallValues&) {
   return Value::of(static_cast<int64_t>(py_split_whitespace(py_str(v), -1).size()));
 }
@@ -1831,6 +1984,7 @@ const std::unordered_map<std::string, FilterFn>& filters() {
       {"e", f_escape},
       {"escape", f_escape},
       {"first", f_first},
+      {"format", f_format},
       {"float", f_float},
       {"indent", f_indent},
       {"int", f_int},
