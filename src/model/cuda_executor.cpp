@@ -76,7 +76,7 @@ struct DevLayer {
 struct CudaExecutor::Impl {
   M3Config c;
   CudaExecutorOptions opt;
-  PagePool pool;
+  std::unique_ptr<PagePool> pool;  // sized after the weights are on the device (num_pages ≤ 0: what fits)
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
   cuda::WType wt;
@@ -112,7 +112,7 @@ struct CudaExecutor::Impl {
 };
 
 CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pages, CudaExecutorOptions o)
-    : c(cfg), opt(o), pool(num_pages), wt(o.bf16_weights ? cuda::WType::BF16 : cuda::WType::F32) {
+    : c(cfg), opt(o), wt(o.bf16_weights ? cuda::WType::BF16 : cuda::WType::F32) {
   M3_CHECK(cuda::device_count() > opt.device, "CUDA executor: no CUDA device {} (found {})", opt.device,
            cuda::device_count());
   M3_CHECK(c.index_num_heads == c.num_kv_heads || c.num_sparse_layers() == 0,
@@ -187,6 +187,19 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pa
     }
   }
   unit_floats = (off + B * D - 1) / (B * D) * (B * D);
+  if (num_pages <= 0) {
+    // Automatic size: 90 % of the free device memory minus 1 GiB of headroom for activations and workspaces, at
+    // most 64 sequences of max_position_embeddings tokens.
+    size_t free_b = 0, total_b = 0;
+    M3_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const double budget = std::max(0.0, 0.9 * double(free_b) - double(size_t(1) << 30));
+    int64_t n = int64_t(budget / (double(unit_floats) * sizeof(float)));
+    if (c.max_position_embeddings > 0) n = std::min<int64_t>(n, 64 * ((c.max_position_embeddings + B - 1) / B));
+    n = std::min<int64_t>(n, int64_t(1) << 22);
+    M3_CHECK(n >= 1, "CUDA executor: no device memory left for the KV cache ({} MiB free)", free_b >> 20);
+    num_pages = int32_t(n);
+  }
+  pool = std::make_unique<PagePool>(num_pages);
   cache.grow(size_t(num_pages) * size_t(unit_floats));
   // NaN poison (0xFFFFFFFF is a NaN): a read of a slot nothing wrote shows up in the logits.
   M3_CUDA_CHECK(cudaMemset(cache.get(), 0xFF, size_t(num_pages) * size_t(unit_floats) * sizeof(float)));
@@ -212,7 +225,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
     M3_CHECK(c.max_position_embeddings <= 0 || end <= c.max_position_embeddings,
              "forward: position {} exceeds max_position_embeddings {}", end - 1, c.max_position_embeddings);
     for (int32_t p : sq.page_table)
-      M3_CHECK(p >= 0 && p < pool.capacity(), "forward: page {} outside the pool of {}", p, pool.capacity());
+      M3_CHECK(p >= 0 && p < pool->capacity(), "forward: page {} outside the pool of {}", p, pool->capacity());
     seq_begin.push_back(int64_t(pos.size()));
     for (size_t i = 0; i < sq.tokens.size(); ++i) {
       const int32_t id = sq.tokens[i];
@@ -391,7 +404,7 @@ CudaExecutor::~CudaExecutor() = default;
 bool CudaExecutor::available() { return cuda::device_count() > 0; }
 
 const M3Config& CudaExecutor::config() const { return impl_->c; }
-PagePool& CudaExecutor::pool() { return impl_->pool; }
+PagePool& CudaExecutor::pool() { return *impl_->pool; }
 
 std::vector<std::vector<float>> CudaExecutor::forward(std::span<const SeqInput> seqs, ForwardTrace* trace) {
   return impl_->forward(seqs, trace);
@@ -402,10 +415,10 @@ std::string CudaExecutor::describe() const {
   cudaDeviceProp prop{};
   std::string name = "?";
   if (cudaGetDeviceProperties(&prop, m.opt.device) == cudaSuccess) name = prop.name;
-  const double mib = double(m.unit_floats) * 4.0 * m.pool.capacity() / (1 << 20);
+  const double mib = double(m.unit_floats) * 4.0 * m.pool->capacity() / (1 << 20);
   return fmt::format("cuda {} ({} weights, fp32 KV), KV cache {} pages × {} tokens = {} tokens ({:.1f} MiB)", name,
-                     m.wt == cuda::WType::BF16 ? "bf16" : "fp32", m.pool.capacity(), m.c.sparse_block_size,
-                     int64_t(m.pool.capacity()) * m.c.sparse_block_size, mib);
+                     m.wt == cuda::WType::BF16 ? "bf16" : "fp32", m.pool->capacity(), m.c.sparse_block_size,
+                     int64_t(m.pool->capacity()) * m.c.sparse_block_size, mib);
 }
 
 }  // namespace m3

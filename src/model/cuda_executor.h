@@ -3,7 +3,8 @@
 // multiple of block·head_dim floats so the attention kernels can view it as virtual pages).
 // Weights are BF16 on the device by default (cuBLASLt BF16 GEMMs, FP32 accumulate); `bf16_weights = false` keeps
 // FP32 weights and exact FP32 GEMMs, which the whole-model test compares with the CPU reference at tight tolerance.
-// Built only with -DM3_WITH_CUDA=ON; CUDA types stay behind the pimpl so C++ callers need no CUDA headers.
+// Built only with -DM3_WITH_CUDA=ON (targets linking m3_cuda_executor see the definition M3_WITH_CUDA=1); CUDA types
+// stay behind the pimpl so C++ callers need no CUDA headers.
 #pragma once
 
 #include <memory>
@@ -24,6 +25,7 @@ struct CudaExecutorOptions {
 
 class CudaExecutor final : public ModelExecutor {
  public:
+  // num_pages ≤ 0: as many KV pages as fit in 90 % of the free device memory (minus 1 GiB) after the weights.
   CudaExecutor(const M3Config& cfg, const M3Weights& weights, int32_t num_pages, CudaExecutorOptions opt = {});
   // Loads config.json + safetensors of a model directory (MXFP8 dequantised at load, then stored as opt says).
   static std::unique_ptr<CudaExecutor> load(const std::string& model_dir, int32_t num_pages,

@@ -173,7 +173,9 @@ TEST(GpuModel, EngineOnTheCudaExecutorGeneratesTheCpuEnginesGreedyTokens) {
   M3Model cpu(l.cfg, l.w);
   CudaExecutorOptions opt;
   opt.bf16_weights = false;
-  CudaExecutor gpu(l.cfg, l.w, 48, opt);
+  CudaExecutor gpu(l.cfg, l.w, 0, opt);  // 0: the KV pool is sized from free device memory
+  std::printf("[gpu-model] %s\n", gpu.describe().c_str());
+  EXPECT_GE(gpu.pool().capacity(), 48);
   std::mt19937 g(99);
   std::uniform_int_distribution<int32_t> tok(0, l.cfg.vocab_size - 1);
   std::map<std::string, std::vector<int32_t>> outs[2];

@@ -508,6 +508,59 @@ TEST(GpuOps, MsaAttentionRejectsSelectionsThatBreakTheContract) {
   EXPECT_THROW(run_with(future), Error);
 }
 
+// MSA_KERNELS.md §6: graph replay output must be bitwise equal to eager output. The decode step's run() calls
+// (indexer scores → top-k → page list + paged GQA + split merge) are captured once and replayed into poisoned buffers.
+TEST(GpuOps, MsaDecodeStepReplayedFromACudaGraphIsBitwiseEqualToEager) {
+  M3_SKIP_WITHOUT_GPU();
+  const int hq = 64, hkv = 4, d = 128, b = 128, k = 16;
+  const std::vector<std::pair<int, int>> seqs = {{100, 1}, {2048, 1}, {9000, 1}, {33000, 1}, {20000, 8}};
+  Cache cache(hkv, b, d, d, pages_needed(seqs, b));
+  Step st(seqs, b, cache.pages);
+  const int T = st.T();
+  Dev<float> dq(rand_vec(static_cast<size_t>(T) * hq * d)), diq(rand_vec(static_cast<size_t>(T) * hkv * d));
+  cudaStream_t s = nullptr;
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cuda::MsaIndexer ix;
+  ix.plan(st.pos, st.row_seq, hkv, b, true, s);
+  cuda::MsaDecode dc;
+  dc.plan(st.pos, hkv, hq / hkv, d, b, k, true, s);
+  Dev<float> scores(static_cast<size_t>(hkv) * T * ix.max_cols()), out(static_cast<size_t>(T) * hq * d);
+  Dev<int32_t> sel(static_cast<size_t>(hkv) * T * k);
+  const float scale = 1.f / std::sqrt(float(d));
+  auto step = [&] {
+    ix.run(diq.p(), cache.gpu_ik(), st.rows(), scores.p(), s);
+    cuda::msa_topk(scores.p(), T, hkv, st.dpos.p(), b, ix.max_cols(), k, sel.p(), s);
+    dc.run(dq.p(), sel.p(), st.rows(), cache.gpu_kv(), scale, out.p(), s);
+  };
+  step();
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  dc.check(s);
+  const std::vector<float> eager_out = out.get(), eager_scores = scores.get();
+  const std::vector<int32_t> eager_sel = sel.get();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  M3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  step();
+  M3_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    out.poison(), scores.poison(), sel.poison(0x7F);
+    M3_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets ran on the legacy stream, s does not wait for it
+    M3_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    M3_CUDA_CHECK(cudaStreamSynchronize(s));
+    const std::vector<float> o = out.get(), sc = scores.get();
+    const std::vector<int32_t> se = sel.get();
+    const bool same = std::memcmp(o.data(), eager_out.data(), o.size() * 4) == 0 &&
+                      std::memcmp(sc.data(), eager_scores.data(), sc.size() * 4) == 0 && se == eager_sel;
+    std::printf("[gpu-op] %-28s %-44s replay %d bitwise equal: %s\n", "msa decode step (graph)",
+                fmt_shape({{"T", T}, {"splits", dc.splits()}}).c_str(), rep, same ? "yes" : "no");
+    EXPECT_TRUE(same) << "replay " << rep;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
 // ---- sampling ----------------------------------------------------------------------------------------------------
 // The CPU Sampler's algorithm (engine/sampler.cpp) with the uniform draw given: the GPU's host twin.
 int32_t sample_twin(const std::vector<float>& lg, const cuda::SampleRow& p) {

@@ -150,8 +150,12 @@ template <int DPL, int HPW>
 void launch(const PagedGqaArgs& a, cudaStream_t s) {
   constexpr int D = 32 * DPL;
   const size_t smem = (size_t(a.G) * D + kTile * (D + 4) + kTile * D) * sizeof(float);
-  M3_CUDA_CHECK(cudaFuncSetAttribute(paged_gqa_kernel<DPL, HPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(smem)));
+  // Raise the dynamic shared-memory limit once per instantiation, to its largest use (G = 4·HPW), so run() makes no
+  // attribute calls and stays capture-safe.
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      paged_gqa_kernel<DPL, HPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      int((size_t(kWarps * HPW) * D + kTile * (D + 4) + kTile * D) * sizeof(float)));
+  M3_CUDA_CHECK(attr);
   paged_gqa_kernel<DPL, HPW><<<dim3(unsigned(a.R), unsigned(a.num_splits)), kThreads, smem, s>>>(a);
   M3_CUDA_LAUNCH_CHECK();
 }

@@ -213,7 +213,10 @@ void MsaIndexer::run(const float* iq, const DevPagedIndexK& cache, const DevStep
     }
   }
   const size_t smem = size_t(kRows + kKeys) * (Di + 1) * sizeof(float);
-  M3_CUDA_CHECK(cudaFuncSetAttribute(msa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // Once, for the largest index dim (256), so run() makes no attribute calls (capture-safe).
+  static const cudaError_t attr = cudaFuncSetAttribute(msa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       int(size_t(kRows + kKeys) * 257 * sizeof(float)));
+  M3_CUDA_CHECK(attr);
   msa_scores_kernel<<<grid, kThreads, smem, s>>>(
       iq, H_, Di, cache, rows, tiles_.get(), max_cols_, scores);
   M3_CUDA_LAUNCH_CHECK();
