@@ -124,8 +124,8 @@ std::optional<ChatTemplate> load_chat_template(const std::string& model_dir) {
     } catch (const nlohmann::json::exception& e) {
       fail("{}: invalid JSON: {}", (dir / "chat_template.json").string(), e.what());
     }
-    if (j.is_object() && j.contains("chat_template")) src = template_from(j["chat_template"], name);
     name = (dir / "chat_template.json").string();
+    if (j.is_object() && j.contains("chat_template")) src = template_from(j["chat_template"], name);
   }
   if (!src) return std::nullopt;
   ChatTemplate t = ChatTemplate::parse(*src, name);
