@@ -26,15 +26,9 @@ std::string IncrementalDetokenizer::push(int32_t id) { return byte_level_ ? push
 
 std::string IncrementalDetokenizer::push_byte_level(int32_t id) {
   const auto& t = tok_.impl();
-  if (const tok::AddedToken* a = t.added_token(id)) {
-    if (skip_special_ && a->special) return "";
-    // An added token ends the decoder chunk: an unfinished sequence before it becomes U+FFFD.
-    std::string out = tok::utf8_lossy(pending_bytes_);
-    pending_bytes_.clear();
-    out += a->content;
-    return out;
-  }
-  t.append_token_bytes(id, pending_bytes_);
+  const std::string* tok = t.token_string(id, skip_special_);
+  if (!tok) return "";
+  tok::append_byte_level_bytes(*tok, pending_bytes_);
   // Lossy UTF-8 decoding is left to right, so everything before an unfinished (still completable)
   // sequence at the end is final.
   size_t keep = tok::utf8_incomplete_tail(pending_bytes_);
@@ -43,37 +37,39 @@ std::string IncrementalDetokenizer::push_byte_level(int32_t id) {
   return out;
 }
 
+std::string IncrementalDetokenizer::decode_window() const {
+  const auto& t = tok_.impl();
+  std::vector<std::string> toks;
+  toks.reserve(window_.size());
+  for (int32_t x : window_) toks.push_back(*t.token_string(x, false));
+  return t.decode_chunk(toks);
+}
+
 std::string IncrementalDetokenizer::push_generic(int32_t id) {
   const auto& t = tok_.impl();
-  auto decode_window = [&](const std::vector<int32_t>& ids) {
-    std::vector<std::string> toks;
-    toks.reserve(ids.size());
-    for (int32_t x : ids) toks.push_back(*t.model->id_to_token(x));
-    return t.decode_chunk(toks);
-  };
-  if (const tok::AddedToken* a = t.added_token(id)) {
-    if (skip_special_ && a->special) return "";
-    std::string out = flush();
-    out += a->content;
-    return out;
-  }
-  const std::string* tokstr = t.model->id_to_token(id);
+  const std::string* tokstr = t.token_string(id, skip_special_);
   if (!tokstr) return "";
   window_.push_back(id);
-  // A byte-fallback run is decoded as a whole (all U+FFFD if invalid), so nothing is final inside it.
+  // A byte-fallback run is decoded as a whole (all U+FFFD if invalid), so nothing is final inside it;
+  // a trailing U+FFFD may still turn into a character.
   if (is_byte_token(*tokstr)) return "";
-  std::string text = decode_window(window_);
+  std::string text = decode_window();
   if (ends_with_replacement(text) || text.size() < window_emitted_) return "";
   std::string out = text.substr(window_emitted_);
   window_emitted_ = text.size();
-  // Keep only the last token as context (decoders such as Metaspace treat the first token specially).
+  // Keep only the last token as context: decoders treat the first token specially (Metaspace, Strip),
+  // so the rest of the stream must not look like the start. Valid only if that token decodes to the
+  // same text on its own.
   if (window_.size() > 1) {
-    std::vector<int32_t> ctx{window_.back()};
-    std::string ctx_text = decode_window(ctx);
+    std::vector<int32_t> saved;
+    saved.swap(window_);
+    window_.push_back(saved.back());
+    std::string ctx_text = decode_window();
     if (!ends_with_replacement(ctx_text) && text.size() >= ctx_text.size() &&
         text.compare(text.size() - ctx_text.size(), ctx_text.size(), ctx_text) == 0) {
-      window_ = std::move(ctx);
       window_emitted_ = ctx_text.size();
+    } else {
+      window_.swap(saved);
     }
   }
   return out;
@@ -87,10 +83,7 @@ std::string IncrementalDetokenizer::flush() {
   }
   std::string out;
   if (!window_.empty()) {
-    const auto& t = tok_.impl();
-    std::vector<std::string> toks;
-    for (int32_t x : window_) toks.push_back(*t.model->id_to_token(x));
-    std::string text = t.decode_chunk(toks);
+    std::string text = decode_window();
     if (text.size() > window_emitted_) out = text.substr(window_emitted_);
   }
   window_.clear();

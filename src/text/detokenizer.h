@@ -20,6 +20,7 @@ class IncrementalDetokenizer {
  private:
   std::string push_byte_level(int32_t id);
   std::string push_generic(int32_t id);
+  std::string decode_window() const;
 
   Tokenizer tok_;
   bool skip_special_;

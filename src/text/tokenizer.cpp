@@ -194,7 +194,7 @@ void TokenizerImpl::encode_normalized(std::string_view s, bool first_piece, std:
   Words a{{s}, &storage}, b{{}, &storage};
   for (auto& p : pre_tokenizers) {
     b.views.clear();
-    p->apply(a, b, first_piece);
+    p->apply(a, b, first_piece ? s.data() : nullptr);
     std::swap(a.views, b.views);
   }
   for (auto w : a.views) model->encode_word(w, out);
@@ -251,16 +251,20 @@ std::string TokenizerImpl::decode_chunk(std::vector<std::string>& tokens) const 
   return s;
 }
 
-void TokenizerImpl::append_token_bytes(int32_t id, std::string& out) const {
-  const std::string* t = model->id_to_token(id);
-  if (!t) return;
+const std::string* TokenizerImpl::token_string(int32_t id, bool skip_special) const {
+  if (const AddedToken* a = added_token(id)) return skip_special && a->special ? nullptr : &a->content;
+  return model->id_to_token(id);
+}
+
+void append_byte_level_bytes(const std::string& token, std::string& out) {
+  // ByteLevel decoder: chars map back to bytes; a token with any char outside the table keeps its UTF-8.
   const auto& table = ByteLevelTable::get();
   size_t start = out.size(), i = 0;
-  while (i < t->size()) {
-    auto it = table.cp_to_byte.find(utf8_next(*t, i));
+  while (i < token.size()) {
+    auto it = table.cp_to_byte.find(utf8_next(token, i));
     if (it == table.cp_to_byte.end()) {
       out.resize(start);
-      out += *t;
+      out += token;
       return;
     }
     out += char(it->second);
@@ -342,7 +346,7 @@ bool encode_range(const TokenizerImpl& t, std::string_view s, size_t cut_a, size
   }
   for (size_t i = 1; i < t.pre_tokenizers.size(); ++i) {
     b.views.clear();
-    t.pre_tokenizers[i]->apply(a, b, false);
+    t.pre_tokenizers[i]->apply(a, b, nullptr);
     std::swap(a.views, b.views);
   }
   for (auto w : a.views) t.model->encode_word(w, out);
@@ -538,36 +542,20 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  // HF: every id becomes its token string (added tokens: their content; skipped: special tokens when
+  // asked; unknown ids: dropped) and the whole list goes through the decoder.
   const TokenizerImpl& t = *impl_;
-  std::string result;
   if (t.decoder_is_byte_level) {
     std::string bytes;
-    for (int32_t id : ids) {
-      if (const tok::AddedToken* a = t.added_token(id)) {
-        if (skip_special_tokens && a->special) continue;
-        result += tok::utf8_lossy(bytes);
-        bytes.clear();
-        result += a->content;
-      } else {
-        t.append_token_bytes(id, bytes);
-      }
-    }
-    result += tok::utf8_lossy(bytes);
-    return result;
+    for (int32_t id : ids)
+      if (const std::string* s = t.token_string(id, skip_special_tokens)) tok::append_byte_level_bytes(*s, bytes);
+    return tok::utf8_lossy(bytes);
   }
-  std::vector<std::string> chunk;
-  for (int32_t id : ids) {
-    if (const tok::AddedToken* a = t.added_token(id)) {
-      if (skip_special_tokens && a->special) continue;
-      result += t.decode_chunk(chunk);
-      chunk.clear();
-      result += a->content;
-    } else if (const std::string* s = t.model->id_to_token(id)) {
-      chunk.push_back(*s);
-    }
-  }
-  result += t.decode_chunk(chunk);
-  return result;
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int32_t id : ids)
+    if (const std::string* s = t.token_string(id, skip_special_tokens)) tokens.push_back(*s);
+  return t.decode_chunk(tokens);
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

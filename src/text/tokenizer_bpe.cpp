@@ -58,7 +58,7 @@ class WordCache {
   }
 
  private:
-  static constexpr size_t kSlots = 1 << 18;
+  static constexpr size_t kSlots = 1 << 19;
   static constexpr uint32_t kEmpty = ~0u;
   struct Slot {
     uint64_t hash = 0;

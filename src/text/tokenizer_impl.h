@@ -95,9 +95,10 @@ enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
-  // Splits every word of `in` and appends the results to `out`. `first_piece` is true for the
-  // first piece of the whole input (used by Metaspace prepend_scheme "first").
-  virtual void apply(const Words& in, Words& out, bool first_piece) const = 0;
+  // Splits every word of `in` and appends the results to `out`. `text_start` points at the first byte
+  // of the input text when this segment starts there (else nullptr): a word whose data() equals it is
+  // at original offset 0 (used by Metaspace prepend_scheme "first").
+  virtual void apply(const Words& in, Words& out, const char* text_start) const = 0;
   virtual const char* name() const = 0;
 };
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j);
@@ -106,7 +107,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j);
 class RegexSplit : public PreTokenizer {
  public:
   RegexSplit(std::unique_ptr<Regex> re, std::string literal, SplitBehavior behavior, bool invert);
-  void apply(const Words& in, Words& out, bool first_piece) const override;
+  void apply(const Words& in, Words& out, const char* text_start) const override;
   const char* name() const override { return "Split"; }
   void split_one(std::string_view s, std::vector<std::string_view>& out) const;
   const Regex* regex() const { return re_.get(); }
@@ -122,7 +123,7 @@ class RegexSplit : public PreTokenizer {
 class ByteLevelPre : public PreTokenizer {
  public:
   ByteLevelPre(bool add_prefix_space, bool use_regex);
-  void apply(const Words& in, Words& out, bool first_piece) const override;
+  void apply(const Words& in, Words& out, const char* text_start) const override;
   const char* name() const override { return "ByteLevel"; }
   bool add_prefix_space() const { return add_prefix_space_; }
   bool use_regex() const { return use_regex_; }
@@ -234,8 +235,12 @@ struct TokenizerImpl {
     auto it = added_by_id.find(id);
     return it == added_by_id.end() ? nullptr : &added[it->second];
   }
-  // Raw bytes of a model token after the byte-level decoder (byte-level tokenizers only).
-  void append_token_bytes(int32_t id, std::string& out) const;
+  // Token string of an id for decoding: added-token content or model token; nullptr when the id is
+  // unknown or is a special token being skipped.
+  const std::string* token_string(int32_t id, bool skip_special) const;
 };
+
+// Appends what the ByteLevel decoder makes of one token string (bytes, before UTF-8 repair).
+void append_byte_level_bytes(const std::string& token, std::string& out);
 
 }  // namespace m3::tok

@@ -63,23 +63,57 @@ class UnicodeNormalizer : public Normalizer {
 
 class LowercaseNormalizer : public Normalizer {
  public:
+  // Rust str::to_lowercase: full case mapping (U+0130 -> "i\u0307") and the final-sigma rule.
   void apply(std::string& s) const override {
     std::string out;
     out.reserve(s.size());
     size_t i = 0;
+    bool prev_cased = false;  // last non-case-ignorable char was cased
     while (i < s.size()) {
       unsigned char c = static_cast<unsigned char>(s[i]);
       if (c < 0x80) {
         out += char(c >= 'A' && c <= 'Z' ? c + 32 : c);
+        bool letter = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+        if (letter) prev_cased = true;
+        else if (c != '\'' && c != '.' && c != ':' && c != '^' && c != '`') prev_cased = false;
         ++i;
         continue;
       }
       uint32_t cp = utf8_next(s, i);
-      utf8_append(out, uint32_t(utf8proc_tolower(utf8proc_int32_t(cp))));
+      if (cp == 0x130) {
+        out += "i\xCC\x87";
+      } else if (cp == 0x3A3) {
+        // Final sigma: preceded by a cased letter and not followed by one (case-ignorables skipped).
+        size_t k = i;
+        bool next_cased = false;
+        while (k < s.size()) {
+          uint32_t n = utf8_next(s, k);
+          if (is_case_ignorable(n)) continue;
+          next_cased = is_cased(n);
+          break;
+        }
+        utf8_append(out, prev_cased && !next_cased ? 0x3C2 : 0x3C3);
+      } else {
+        utf8_append(out, uint32_t(utf8proc_tolower(utf8proc_int32_t(cp))));
+      }
+      if (is_cased(cp)) prev_cased = true;
+      else if (!is_case_ignorable(cp)) prev_cased = false;
     }
     s.swap(out);
   }
-  bool is_local() const override { return true; }
+  bool is_local() const override { return false; }  // final sigma looks across characters
+
+ private:
+  static bool is_cased(uint32_t cp) {
+    auto c = utf8proc_category(utf8proc_int32_t(cp));
+    return c == UTF8PROC_CATEGORY_LU || c == UTF8PROC_CATEGORY_LL || c == UTF8PROC_CATEGORY_LT;
+  }
+  static bool is_case_ignorable(uint32_t cp) {
+    auto c = utf8proc_category(utf8proc_int32_t(cp));
+    return c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_ME || c == UTF8PROC_CATEGORY_CF ||
+           c == UTF8PROC_CATEGORY_LM || c == UTF8PROC_CATEGORY_SK || cp == '\'' || cp == 0x2019 || cp == 0xB7 ||
+           cp == '.' || cp == ':';
+  }
 };
 
 class StripNormalizer : public Normalizer {
@@ -298,7 +332,7 @@ bool is_numeric(uint32_t cp) {
 class DigitsPre : public PreTokenizer {
  public:
   explicit DigitsPre(bool individual) : individual_(individual) {}
-  void apply(const Words& in, Words& out, bool) const override {
+  void apply(const Words& in, Words& out, const char*) const override {
     for (auto w : in.views)
       split_chars(w, is_numeric, individual_ ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false, out.views);
   }
@@ -310,7 +344,7 @@ class DigitsPre : public PreTokenizer {
 
 class WhitespaceSplitPre : public PreTokenizer {
  public:
-  void apply(const Words& in, Words& out, bool) const override {
+  void apply(const Words& in, Words& out, const char*) const override {
     for (auto w : in.views) split_chars(w, is_unicode_whitespace, SplitBehavior::Removed, false, out.views);
   }
   const char* name() const override { return "WhitespaceSplit"; }
@@ -319,7 +353,7 @@ class WhitespaceSplitPre : public PreTokenizer {
 class WhitespacePre : public PreTokenizer {
  public:
   WhitespacePre() : split_(std::make_unique<Regex>("\\w+|[^\\w\\s]+"), "", SplitBehavior::Removed, true) {}
-  void apply(const Words& in, Words& out, bool first) const override { split_.apply(in, out, first); }
+  void apply(const Words& in, Words& out, const char* start) const override { split_.apply(in, out, start); }
   const char* name() const override { return "Whitespace"; }
 
  private:
@@ -330,8 +364,9 @@ class MetaspacePre : public PreTokenizer {
  public:
   MetaspacePre(std::string replacement, std::string scheme, bool split)
       : repl_(std::move(replacement)), scheme_(std::move(scheme)), split_(split) {}
-  void apply(const Words& in, Words& out, bool first_piece) const override {
+  void apply(const Words& in, Words& out, const char* text_start) const override {
     for (auto w : in.views) {
+      bool first_piece = text_start && w.data() == text_start;
       std::string s;
       s.reserve(w.size() + 8);
       for (char c : w) {
@@ -400,7 +435,7 @@ void RegexSplit::split_one(std::string_view s, std::vector<std::string_view>& ou
   apply_behavior(s, spans, behavior_, out);
 }
 
-void RegexSplit::apply(const Words& in, Words& out, bool) const {
+void RegexSplit::apply(const Words& in, Words& out, const char*) const {
   for (auto w : in.views) split_one(w, out.views);
 }
 
@@ -410,7 +445,7 @@ ByteLevelPre::ByteLevelPre(bool add_prefix_space, bool use_regex)
     re_ = std::make_unique<Regex>("'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+");
 }
 
-void ByteLevelPre::apply(const Words& in, Words& out, bool) const {
+void ByteLevelPre::apply(const Words& in, Words& out, const char*) const {
   // The byte -> printable-char mapping itself is folded into the BPE vocabulary (byte-level mode).
   for (auto w : in.views) {
     std::string_view s = w;

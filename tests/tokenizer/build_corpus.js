@@ -72,9 +72,9 @@ function takeFiles(label, files, budget, docSize, every = 1) {
 
 // 1. Licenses, package docs, man pages (roff), C headers.
 { const f = []; walk('/usr/share/common-licenses', () => true, f); takeFiles('license', f, 300000, 6000); }
-{ const f = []; walk('/usr/share/doc', (p) => /(README|NEWS|changelog)[^/]*$/.test(p), f); takeFiles('doc', f, 900000, 6000, 3); }
+{ const f = []; walk('/usr/share/doc', (p) => /(README|NEWS|changelog)[^/]*$/.test(p), f); takeFiles('doc', f, 600000, 6000, 3); }
 { const f = []; walk('/usr/share/man/man1', (p) => p.endsWith('.gz'), f); takeFiles('man', f, 500000, 6000, 4); }
-{ const f = []; walk('/usr/include', (p) => p.endsWith('.h'), f); takeFiles('header', f, 900000, 8000, 7); }
+{ const f = []; walk('/usr/include', (p) => p.endsWith('.h'), f); takeFiles('header', f, 600000, 8000, 7); }
 { const f = []; walk('/usr/share/vim/vim90/doc', (p) => p.endsWith('.txt'), f); takeFiles('vimdoc', f, 300000, 6000, 5); }
 
 // 2. Multilingual text: translated messages from gettext catalogs of every locale.
@@ -105,10 +105,10 @@ function moStrings(p) {
     try { mos = fs.readdirSync(dir).filter((x) => x.endsWith('.mo')).sort(); } catch { continue; }
     let used = 0;
     for (const mo of mos) {
-      if (used > 14000) break;
+      if (used > 10000) break;
       const strs = moStrings(path.join(dir, mo));
       if (!strs.length) continue;
-      const text = strs.join('\n').slice(0, 14000 - used);
+      const text = strs.join('\n').slice(0, 10000 - used);
       addDocs(text, 3000);
       used += text.length;
       manifest.push(`gettext\t${path.join(dir, mo)}\t${text.length}`);

@@ -6,7 +6,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: prepare_reference.sh OUT_DIR}"
 bash "$here/../../scripts/fetch_test_deps.sh"
 stamp="$out/.complete"
-if [ -f "$stamp" ] && [ "$stamp" -nt "$here/build_corpus.js" ] && [ "$stamp" -nt "$here/reference.js" ]; then
+if [ -f "$stamp" ] && [ "$stamp" -nt "$here/build_corpus.js" ] && [ "$stamp" -nt "$here/reference.js" ] \
+   && [ "$stamp" -nt "$here/synthetic/spm_like.json" ] && [ "$stamp" -nt "$here/synthetic/meta_like.json" ]; then
   exit 0
 fi
 rm -rf "$out"

@@ -1,0 +1,174 @@
+// Unit tests of the tokenizer components on small hand-built tokenizer.json documents. Exactness on real
+// files against HuggingFace is in tests/tokenizer/tokenizer_exactness_test.cpp.
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "text/tokenizer.h"
+#include "tokenizer_test_util.h"
+
+namespace m3 {
+namespace {
+
+using test::json;
+using Ids = std::vector<int32_t>;
+
+Tokenizer load(const json& j) { return Tokenizer::from_json(j.dump()); }
+
+TEST(TokenizerBpe, MergesApplyInRankOrderWithBothMergeSpellings) {
+  for (json merges : {json::array({"a b", "ab c"}), json::array({json::array({"a", "b"}), json::array({"ab", "c"})})}) {
+    auto t = load(test::byte_level_tokenizer({"ab", "abc"}, merges));
+    EXPECT_EQ(t.encode("abc"), (Ids{257}));
+    EXPECT_EQ(t.encode("abab"), (Ids{256, 256}));
+    EXPECT_EQ(t.encode("cab"), (Ids{'c', 256}));
+  }
+}
+
+TEST(TokenizerBpe, LowerRankMergeWinsOverLeftmostPair) {
+  // "b c" has rank 0, so "abc" -> a + bc even though "a b" is further left.
+  auto t = load(test::byte_level_tokenizer({"bc", "ab"}, json::array({"b c", "a b"})));
+  EXPECT_EQ(t.encode("abc"), (Ids{'a', 256}));
+}
+
+TEST(TokenizerBpe, IgnoreMergesTakesWholeWordFromVocabulary) {
+  auto with = load(test::byte_level_tokenizer({"xyz"}, json::array(), true));
+  auto without = load(test::byte_level_tokenizer({"xyz"}, json::array(), false));
+  EXPECT_EQ(with.encode("xyz"), (Ids{256}));
+  EXPECT_EQ(without.encode("xyz"), (Ids{'x', 'y', 'z'}));
+}
+
+TEST(TokenizerBpe, LongWordsUseTheHeapPathWithTheSameResult) {
+  auto t = load(test::byte_level_tokenizer({"aa", "aaaa"}, json::array({"a a", "aa aa"})));
+  std::string word(301, 'a');  // one pre-token (no spaces): 301 symbols
+  Ids want(75, 257);
+  want.push_back('a');
+  EXPECT_EQ(t.encode(word), want);
+  EXPECT_EQ(t.encode(std::string(9, 'a')), (Ids{257, 257, 'a'}));
+}
+
+TEST(TokenizerBpe, ByteFallbackSpellsUnknownCharsAsBytes) {
+  auto t = load(test::char_tokenizer({"a", "b"}, json::array(), true, false));
+  // "é" = C3 A9 -> <0xC3> <0xA9> = 3+0xC3, 3+0xA9
+  EXPECT_EQ(t.encode("aéb", false), (Ids{259, 3 + 0xC3, 3 + 0xA9, 260}));
+}
+
+TEST(TokenizerBpe, UnknownCharsBecomeUnkAndFuseWhenAsked) {
+  auto plain = load(test::char_tokenizer({"a"}, json::array(), false, false));
+  auto fused = load(test::char_tokenizer({"a"}, json::array(), false, true));
+  EXPECT_EQ(plain.encode("aééa", false), (Ids{259, 0, 0, 259}));
+  EXPECT_EQ(fused.encode("aééa", false), (Ids{259, 0, 259}));
+}
+
+TEST(TokenizerAddedTokens, SpecialTokensAreCutOutOfTheTextAndSkippedOnDecode) {
+  auto j = test::byte_level_tokenizer({}, json::array());
+  j["added_tokens"] = json::array({{{"id", 300}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}},
+                                   {{"id", 301}, {"content", "<|end|>x"}, {"special", true}, {"normalized", false}}});
+  auto t = load(j);
+  EXPECT_EQ(t.encode("a<|end|>b"), (Ids{'a', 300, 'b'}));
+  EXPECT_EQ(t.encode("<|end|>x"), (Ids{301}));  // leftmost-longest
+  EXPECT_EQ(t.decode(Ids{'a', 300, 'b'}), "a<|end|>b");
+  EXPECT_EQ(t.decode(Ids{'a', 300, 'b'}, true), "ab");
+  EXPECT_TRUE(t.is_special(300));
+  EXPECT_FALSE(t.is_special('a'));
+  EXPECT_EQ(t.token_to_id("<|end|>"), 300);
+  EXPECT_EQ(t.id_to_token(300), "<|end|>");
+  EXPECT_EQ(t.vocab_size(), 302u);
+}
+
+TEST(TokenizerAddedTokens, LstripRstripAndSingleWord) {
+  auto j = test::byte_level_tokenizer({}, json::array());
+  j["added_tokens"] = json::array({
+      {{"id", 300}, {"content", "<m>"}, {"lstrip", true}, {"rstrip", true}, {"normalized", false}},
+      {{"id", 301}, {"content", "cat"}, {"single_word", true}, {"normalized", false}},
+  });
+  auto t = load(j);
+  EXPECT_EQ(t.encode("a  <m>  b"), (Ids{'a', 300, 'b'}));  // the spaces are swallowed by the token
+  EXPECT_EQ(t.encode("a cat"), (Ids{'a', ' ', 301}));
+  EXPECT_EQ(t.encode("concat"), (Ids{'c', 'o', 'n', 'c', 'a', 't'}));  // not a single word there
+}
+
+TEST(TokenizerPostProcessor, TemplateProcessingAddsBosOnlyWithSpecialTokens) {
+  auto j = test::char_tokenizer({"a"}, json::array(), false, false);
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                                                 {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}})},
+                         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}}}, {"</s>", {{"id", "</s>"}, {"ids", {2}}}}}}};
+  auto t = load(j);
+  EXPECT_EQ(t.encode("a", true), (Ids{1, 259, 2}));
+  EXPECT_EQ(t.encode("a", false), (Ids{259}));
+}
+
+TEST(TokenizerPreTokenizer, SplitBehaviours) {
+  auto make = [](const char* behavior, bool invert) {
+    auto j = test::char_tokenizer({"a", "b", "-", "ab", "a-", "-b"}, json::array({"a b", "a -", "- b"}), false, false);
+    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", invert}};
+    return load(j);
+  };
+  // ids: a=259 b=260 -=261 ab=262 a-=263 -b=264; merges never cross pre-token boundaries.
+  EXPECT_EQ(make("Isolated", false).encode("a-b", false), (Ids{259, 261, 260}));
+  EXPECT_EQ(make("Removed", false).encode("a-b", false), (Ids{259, 260}));
+  EXPECT_EQ(make("MergedWithPrevious", false).encode("a-b", false), (Ids{263, 260}));
+  EXPECT_EQ(make("MergedWithNext", false).encode("a-b", false), (Ids{259, 264}));
+  EXPECT_EQ(make("Contiguous", false).encode("a--b", false), (Ids{259, 261, 261, 260}));
+}
+
+TEST(TokenizerNormalizer, NfcComposesAndLowercaseHandlesFinalSigma) {
+  auto j = test::byte_level_tokenizer({}, json::array());
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array({{{"type", "NFC"}}, {{"type", "Lowercase"}}})}};
+  auto t = load(j);
+  EXPECT_EQ(t.decode(t.encode("E\xCC\x81")), "\xC3\xA9");  // E + combining acute -> é
+  EXPECT_EQ(t.decode(t.encode("\xCE\x9F\xCE\xA3")), "\xCE\xBF\xCF\x82");  // ΟΣ -> ος
+}
+
+TEST(TokenizerDecoder, ByteFallbackFuseStripAndMetaspace) {
+  auto j = test::char_tokenizer({"\xE2\x96\x81" "a", "b"}, json::array(), true, false);
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+                                            {{"type", "ByteFallback"}}, {{"type", "Fuse"}},
+                                            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  auto t = load(j);
+  // ▁a <0xC3><0xA9> b -> " aéb" -> strip one leading space
+  EXPECT_EQ(t.decode(Ids{259, 3 + 0xC3, 3 + 0xA9, 260}), "aéb");
+  // an invalid byte run becomes one U+FFFD per byte
+  EXPECT_EQ(t.decode(Ids{259, 3 + 0xC3, 260}), "a\xEF\xBF\xBD" "b");
+  j["decoder"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}};
+  EXPECT_EQ(load(j).decode(Ids{259, 260, 259}), "ab a");
+}
+
+TEST(TokenizerErrors, UnsupportedComponentsAreNamed) {
+  auto expect_error = [](json j, const std::string& needle) {
+    try {
+      Tokenizer::from_json(j.dump());
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto base = test::byte_level_tokenizer({}, json::array());
+  auto j = base;
+  j["normalizer"] = {{"type", "BertNormalizer"}};
+  expect_error(j, "BertNormalizer");
+  j = base;
+  j["model"]["type"] = "WordPiece";
+  expect_error(j, "WordPiece");
+  j = base;
+  j["decoder"] = {{"type", "CTC"}};
+  expect_error(j, "CTC");
+  j = base;
+  j["pre_tokenizer"] = {{"type", "Punctuation"}};
+  expect_error(j, "Punctuation");
+  j = base;
+  j["model"]["merges"] = json::array({"a zz"});
+  expect_error(j, "merge");
+  EXPECT_THROW(Tokenizer::from_json("{not json"), Error);
+  EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), Error);
+}
+
+TEST(TokenizerInput, InvalidUtf8IsReplacedNotCrashed) {
+  auto t = load(test::byte_level_tokenizer({}, json::array()));
+  auto ids = t.encode(std::string("a\xFF\xC3", 3));
+  EXPECT_EQ(t.decode(ids), "a\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+}  // namespace
+}  // namespace m3
