@@ -467,7 +467,7 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
       t.rstrip = a.value("rstrip", false);
       t.normalized = a.value("normalized", !a.value("special", false));
       t.special = a.value("special", false);
-      if (t.id < 0) fail("tokenizer: added token {:?} has a negative id", t.content);
+      if (t.id < 0 || t.id >= (1 << 24)) fail("tokenizer: added token {:?} has an id out of range", t.content);
       if (t.content.empty()) continue;
       impl->added_by_id[t.id] = impl->added.size();
       impl->added_by_content.emplace(t.content, t.id);

@@ -116,7 +116,7 @@ BpeModel::BpeModel(const json& m, bool byte_level) : byte_level_(byte_level), ca
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > (1 << 30)) fail("tokenizer: vocab id {} out of range", id);
+    if (id < 0 || id >= (1 << 24)) fail("tokenizer: vocab id {} out of range", id);
     vocab_[it.key()] = int32_t(id);
     max_id = std::max(max_id, int32_t(id));
   }
