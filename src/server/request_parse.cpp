@@ -339,6 +339,9 @@ void parse_messages(const OJson& b, ParsedRequest& r) {
     } else {
       out["content"] = check_content(*it, where, assistant);
     }
+    // An assistant turn that only carries tool calls has null/absent content; templates (HF's included) test
+    // `'x' in message.content`, which fails on None, so give them "" like vLLM's message parser does.
+    if (assistant && (!out.contains("content") || out["content"].is_null())) out["content"] = "";
     if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
       if (!assistant) bad_field("messages", "{}.tool_calls is only allowed on assistant messages", where);
       if (!tc->is_array()) bad_field("messages", "{}.tool_calls must be an array", where);
