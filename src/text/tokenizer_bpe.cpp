@@ -1,5 +1,6 @@
 // BPE model: vocab + ranked merges, byte fallback, unk, ignore_merges, and a per-thread word cache.
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <queue>
 
@@ -99,6 +100,34 @@ std::string opt_string(const json& j, const char* key) {
 
 }  // namespace
 
+void FlatStrMap::build(const std::unordered_map<std::string, int32_t>& m) {
+  size_t cap = 16;
+  while (cap < m.size() * 2) cap <<= 1;
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  keys_.clear();
+  for (auto& [k, v] : m) {
+    uint64_t h = XXH3_64bits(k.data(), k.size());
+    size_t i = h & mask_;
+    while (slots_[i].len != ~0u) i = (i + 1) & mask_;
+    slots_[i] = Slot{h, uint32_t(keys_.size()), uint32_t(k.size()), v};
+    keys_.append(k);
+  }
+}
+
+const int32_t* FlatStrMap::find(std::string_view key) const {
+  if (slots_.empty()) return nullptr;
+  uint64_t h = XXH3_64bits(key.data(), key.size());
+  size_t i = h & mask_;
+  for (;;) {
+    const Slot& s = slots_[i];
+    if (s.len == ~0u) return nullptr;
+    if (s.hash == h && s.len == key.size() && std::memcmp(keys_.data() + s.off, key.data(), key.size()) == 0)
+      return &s.value;
+    i = (i + 1) & mask_;
+  }
+}
+
 BpeModel::BpeModel(const json& m, bool byte_level) : byte_level_(byte_level), cache_tag_(g_next_cache_tag++) {
   if (m.contains("dropout") && m["dropout"].is_number() && m["dropout"].get<double>() > 0)
     fail("tokenizer: BPE dropout is not supported");
@@ -154,6 +183,7 @@ BpeModel::BpeModel(const json& m, bool byte_level) : byte_level_(byte_level), ca
     auto f = vocab_.find(fmt::format("<0x{:02X}>", b));
     fallback_ids_[b] = f == vocab_.end() ? -1 : f->second;
   }
+  word_lookup_.build(byte_level_ ? word_vocab_ : vocab_);
   std::string unk = opt_string(m, "unk_token");
   if (!unk.empty()) {
     auto f = vocab_.find(unk);
@@ -240,10 +270,9 @@ void BpeModel::initial_symbols(std::string_view w, std::vector<int32_t>& syms) c
     if (!first) s += continuing_subword_prefix_;
     s.append(w.data() + st, i - st);
     if (last) s += end_of_word_suffix_;
-    auto f = vocab_.find(s);
-    if (f != vocab_.end()) {
+    if (const int32_t* f = word_lookup_.find(s)) {
       have_unk = false;
-      syms.push_back(f->second);
+      syms.push_back(*f);
       continue;
     }
     if (byte_fallback_) {
@@ -348,12 +377,10 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   }
   auto& cache = thread_cache();
   if (cache.get(cache_tag_, word, out)) return;
-  const auto& wv = byte_level_ ? word_vocab_ : vocab_;
   if (ignore_merges_) {
-    auto it = wv.find(std::string(word));
-    if (it != wv.end()) {
-      out.push_back(it->second);
-      cache.put(cache_tag_, word, &it->second, 1);
+    if (const int32_t* id = word_lookup_.find(word)) {
+      out.push_back(*id);
+      cache.put(cache_tag_, word, id, 1);
       return;
     }
   }

@@ -134,6 +134,23 @@ class ByteLevelPre : public PreTokenizer {
   std::unique_ptr<Regex> re_;
 };
 
+// Read-only string -> id map with open addressing and string_view lookups (no allocation per lookup).
+class FlatStrMap {
+ public:
+  void build(const std::unordered_map<std::string, int32_t>& m);
+  const int32_t* find(std::string_view key) const;
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t off = 0, len = ~0u;
+    int32_t value = 0;
+  };
+  std::vector<Slot> slots_;
+  std::string keys_;
+  uint64_t mask_ = 0;
+};
+
 // ---------------------------------------------------------------- BPE model
 // Symbols are token ids. In byte-level mode words are raw bytes (the ByteLevel char mapping is folded
 // into the vocabulary at load time), otherwise words are UTF-8 text split into characters.
@@ -160,6 +177,7 @@ class BpeModel {
   bool byte_level_;
   std::unordered_map<std::string, int32_t> vocab_;       // tokenizer.json spelling
   std::unordered_map<std::string, int32_t> word_vocab_;  // spelling of words as the model sees them
+  FlatStrMap word_lookup_;  // word_vocab_ (byte level) or vocab_ (char level), for the hot path
   std::vector<std::string> id_to_token_;
   std::vector<MergeEntry> merges_;  // open addressing, power-of-two size
   uint64_t merge_mask_ = 0;
