@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "base/error.h"
@@ -355,6 +356,11 @@ bool encode_range(const TokenizerImpl& t, std::string_view s, size_t cut_a, size
 
 // Encodes one normalized segment (no added tokens inside) on the thread pool; false -> do it serially.
 bool encode_parallel_segment(const TokenizerImpl& t, std::string_view s, std::vector<int32_t>& out) {
+  // ThreadPool::parallel_for runs one job at a time and is not safe for concurrent callers: a second
+  // encode arriving while one is on the pool runs serially instead.
+  static std::mutex pool_mu;
+  std::unique_lock<std::mutex> lock(pool_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
   auto& pool = ThreadPool::global();
   auto cuts = tok::candidate_cuts(s, size_t(pool.size()) * 2);
   size_t parts = cuts.size() - 1;
