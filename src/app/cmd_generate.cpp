@@ -1,4 +1,4 @@
-// m3serve generate: load a model, prefill a prompt (token ids), decode with the CPU reference engine, print the
+// m3serve generate: load a model (CPU reference or CUDA), prefill a prompt (text or token ids), decode, print the
 // generated ids and tokens/s.
 #include <chrono>
 #include <cstdio>
@@ -32,6 +32,7 @@ struct GenerateOptions {
   float min_p = 0.f;
   int64_t seed = -1;
   bool ignore_eos = false;
+  std::string device = "auto";
 };
 }  // namespace
 
@@ -51,6 +52,8 @@ CommandRun register_generate(CLI::App& app) {
   cmd->add_option("--min-p", opt->min_p, "Drop tokens below min_p × the top probability");
   cmd->add_option("--seed", opt->seed, "RNG seed (same seed ⇒ same output)");
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "Keep generating after the EOS token");
+  cmd->add_option("--device", opt->device, "auto (CUDA when built with it and a GPU is present), cpu or cuda")
+      ->check(CLI::IsMember(device_choices()));
   return [opt]() -> int {
     SamplingParams sp;
     sp.temperature = opt->temperature;
@@ -71,17 +74,19 @@ CommandRun register_generate(CLI::App& app) {
     M3_CHECK(!ids.empty(), "the prompt is empty");
 
     auto t_load = std::chrono::steady_clock::now();
-    M3Model model = M3Model::load(opt->model);
-    const M3Config& c = model.config();
-    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+    // Read the config first to size the CPU cache for exactly this prompt + generation.
+    const M3Config probe = load_m3_config((std::filesystem::path(opt->model) / "config.json").string());
     const int64_t total = int64_t(ids.size()) + opt->max_tokens;
-    const int32_t pages = int32_t((total + c.sparse_block_size - 1) / c.sparse_block_size);
-    KVCache cache(c, pages);
-    SequenceKV seq(cache);
+    const int32_t pages = int32_t((total + probe.sparse_block_size - 1) / probe.sparse_block_size);
+    LoadedModel lm = load_model(opt->model, opt->device, opt->device == "cpu" ? pages : 0, pages);
+    ModelExecutor& ex = *lm.executor;
+    const M3Config& c = ex.config();
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+    SequenceKV seq(ex.pool(), c.sparse_block_size);
     Sampler sampler(sp);
 
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> logits = prefill(model, cache, seq, ids, opt->chunk, false);
+    std::vector<float> logits = prefill(ex, seq, ids, opt->chunk, false);
     auto t1 = std::chrono::steady_clock::now();
     std::vector<int32_t> out;
     int64_t pos = int64_t(ids.size());
@@ -98,7 +103,7 @@ CommandRun register_generate(CLI::App& app) {
       if (i + 1 == opt->max_tokens) break;
       seq.reserve(pos + 1);
       SeqInput in{std::span<const int32_t>(&out.back(), 1), pos, seq.pages(), false};
-      logits = model.forward(std::span<const SeqInput>(&in, 1), cache)[0];
+      logits = ex.forward(std::span<const SeqInput>(&in, 1))[0];
       ++pos;
     }
     auto t2 = std::chrono::steady_clock::now();
@@ -112,9 +117,9 @@ CommandRun register_generate(CLI::App& app) {
       std::printf("%s\n", text.c_str());
     }
     std::fprintf(stderr,
-                 "loaded in %.2f s | prompt %zu tokens in %.3f s (%.1f tok/s) | generated %zu tokens in %.3f s "
+                 "%s | loaded in %.2f s | prompt %zu tokens in %.3f s (%.1f tok/s) | generated %zu tokens in %.3f s "
                  "(%.1f tok/s)\n",
-                 load_s, ids.size(), prefill_s, double(ids.size()) / std::max(prefill_s, 1e-9), out.size(), decode_s,
+                 ex.describe().c_str(), load_s, ids.size(), prefill_s, double(ids.size()) / std::max(prefill_s, 1e-9), out.size(), decode_s,
                  double(out.size()) / std::max(decode_s, 1e-9));
     return 0;
   };

@@ -6,6 +6,7 @@
 //    "logits": [[[id, value], ... N], ... T],                    // descending value, ties by id
 //    "selections": {"<layer>": [[[block ids ascending, local last], ... T], ... Hkv]}}
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -27,6 +28,7 @@ struct ScoreOptions {
   std::string out = "-";
   int top = 20;
   int64_t chunk = 0;
+  std::string device = "cpu";
 };
 
 std::string read_all(const std::string& path) {
@@ -46,15 +48,19 @@ CommandRun register_score(CLI::App& app) {
   cmd->add_option("--out", opt->out, "Output JSON file ('-' = stdout)");
   cmd->add_option("--top", opt->top, "Logits kept per position")->check(CLI::Range(1, 1000));
   cmd->add_option("--chunk", opt->chunk, "Prefill chunk size (0 = one shot); results must not depend on it");
+  cmd->add_option("--device", opt->device, "cpu (reference, default), cuda or auto")
+      ->check(CLI::IsMember(device_choices()));
   return [opt]() -> int {
     M3_CHECK(!opt->ids.empty() || !opt->ids_file.empty(), "score: give --ids or --ids-file");
     std::vector<int32_t> ids = parse_id_list(opt->ids.empty() ? read_all(opt->ids_file) : opt->ids);
     M3_CHECK(!ids.empty(), "score: no token ids");
-    M3Model model = M3Model::load(opt->model);
-    const M3Config& c = model.config();
     const int64_t T = int64_t(ids.size());
-    KVCache cache(c, int32_t((T + c.sparse_block_size - 1) / c.sparse_block_size));
-    SequenceKV seq(cache);
+    const M3Config probe = load_m3_config((std::filesystem::path(opt->model) / "config.json").string());
+    const int32_t pages = int32_t((T + probe.sparse_block_size - 1) / probe.sparse_block_size);
+    LoadedModel lm = load_model(opt->model, opt->device, opt->device == "cpu" ? pages : 0, pages);
+    ModelExecutor& ex = *lm.executor;
+    const M3Config& c = ex.config();
+    SequenceKV seq(ex.pool(), c.sparse_block_size);
     ForwardTrace trace;
     trace.capture_selection = true;
     // Selections are captured per forward call; with chunking, stitch the chunks together per layer.
@@ -65,7 +71,7 @@ CommandRun register_score(CLI::App& app) {
       const int64_t len = std::min(chunk, T - s);
       seq.reserve(s + len);
       SeqInput in{std::span<const int32_t>(ids.data() + s, size_t(len)), s, seq.pages(), true};
-      auto out = model.forward(std::span<const SeqInput>(&in, 1), cache, &trace);
+      auto out = ex.forward(std::span<const SeqInput>(&in, 1), &trace);
       logits.insert(logits.end(), out[0].begin(), out[0].end());
       const int K = c.sparse_topk_blocks;
       for (int l = 0; l < c.num_layers; ++l) {

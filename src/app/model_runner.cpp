@@ -6,6 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#ifdef M3_WITH_CUDA
+#include "model/cuda_executor.h"
+#endif
 
 namespace m3::app {
 
@@ -43,8 +46,27 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
   return ids;
 }
 
-std::vector<float> prefill(const M3Model& model, KVCache& cache, SequenceKV& seq, const std::vector<int32_t>& ids,
-                           int64_t chunk, bool all_logits, ForwardTrace* trace) {
+LoadedModel load_model(const std::string& model_dir, const std::string& device, int32_t num_pages,
+                       int32_t cpu_default_pages) {
+  M3_CHECK(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got '{}'",
+           device);
+  LoadedModel m;
+#ifdef M3_WITH_CUDA
+  if (device == "cuda" || (device == "auto" && CudaExecutor::available())) {
+    M3_CHECK(CudaExecutor::available(), "--device cuda: no usable CUDA device");
+    m.executor = CudaExecutor::load(model_dir, num_pages);
+    return m;
+  }
+#else
+  M3_CHECK(device != "cuda", "--device cuda: this m3serve was built without CUDA (configure with -DM3_WITH_CUDA=ON)");
+#endif
+  m.cpu_model = std::make_unique<M3Model>(M3Model::load(model_dir));
+  m.executor = std::make_unique<CpuExecutor>(*m.cpu_model, num_pages > 0 ? num_pages : cpu_default_pages);
+  return m;
+}
+
+std::vector<float> prefill(ModelExecutor& ex, SequenceKV& seq, const std::vector<int32_t>& ids, int64_t chunk,
+                           bool all_logits, ForwardTrace* trace) {
   M3_CHECK(!ids.empty(), "prefill: empty prompt");
   const int64_t n = int64_t(ids.size());
   if (chunk <= 0) chunk = n;
@@ -53,7 +75,7 @@ std::vector<float> prefill(const M3Model& model, KVCache& cache, SequenceKV& seq
   for (int64_t s = 0; s < n; s += chunk) {
     const int64_t len = std::min(chunk, n - s);
     SeqInput in{std::span<const int32_t>(ids.data() + s, size_t(len)), s, seq.pages(), all_logits};
-    auto out = model.forward(std::span<const SeqInput>(&in, 1), cache, trace);
+    auto out = ex.forward(std::span<const SeqInput>(&in, 1), trace);
     if (all_logits)
       logits.insert(logits.end(), out[0].begin(), out[0].end());
     else

@@ -1,17 +1,19 @@
-// One sequence's cache state for the simple single-request paths (CLI generate/score, tests): its tokens, the
-// pages holding their K/V/index-K, and how many tokens are already in the cache.
+// One sequence's pages for the simple single-request paths (CLI generate/score, tests): the pages holding its
+// K/V/index-K, taken from a pool as the sequence grows and all returned when it is destroyed.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/page_pool.h"
 
 namespace m3 {
 
 class SequenceKV {
  public:
-  explicit SequenceKV(KVCache& cache) : cache_(cache) {}
+  SequenceKV(PagePool& pool, int block_size) : pool_(pool), block_size_(block_size) {}
+  explicit SequenceKV(KVCache& cache) : SequenceKV(cache.pool(), cache.block_size()) {}
   ~SequenceKV();  // returns every page to the pool
   SequenceKV(const SequenceKV&) = delete;
   SequenceKV& operator=(const SequenceKV&) = delete;
@@ -21,7 +23,8 @@ class SequenceKV {
   const std::vector<int32_t>& pages() const { return pages_; }
 
  private:
-  KVCache& cache_;
+  PagePool& pool_;
+  int block_size_;
   std::vector<int32_t> pages_;
 };
 
