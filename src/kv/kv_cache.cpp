@@ -6,11 +6,30 @@
 
 namespace m3 {
 
-int64_t KVCache::page_floats(const M3Config& cfg) {
-  const int64_t kv = int64_t(cfg.num_kv_heads) * cfg.sparse_block_size * cfg.head_dim;
-  const int64_t ik = int64_t(cfg.sparse_block_size) * cfg.index_head_dim;
-  return cfg.num_layers * 2 * kv + cfg.num_sparse_layers() * ik;
+PageLayout PageLayout::of(const M3Config& cfg, int64_t align_floats) {
+  PageLayout p;
+  const int64_t B = cfg.sparse_block_size;
+  const int64_t kv = int64_t(cfg.num_kv_heads) * B * cfg.head_dim;
+  int64_t off = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    p.k_off.push_back(off);
+    off += kv;
+    p.v_off.push_back(off);
+    off += kv;
+  }
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    if (cfg.attn_kinds[l] == AttnKind::Sparse) {
+      p.ik_off.push_back(off);
+      off += B * cfg.index_head_dim;
+    } else {
+      p.ik_off.push_back(-1);
+    }
+  }
+  p.page_floats = (off + align_floats - 1) / align_floats * align_floats;
+  return p;
 }
+
+int64_t KVCache::page_floats(const M3Config& cfg) { return PageLayout::of(cfg).page_floats; }
 
 KVCache::KVCache(const M3Config& cfg, int32_t num_pages)
     : block_size_(cfg.sparse_block_size),
@@ -18,23 +37,11 @@ KVCache::KVCache(const M3Config& cfg, int32_t num_pages)
       head_dim_(cfg.head_dim),
       index_dim_(cfg.index_head_dim),
       pool_(num_pages) {
-  const int64_t kv = int64_t(num_kv_heads_) * block_size_ * head_dim_;
-  int64_t off = 0;
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    k_off_.push_back(off);
-    off += kv;
-    v_off_.push_back(off);
-    off += kv;
-  }
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    if (cfg.attn_kinds[l] == AttnKind::Sparse) {
-      ik_off_.push_back(off);
-      off += int64_t(block_size_) * index_dim_;
-    } else {
-      ik_off_.push_back(-1);
-    }
-  }
-  page_floats_ = off;
+  PageLayout layout = PageLayout::of(cfg);
+  k_off_ = std::move(layout.k_off);
+  v_off_ = std::move(layout.v_off);
+  ik_off_ = std::move(layout.ik_off);
+  page_floats_ = layout.page_floats;
   // Poison with NaN: a read of a slot nothing wrote shows up in the output instead of passing as zero.
   data_.assign(size_t(num_pages) * size_t(page_floats_), std::nanf(""));
 }

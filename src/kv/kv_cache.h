@@ -13,6 +13,13 @@
 
 namespace m3 {
 
+// Where each layer's K, V and index-K sit inside one page unit (in floats), shared by every backend's cache.
+struct PageLayout {
+  std::vector<int64_t> k_off, v_off, ik_off;  // per layer; ik_off is −1 for dense layers
+  int64_t page_floats = 0;                    // unit size, rounded up to a multiple of align_floats
+  static PageLayout of(const M3Config& cfg, int64_t align_floats = 1);
+};
+
 class KVCache {
  public:
   KVCache(const M3Config& cfg, int32_t num_pages);
@@ -33,7 +40,7 @@ class KVCache {
  private:
   int block_size_, num_kv_heads_, head_dim_, index_dim_;
   int64_t page_floats_ = 0;
-  std::vector<int64_t> k_off_, v_off_, ik_off_;  // per layer offsets inside a page (ik: -1 for dense layers)
+  std::vector<int64_t> k_off_, v_off_, ik_off_;  // PageLayout::of(cfg)
   std::vector<float> data_;                       // [num_pages, page_floats]
   PagePool pool_;
 };

@@ -170,23 +170,13 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pa
   }
   // Page unit: the CPU layout, padded to a multiple of B·D floats (virtual-page view, attention_dense.cuh).
   const int64_t B = c.sparse_block_size, D = c.head_dim;
-  const int64_t kv = int64_t(c.num_kv_heads) * B * D;
-  int64_t off = 0;
-  for (int l = 0; l < c.num_layers; ++l) {
-    k_off.push_back(off);
-    off += kv;
-    v_off.push_back(off);
-    off += kv;
+  {
+    PageLayout layout = PageLayout::of(c, B * D);
+    k_off = std::move(layout.k_off);
+    v_off = std::move(layout.v_off);
+    ik_off = std::move(layout.ik_off);
+    unit_floats = layout.page_floats;
   }
-  for (int l = 0; l < c.num_layers; ++l) {
-    if (c.attn_kinds[l] == AttnKind::Sparse) {
-      ik_off.push_back(off);
-      off += B * c.index_head_dim;
-    } else {
-      ik_off.push_back(-1);
-    }
-  }
-  unit_floats = (off + B * D - 1) / (B * D) * (B * D);
   if (num_pages <= 0) {
     // Automatic size: 90 % of the free device memory minus 1 GiB of headroom for activations and workspaces, at
     // most 64 sequences of max_position_embeddings tokens.
