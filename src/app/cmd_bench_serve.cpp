@@ -114,7 +114,8 @@ class Client {
       p.get().body().data = chunk;
       p.get().body().size = sizeof(chunk);
       beast::error_code ec;
-      http::read(stream_, buf_, p, ec);
+      // read_some: return as soon as some body bytes arrived (http::read would wait for a full buffer).
+      http::read_some(stream_, buf_, p, ec);
       if (ec == http::error::need_buffer) ec = {};
       if (ec) throw beast::system_error(ec);
       const size_t n = sizeof(chunk) - p.get().body().size;

@@ -69,7 +69,29 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(srv_.config().max_body_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(reject_ ? std::chrono::seconds(5) : srv_.config().idle_timeout);
-    http::async_read(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_read, shared_from_this()));
+    http::async_read_header(stream_, buf_, *parser_,
+                            beast::bind_front_handler(&Session::on_header, shared_from_this()));
+  }
+
+  // Headers are in: answer "Expect: 100-continue" (curl sends it for bodies over 1 KB and would otherwise wait a
+  // second), then read the body. A Content-Length over the limit already failed here, before any body was sent.
+  void on_header(beast::error_code ec, size_t n) {
+    if (ec) return on_read(ec, n);
+    auto read_body = [self = shared_from_this()] {
+      http::async_read(self->stream_, self->buf_, *self->parser_,
+                       beast::bind_front_handler(&Session::on_read, self));
+    };
+    if (beast::iequals(parser_->get()[http::field::expect], "100-continue") && !parser_->is_done()) {
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      net::async_write(stream_, net::buffer(kContinue), [self = shared_from_this(), read_body](beast::error_code e,
+                                                                                                 size_t) {
+        if (e) return self->close();
+        read_body();
+      });
+      return;
+    }
+    if (parser_->is_done()) return on_read({}, 0);
+    read_body();
   }
 
   void on_read(beast::error_code ec, size_t) {

@@ -66,6 +66,9 @@ OJson parse_json_object(std::string_view body) {
     if (what.find("UTF-8") != std::string::npos || what.find("utf-8") != std::string::npos)
       throw ApiError(400, "Request body contains invalid UTF-8 in a JSON string; send UTF-8 text (" + what + ")");
     throw ApiError(400, "Request body is not valid JSON: " + what);
+  } catch (const nlohmann::json::exception& e) {
+    // e.g. out_of_range for a number literal beyond double (1e99999).
+    throw ApiError(400, std::string("Request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "Request body must be a JSON object");
   return j;

@@ -234,5 +234,39 @@ TEST_F(HttpServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
   }
 }
 
+
+TEST_F(HttpServerTest, ExpectContinueIsAnsweredBeforeTheBodyIsSent) {
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  std::string body = R"({"prompt":"hi","max_tokens":2})";
+  std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n";
+  net::write(s, net::buffer(head));
+  std::string got(64, '\0');
+  size_t n = s.read_some(net::buffer(got));  // without the body sent, only the interim response can arrive
+  got.resize(n);
+  EXPECT_EQ(got.rfind("HTTP/1.1 100 Continue", 0), 0u) << got;
+  net::write(s, net::buffer(body));
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  beast::tcp_stream ts(std::move(s));
+  http::read(ts, buf, res);
+  EXPECT_EQ(res.result_int(), 200) << res.body();
+}
+
+TEST_F(HttpServerTest, OversizedContentLengthIs413WithoutReadingTheBody) {
+  net::io_context ioc;
+  beast::tcp_stream s(ioc);
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100000000\r\n\r\n";
+  net::write(s, net::buffer(head));
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  http::read(s, buf, res);
+  EXPECT_EQ(res.result_int(), 413);
+  expect_healthy();
+}
+
 }  // namespace
 }  // namespace m3::server

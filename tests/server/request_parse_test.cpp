@@ -118,6 +118,7 @@ TEST(RequestParse, OutOfRangeSamplingValuesAreRejected) {
 TEST(RequestParse, MalformedJsonAndInvalidUtf8Are400) {
   EXPECT_NE(chat_err("{\"model\": ", 400, "").find("not valid JSON"), std::string::npos);
   chat_err("[1,2,3]", 400, "");
+  chat_err(R"({"messages":[{"role":"user","content":"x"}],"temperature":1e99999})", 400, "");  // found by fuzzing
   chat_err("", 400, "");
   std::string bad = std::string(R"({"model":"m3-test","messages":[{"role":"user","content":")") + "\xff\xfe" +
                     R"("}]})";
