@@ -362,7 +362,7 @@ bool encode_parallel_segment(const TokenizerImpl& t, std::string_view s, std::ve
   std::unique_lock<std::mutex> lock(pool_mu, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   auto& pool = ThreadPool::global();
-  auto cuts = tok::candidate_cuts(s, size_t(pool.size()) * 2);
+  auto cuts = tok::candidate_cuts(s, size_t(pool.size()) * 8);  // small parts balance uneven text
   size_t parts = cuts.size() - 1;
   if (parts < 2) return false;
   std::vector<std::vector<int32_t>> results(parts);
