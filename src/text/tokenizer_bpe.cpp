@@ -16,18 +16,18 @@ namespace {
 
 std::atomic<uint64_t> g_next_cache_tag{1};
 
-// Word -> ids cache. Open addressing keyed by a 64-bit hash, keys and ids in arenas; it is simply
-// cleared when full, which keeps memory bounded for adversarial inputs.
+// Word -> ids cache. Open addressing keyed by a 64-bit hash, keys and ids in arenas. Slots carry the
+// generation they were written in, so clearing (when full, or when another tokenizer uses this thread's
+// cache) is O(1); memory stays bounded for adversarial inputs.
 class WordCache {
  public:
-  WordCache() { slots_.assign(kSlots, Slot{}); }
   bool get(uint64_t tag, std::string_view w, std::vector<int32_t>& out) {
-    uint64_t h = XXH3_64bits_withSeed(w.data(), w.size(), tag);
     if (tag_ != tag) reset(tag);
+    uint64_t h = XXH3_64bits_withSeed(w.data(), w.size(), tag);
     size_t i = h & (kSlots - 1);
     for (;;) {
-      Slot& s = slots_[i];
-      if (s.key_len == kEmpty) return false;
+      const Slot& s = slots_[i];
+      if (s.gen != gen_) return false;
       if (s.hash == h && s.key_len == w.size() && std::memcmp(keys_.data() + s.key_off, w.data(), w.size()) == 0) {
         out.insert(out.end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.ids_len);
         return true;
@@ -37,42 +37,41 @@ class WordCache {
   }
   void put(uint64_t tag, std::string_view w, const int32_t* ids, size_t n) {
     if (w.size() > 256) return;  // long words are rare and would fill the arena
-    if (tag_ != tag) reset(tag);
-    if (used_ * 2 >= kSlots || keys_.size() > (64u << 20)) reset(tag);
+    if (tag_ != tag || used_ * 2 >= kSlots || keys_.size() > (32u << 20)) reset(tag);
     uint64_t h = XXH3_64bits_withSeed(w.data(), w.size(), tag);
     size_t i = h & (kSlots - 1);
-    while (slots_[i].key_len != kEmpty) {
+    while (slots_[i].gen == gen_) {
       if (slots_[i].hash == h && slots_[i].key_len == w.size() &&
           std::memcmp(keys_.data() + slots_[i].key_off, w.data(), w.size()) == 0)
         return;
       i = (i + 1) & (kSlots - 1);
     }
-    Slot& s = slots_[i];
-    s.hash = h;
-    s.key_off = uint32_t(keys_.size());
-    s.key_len = uint32_t(w.size());
-    s.ids_off = uint32_t(ids_.size());
-    s.ids_len = uint32_t(n);
+    slots_[i] = Slot{h, gen_, uint32_t(keys_.size()), uint32_t(w.size()), uint32_t(ids_.size()), uint32_t(n)};
     keys_.append(w);
     ids_.insert(ids_.end(), ids, ids + n);
     ++used_;
   }
 
  private:
-  static constexpr size_t kSlots = 1 << 19;
-  static constexpr uint32_t kEmpty = ~0u;
+  static constexpr size_t kSlots = 1 << 18;
   struct Slot {
     uint64_t hash = 0;
-    uint32_t key_off = 0, key_len = kEmpty, ids_off = 0, ids_len = 0;
+    uint32_t gen = 0;
+    uint32_t key_off = 0, key_len = 0, ids_off = 0, ids_len = 0;
   };
   void reset(uint64_t tag) {
+    if (slots_.empty()) slots_.assign(kSlots, Slot{});
     tag_ = tag;
-    std::fill(slots_.begin(), slots_.end(), Slot{});
+    if (++gen_ == 0) {  // generation wrapped: really clear
+      std::fill(slots_.begin(), slots_.end(), Slot{});
+      gen_ = 1;
+    }
     keys_.clear();
     ids_.clear();
     used_ = 0;
   }
   uint64_t tag_ = 0;
+  uint32_t gen_ = 0;
   std::vector<Slot> slots_;
   std::string keys_;
   std::vector<int32_t> ids_;
