@@ -46,7 +46,7 @@ struct JobCtx {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer& srv, bool reject)
-      : stream_(std::move(socket)), srv_(srv), reject_(reject) {}
+      : stream_(std::move(socket)), srv_(srv), reject_(reject), keepalive_(stream_.get_executor()) {}
 
   ~Session() {
     if (!reject_) srv_.counters().connections_active.fetch_sub(1);
@@ -231,8 +231,24 @@ class Session : public std::enable_shared_from_this<Session> {
       out_ += head;
       queue_chunk(ctx->job->stream_prologue());
       flush();
+      arm_keepalive(ctx);
     }
     start_monitor();
+  }
+
+  // SSE comment when the stream has been silent for sse_keepalive (clients ignore lines starting with ':').
+  void arm_keepalive(const std::shared_ptr<JobCtx>& ctx) {
+    const auto period = srv_.config().sse_keepalive;
+    if (period.count() <= 0) return;
+    keepalive_.expires_after(period);
+    keepalive_.async_wait([self = shared_from_this(), ctx](beast::error_code ec) {
+      if (ec || ctx->cancelled || ctx->complete || self->closed_ || self->job_ != ctx) return;
+      if (std::chrono::steady_clock::now() - self->last_data_ >= self->srv_.config().sse_keepalive) {
+        self->queue_chunk(": keep-alive\n\n");
+        self->flush();
+      }
+      self->arm_keepalive(ctx);
+    });
   }
 
   void on_engine_output(const std::shared_ptr<JobCtx>& ctx, int choice, const EngineOutput& out) {
@@ -256,6 +272,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void queue_chunk(const std::string& data) {
     if (data.empty()) return;
+    last_data_ = std::chrono::steady_clock::now();
     out_ += fmt::format("{:x}\r\n", data.size());
     out_ += data;
     out_ += "\r\n";
@@ -277,6 +294,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!out_.empty()) return flush();
     if (job_ && job_->complete) {
       job_.reset();
+      keepalive_.cancel();
       if (!keep_alive_) return graceful_close();
       do_read();
     }
@@ -318,6 +336,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    keepalive_.cancel();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
@@ -356,6 +375,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool want_read_ = false;
   bool closed_ = false;
   bool closing_ = false;
+  net::steady_timer keepalive_;
+  std::chrono::steady_clock::time_point last_data_{};
   char drain_buf_[4096];
 };
 

@@ -26,6 +26,9 @@ struct HttpServerConfig {
   size_t max_body_bytes = size_t(32) << 20;   // larger bodies get 413
   int max_connections = 1024;                 // more concurrent connections get 429 + Retry-After
   std::chrono::seconds idle_timeout{120};     // keep-alive connections idle this long are closed
+  // A stream with nothing to send for this long (a long prefill, a full batch) gets an SSE comment line, so
+  // proxies and clients with read timeouts keep the connection. 0 = never.
+  std::chrono::milliseconds sse_keepalive{10000};
 };
 
 struct HttpCounters {

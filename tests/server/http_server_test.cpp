@@ -268,5 +268,24 @@ TEST_F(HttpServerTest, OversizedContentLengthIs413WithoutReadingTheBody) {
   expect_healthy();
 }
 
+
+TEST(HttpServerKeepAlive, SilentStreamsGetSseCommentLines) {
+  if (!test::qwen_tokenizer()) GTEST_SKIP() << "run scripts/fetch_test_deps.sh first";
+  OpenAIService service(test::service_config());
+  // 150 ms between tokens, keep-alive every 30 ms: comments must appear between the data events.
+  test::FakeBackend backend(test::qwen_tokenizer()->encode(" a b", false), std::chrono::milliseconds(150));
+  HttpServerConfig hc;
+  hc.port = 0;
+  hc.sse_keepalive = std::chrono::milliseconds(30);
+  HttpServer server(hc, service, backend);
+  server.start();
+  Reply r = request(server.port(), http::verb::post, "/v1/completions",
+                    R"({"prompt":"hi","max_tokens":3,"stream":true})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find(": keep-alive\n\n"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
+  server.stop();
+}
+
 }  // namespace
 }  // namespace m3::server
