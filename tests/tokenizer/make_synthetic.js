@@ -126,4 +126,31 @@ const extra = ['é', 'ü', 'ß', '中', '文', '日', 'ж', 'и', 'я'];
   };
   fs.writeFileSync(path.join(out, 'meta_like.json'), JSON.stringify(tok));
 }
-console.log(`wrote ${out}/spm_like.json, ${out}/meta_like.json`);
+// 3. GPT-2 style: ByteLevel pre-tokenizer with its own regex and add_prefix_space, ByteLevel decoder.
+{
+  const bs = [];
+  for (let b = 0x21; b <= 0x7e; b++) bs.push(b);
+  for (let b = 0xa1; b <= 0xac; b++) bs.push(b);
+  for (let b = 0xae; b <= 0xff; b++) bs.push(b);
+  const map = new Array(256);
+  let nxt = 256;
+  for (let b = 0; b < 256; b++) map[b] = bs.includes(b) ? String.fromCodePoint(b) : String.fromCodePoint(nxt++);
+  const enc = (w) => [...Buffer.from(w, 'utf8')].map((b) => map[b]);
+  const words = (' ' + text).match(/ ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+/gu).map(enc);
+  const { vocab, merges } = train(words, map, 500);
+  const v = {};
+  for (const t of vocab) if (!(t in v)) v[t] = Object.keys(v).length;
+  const n = Object.keys(v).length;
+  const tok = {
+    version: '1.0', truncation: null, padding: null,
+    added_tokens: [{ id: n, content: '<|endoftext|>', single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }],
+    normalizer: null,
+    pre_tokenizer: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
+    post_processor: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
+    decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
+    model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: '', end_of_word_suffix: '',
+             fuse_unk: false, byte_fallback: false, vocab: v, merges: merges.map(([a, b]) => `${a} ${b}`) },
+  };
+  fs.writeFileSync(path.join(out, 'gpt2_like.json'), JSON.stringify(tok));
+}
+console.log(`wrote ${out}/spm_like.json, ${out}/meta_like.json, ${out}/gpt2_like.json`);

