@@ -150,6 +150,9 @@ adv.push('👍🏽 ok', '👨‍👩‍👧‍👦 family', '🏳️‍🌈🏳�
          '中文字符测试，标点符号。', '日本語のテキスト、カタカナ。', '한국어 텍스트', 'Ελληνικά κείμενα', 'Кириллица текст',
          'עברית טקסט', 'العربية نص', 'हिन्दी पाठ', 'ไทย ข้อความ', 'ქართული', 'Tiếng Việt có dấu', 'ᚠᚢᚦᚨᚱᚲ',
          '\uD800\uDF48 gothic', '𝔘𝔫𝔦𝔠𝔬𝔡𝔢', '𠀀𠀁 ext-b', '\u0E01\u0E34\u0E4A', 'x\u0345\u0300', 'ǅ ǈ ǋ');
+// Long runs: words of thousands of symbols (the heap path of BPE), deep whitespace backtracking.
+adv.push(' '.repeat(5000), 'a'.repeat(3000), '!'.repeat(3000), '\n'.repeat(2000) + 'x', '7'.repeat(4001),
+         '😀'.repeat(1500), '中'.repeat(2000), 'ab'.repeat(2000), ' \t\r\n '.repeat(1000) + 'y', 'Ġ'.repeat(1000));
 // Every BMP code point (except surrogates) and a sample of the astral planes, in several contexts.
 {
   const cps = [];
