@@ -229,8 +229,11 @@ CommandRun register_serve(CLI::App& app) {
       M3_CHECK(pages < (int64_t(1) << 31), "--kv-cache-memory is too large");
       ec.num_pages = int32_t(pages);
     }
-    Engine engine(model, ec);
-    const EngineConfig& rc = engine.config();
+    // Held by pointer so it can be destroyed (dropping every output sink, which hold HTTP connections) before
+    // the HTTP server at shutdown.
+    auto engine_ptr = std::make_unique<Engine>(model, ec);
+    Engine& engine = *engine_ptr;
+    const EngineConfig rc = engine.config();
     if (o->max_model_len > 0 && rc.max_model_len < o->max_model_len)
       std::fprintf(stderr, "note: --max-model-len %lld reduced to %lld (model limit / KV cache capacity)\n",
                    (long long)o->max_model_len, (long long)rc.max_model_len);
@@ -269,6 +272,7 @@ CommandRun register_serve(CLI::App& app) {
     std::fprintf(stderr, "m3serve: shutting down\n");
     engine.stop();  // in-flight requests finish with "abort"
     http.stop();
+    engine_ptr.reset();
     return 0;
   };
 }

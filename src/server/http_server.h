@@ -48,7 +48,8 @@ class HttpServer {
 
   // Binds and listens (throws m3::Error when the address is unusable) and starts the io threads.
   void start();
-  // Stops accepting and closes every connection; joins the io threads.
+  // Stops accepting and joins the io threads. The backend must drop its sinks (they hold connections) before
+  // this object is destroyed: stop the engine first.
   void stop();
   // Blocks until SIGINT or SIGTERM.
   void wait_for_signal();

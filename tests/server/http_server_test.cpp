@@ -64,9 +64,11 @@ class HttpServerTest : public ::testing::Test {
     port_ = server_->port();
   }
   void TearDown() override {
+    // Stop the io threads, then the engine (its sinks hold sessions, which must die while the io_context
+    // still exists), then the server.
     if (server_) server_->stop();
-    server_.reset();
     backend_.reset();
+    server_.reset();
   }
   void expect_healthy() { EXPECT_EQ(request(port_, http::verb::get, "/health").status, 200); }
 
@@ -273,11 +275,12 @@ TEST(HttpServerKeepAlive, SilentStreamsGetSseCommentLines) {
   if (!test::qwen_tokenizer()) GTEST_SKIP() << "run scripts/fetch_test_deps.sh first";
   OpenAIService service(test::service_config());
   // 150 ms between tokens, keep-alive every 30 ms: comments must appear between the data events.
-  test::FakeBackend backend(test::qwen_tokenizer()->encode(" a b", false), std::chrono::milliseconds(150));
+  auto backend = std::make_unique<test::FakeBackend>(test::qwen_tokenizer()->encode(" a b", false),
+                                                     std::chrono::milliseconds(150));
   HttpServerConfig hc;
   hc.port = 0;
   hc.sse_keepalive = std::chrono::milliseconds(30);
-  HttpServer server(hc, service, backend);
+  HttpServer server(hc, service, *backend);
   server.start();
   Reply r = request(server.port(), http::verb::post, "/v1/completions",
                     R"({"prompt":"hi","max_tokens":3,"stream":true})");
@@ -285,6 +288,7 @@ TEST(HttpServerKeepAlive, SilentStreamsGetSseCommentLines) {
   EXPECT_NE(r.body.find(": keep-alive\n\n"), std::string::npos) << r.body;
   EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
   server.stop();
+  backend.reset();  // before the server: its sinks hold sessions
 }
 
 }  // namespace
