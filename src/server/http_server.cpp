@@ -66,6 +66,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     parser_.emplace();
+    request_id_header_.clear();
     parser_->body_limit(srv_.config().max_body_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(reject_ ? std::chrono::seconds(5) : srv_.config().idle_timeout);
