@@ -163,8 +163,6 @@ TEST_P(RealTokenizer, DecodeMatchesHuggingFaceOnRandomIds) {
   EXPECT_GT(n, 100u);
 }
 
-bool valid_utf8(const std::string& s) { return m3::tok::utf8_lossy(s) == s && s.find("\xEF\xBF\xBD") == std::string::npos; }
-
 void check_stream(const m3::Tokenizer& t, const std::vector<int32_t>& ids, bool skip, size_t& bad) {
   m3::IncrementalDetokenizer d(t, skip);
   std::string all;
