@@ -37,7 +37,10 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   if (n <= 0) return;
   int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
   int64_t chunks = std::min<int64_t>(max_chunks, int64_t(size()) * 4);
-  if (chunks <= 1 || workers_.empty() || t_inside_pool) {
+  // One job at a time: a second caller (e.g. an HTTP thread tokenizing while the engine thread runs a GEMM) does its
+  // work inline rather than overwrite the running job's state. Results do not depend on the chunking.
+  std::unique_lock<std::mutex> caller(caller_mu_, std::try_to_lock);
+  if (chunks <= 1 || workers_.empty() || t_inside_pool || !caller.owns_lock()) {
     fn(0, n);
     return;
   }

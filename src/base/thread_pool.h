@@ -1,6 +1,7 @@
 // A fixed pool of worker threads for data-parallel loops in the CPU backend.
 // parallel_for splits [0, n) into contiguous chunks, runs them on the pool plus the calling thread,
-// and returns when all are done. Nested calls from inside a worker run serially (no deadlock).
+// and returns when all are done. Nested calls from inside a worker, and calls made while another thread's job runs,
+// execute serially on the calling thread (no deadlock, no shared job state).
 #pragma once
 
 #include <condition_variable>
@@ -30,6 +31,7 @@ class ThreadPool {
   void worker_loop(int idx);
 
   std::vector<std::thread> workers_;
+  std::mutex caller_mu_;  // held by the thread whose job the pool is running
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
