@@ -93,6 +93,37 @@ if [ "${M3_SKIP_BENCH:-0}" != 1 ]; then
   grep -E "^\||^$|^device" "$out/bench.log" | cat -s >>"$summary" || tail -20 "$out/bench.log" >>"$summary"
   say '```'
 fi
+# ---- end to end on the GPU: `m3serve generate` and `m3serve serve` with --device cuda ---------------------------------
+if [ "${M3_SKIP_E2E:-0}" != 1 ]; then
+  te=$(date +%s)
+  if cmake --build "$build" -j"$jobs" --target m3serve >>"$out/build.log" 2>&1; then
+    m3="$build/bin/m3serve"
+    fx="$root/tests/golden/fixtures/tiny_sparse_f32"
+    ids="$(seq -s, 1 200)"
+    say '```'
+    for dev in cpu cuda; do
+      say "generate --device $dev: $("$m3" generate --model "$fx" --prompt-ids "$ids" --max-tokens 24 --device "$dev" 2>>"$out/e2e.log")"
+      tail -1 "$out/e2e.log" | tee -a "$summary" >/dev/null
+    done
+    # serve: a demo model with a real tokenizer (carried in .gpucarry/tokenizer), chat completion over HTTP.
+    if [ -f "$root/.gpucarry/tokenizer/tokenizer.json" ]; then
+      PYTHON=python3 M3_DEMO_TOKENIZER_DIR="$root/.gpucarry/tokenizer" bash "$root/scripts/make_demo_model.sh" /tmp/m3demo >>"$out/e2e.log" 2>&1
+      "$m3" serve --model /tmp/m3demo --served-model-name m3-demo --port 18123 --device cuda >>"$out/serve.log" 2>&1 &
+      spid=$!
+      for _ in $(seq 1 120); do curl -sf http://127.0.0.1:18123/health >/dev/null 2>&1 && break; sleep 0.5; done
+      grep -m1 -iE "kv|cache|pages" "$out/serve.log" | tee -a "$summary" >/dev/null
+      body='{"model":"m3-demo","messages":[{"role":"user","content":"Hello from the H200"}],"max_tokens":16,"temperature":0}'
+      say "serve --device cuda chat: $(curl -s http://127.0.0.1:18123/v1/chat/completions -H 'Content-Type: application/json' -d "$body" | head -c 600)"
+      say "serve --device cuda stream: $(curl -sN http://127.0.0.1:18123/v1/chat/completions -H 'Content-Type: application/json' -d "${body%\}},\"stream\":true}" | tail -c 300)"
+      say "metrics: $(curl -s http://127.0.0.1:18123/metrics | grep -E '^m3serve:(kv_pages_used|generation_tokens_total)' | tr '\n' ' ')"
+      kill $spid 2>/dev/null; wait $spid 2>/dev/null
+    fi
+    say '```'
+    say "e2e: done ($(( $(date +%s) - te )) s)"
+  else
+    say "e2e: m3serve build FAILED"; status=1
+  fi
+fi
 say "total: $(( $(date +%s) - t0 )) s"
 cat "$summary"
 exit $status

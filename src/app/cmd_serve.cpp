@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/model_runner.h"
 #include "base/error.h"
 #include "engine/engine.h"
 #include "kv/kv_cache.h"
@@ -39,6 +40,7 @@ struct ServeOptions {
   int max_connections = 1024;
   int io_threads = 2;
   std::string default_thinking_mode;
+  std::string device = "auto";
 };
 
 // "2GiB", "512MiB", "1.5G", "1000000" → bytes.
@@ -98,9 +100,10 @@ int64_t expected_load_bytes(const std::string& dir) {
   return std::max<int64_t>(total, 1);
 }
 
-// Loads the model while a thread draws a progress bar on stderr. Progress = resident memory grown / bytes the
-// load will touch (an estimate: the loader has no callback), clamped below 100 % until it returns.
-M3Model load_with_progress(const std::string& dir) {
+// Loads the model onto `device` while a thread draws a progress bar on stderr. Progress = resident memory grown /
+// bytes the load will touch (an estimate: the loader has no callback), clamped below 100 % until it returns.
+LoadedModel load_with_progress(const std::string& dir, const std::string& device, int32_t num_pages,
+                               int32_t cpu_default_pages) {
   const int64_t expected = expected_load_bytes(dir);
   const int64_t rss0 = resident_bytes();
   std::atomic<bool> done{false};
@@ -127,7 +130,7 @@ M3Model load_with_progress(const std::string& dir) {
     }
   });
   try {
-    M3Model m = M3Model::load(dir);
+    LoadedModel m = load_model(dir, device, num_pages, cpu_default_pages);
     done = true;
     bar.join();
     draw(1.0, true);
@@ -176,7 +179,11 @@ CommandRun register_serve(CLI::App& app) {
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
                 "Reuse KV pages of identical prompt prefixes (default on)");
   cmd->add_option("--kv-cache-memory", o->kv_cache_memory,
-                  "KV cache size, e.g. 2GiB or 512MiB (default: room for 8 sequences of up to 4096 tokens)");
+                  "KV cache size, e.g. 2GiB or 512MiB (default: CPU room for 8 sequences of up to 4096 tokens; "
+                  "CUDA 90% of free device memory)");
+  cmd->add_option("--device", o->device, "auto (CUDA when built with it and a GPU is present), cpu or cuda")
+      ->check(CLI::IsMember(device_choices()))
+      ->capture_default_str();
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body; larger ones get 413")
       ->capture_default_str();
   cmd->add_option("--max-connections", o->max_connections, "Concurrent connections; more get 429 + Retry-After")
@@ -209,8 +216,8 @@ CommandRun register_serve(CLI::App& app) {
     }
     const int64_t max_body = parse_bytes(o->max_body_bytes, "--max-body-bytes");
 
-    M3Model model = load_with_progress(o->model);
-    const M3Config& c = model.config();
+    // The config alone sizes the cache; then the weights load onto the chosen device.
+    const M3Config c = load_m3_config((fs::path(o->model) / "config.json").string());
     if (int64_t(tokenizer->vocab_size()) > c.vocab_size)
       std::fprintf(stderr, "warning: tokenizer has %zu ids but the model's vocabulary is %d; larger ids are rejected\n",
                    tokenizer->vocab_size(), c.vocab_size);
@@ -229,9 +236,10 @@ CommandRun register_serve(CLI::App& app) {
       M3_CHECK(pages < (int64_t(1) << 31), "--kv-cache-memory is too large");
       ec.num_pages = int32_t(pages);
     }
+    LoadedModel lm = load_with_progress(o->model, o->device, ec.num_pages, default_cpu_pages(c));
     // Held by pointer so it can be destroyed (dropping every output sink, which hold HTTP connections) before
     // the HTTP server at shutdown.
-    auto engine_ptr = std::make_unique<Engine>(model, ec);
+    auto engine_ptr = std::make_unique<Engine>(*lm.executor, ec);
     Engine& engine = *engine_ptr;
     const EngineConfig rc = engine.config();
     if (o->max_model_len > 0 && rc.max_model_len < o->max_model_len)

@@ -13,6 +13,12 @@ namespace m3 {
 
 using Clock = std::chrono::steady_clock;
 
+int32_t default_cpu_pages(const M3Config& c) {
+  // Without an explicit size: room for 8 full-length sequences of at most 4096 tokens.
+  const int64_t len = std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
+  return int32_t(8 * ((len + c.sparse_block_size - 1) / c.sparse_block_size));
+}
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::Stop: return "stop";
@@ -68,12 +74,6 @@ struct Engine::Sequence {
 
 namespace {
 
-int32_t pages_for_memory_default(const M3Config& c) {
-  // Without an explicit size: room for 8 full-length sequences of at most 4096 tokens.
-  const int64_t len = std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
-  return int32_t(8 * ((len + c.sparse_block_size - 1) / c.sparse_block_size));
-}
-
 // Later requests of a higher priority value (= less important) and newer arrival are preempted first.
 bool runs_before(const EngineRequest& a, uint64_t arr_a, const EngineRequest& b, uint64_t arr_b) {
   return a.priority != b.priority ? a.priority < b.priority : arr_a < arr_b;
@@ -99,7 +99,7 @@ EngineConfig resolve_config(const M3Config& c, EngineConfig cfg, int32_t num_pag
 
 Engine::Engine(const M3Model& model, EngineConfig cfg)
     : owned_executor_(std::make_unique<CpuExecutor>(
-          model, cfg.num_pages > 0 ? cfg.num_pages : pages_for_memory_default(model.config()))),
+          model, cfg.num_pages > 0 ? cfg.num_pages : default_cpu_pages(model.config()))),
       exec_(*owned_executor_),
       cfg_(resolve_config(model.config(), cfg, exec_.pool().capacity())),
       prefix_(exec_.pool(), model.config().sparse_block_size, cfg_.enable_prefix_caching) {
