@@ -402,10 +402,15 @@ bool Engine::step() {
     waiting_.pop_front();
   }
   if (work.empty()) {
-    // Nothing fits: if requests wait and none run, the pool is held by cached pages only — evict and retry later.
-    if (running_.empty()) prefix_.evict_all_unreferenced();
+    // Nothing fits. With nothing running, only cached pages can hold the pool: evict them. With requests running
+    // but none able to grow (their prefills all wait for pages), make room by preempting one — otherwise no step
+    // would ever free a page.
+    if (running_.empty())
+      prefix_.evict_all_unreferenced();
+    else
+      preempt_one();
     publish_state();
-    return !waiting_.empty();
+    return true;
   }
 
   // 4. One forward over the batch.
