@@ -206,20 +206,12 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   std::vector<int32_t> pos, row_seq, slot, pt_indptr{0}, pt_pages, ids;
   std::vector<int64_t> seq_begin;
   int max_n = 0;
+  validate_step(c, seqs, pool->capacity());
   for (size_t si = 0; si < seqs.size(); ++si) {
     const SeqInput& sq = seqs[si];
-    M3_CHECK(!sq.tokens.empty(), "forward: a sequence brings no new tokens");
-    const int64_t end = sq.start_pos + int64_t(sq.tokens.size());
-    M3_CHECK(int64_t(sq.page_table.size()) * B >= end, "forward: page table covers {} tokens but {} are needed",
-             sq.page_table.size() * B, end);
-    M3_CHECK(c.max_position_embeddings <= 0 || end <= c.max_position_embeddings,
-             "forward: position {} exceeds max_position_embeddings {}", end - 1, c.max_position_embeddings);
-    for (int32_t p : sq.page_table)
-      M3_CHECK(p >= 0 && p < pool->capacity(), "forward: page {} outside the pool of {}", p, pool->capacity());
     seq_begin.push_back(int64_t(pos.size()));
     for (size_t i = 0; i < sq.tokens.size(); ++i) {
       const int32_t id = sq.tokens[i];
-      M3_CHECK(id >= 0 && id < V, "forward: token id {} is outside the vocabulary [0, {})", id, V);
       const int32_t p = int32_t(sq.start_pos + int64_t(i));
       pos.push_back(p);
       row_seq.push_back(int32_t(si));

@@ -39,6 +39,23 @@ void norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const std::vector<
 
 }  // namespace
 
+void validate_step(const M3Config& c, std::span<const SeqInput> seqs, int32_t num_pages) {
+  const int64_t B = c.sparse_block_size;
+  for (const auto& s : seqs) {
+    M3_CHECK(!s.tokens.empty(), "forward: a sequence brings no new tokens");
+    const int64_t end = s.start_pos + int64_t(s.tokens.size());
+    M3_CHECK(int64_t(s.page_table.size()) * B >= end, "forward: page table covers {} tokens but {} are needed",
+             s.page_table.size() * B, end);
+    M3_CHECK(c.max_position_embeddings <= 0 || end <= c.max_position_embeddings,
+             "forward: position {} exceeds max_position_embeddings {}", end - 1, c.max_position_embeddings);
+    for (int32_t p : s.page_table)
+      M3_CHECK(p >= 0 && p < num_pages, "forward: page {} outside the pool of {}", p, num_pages);
+    for (int32_t id : s.tokens)
+      M3_CHECK(id >= 0 && id < c.vocab_size, "forward: token id {} is outside the vocabulary [0, {})", id,
+               c.vocab_size);
+  }
+}
+
 M3Model::M3Model(M3Config cfg, M3Weights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {}
 
 M3Model M3Model::load(const std::string& model_dir) {
@@ -62,13 +79,8 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   std::vector<int64_t> seq_begin;
   std::vector<int32_t> pos;
   int64_t T = 0;
+  validate_step(c, seqs, cache.pool().capacity());
   for (const auto& s : seqs) {
-    M3_CHECK(!s.tokens.empty(), "forward: a sequence brings no new tokens");
-    const int64_t end = s.start_pos + int64_t(s.tokens.size());
-    M3_CHECK(int64_t(s.page_table.size()) * B >= end, "forward: page table covers {} tokens but {} are needed",
-             s.page_table.size() * B, end);
-    M3_CHECK(c.max_position_embeddings <= 0 || end <= c.max_position_embeddings,
-             "forward: position {} exceeds max_position_embeddings {}", end - 1, c.max_position_embeddings);
     seq_begin.push_back(T);
     for (size_t i = 0; i < s.tokens.size(); ++i) pos.push_back(int32_t(s.start_pos + int64_t(i)));
     T += int64_t(s.tokens.size());
@@ -80,7 +92,6 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
     int64_t t = 0;
     for (const auto& s : seqs)
       for (int32_t id : s.tokens) {
-        M3_CHECK(id >= 0 && id < V, "forward: token id {} is outside the vocabulary [0, {})", id, V);
         std::memcpy(&x[t * H], &w_.embed[size_t(id) * H], size_t(H) * 4);
         ++t;
       }

@@ -22,6 +22,11 @@ struct SeqInput {
   bool all_logits = false;              // logits for every new token, else only for the last one
 };
 
+// Checks a step before any backend touches memory: every sequence brings tokens, token ids are inside the
+// vocabulary, positions stay within max_position_embeddings, and the page table covers the new positions with
+// page ids inside a pool of `num_pages`. Throws m3::Error naming what is wrong. Shared by every executor.
+void validate_step(const M3Config& cfg, std::span<const SeqInput> seqs, int32_t num_pages);
+
 // Optional capture of intermediate results (tests, `m3serve score`). Vectors are indexed by layer.
 struct ForwardTrace {
   bool capture_hidden = false;     // residual stream after each layer: [T_total, H]

@@ -129,6 +129,13 @@ TEST_F(ModelConsistency, OutputsAreFiniteAndNotDegenerate) {
   EXPECT_GT(sum_abs / double(lg.size()), 1e-3);
 }
 
+TEST_F(ModelConsistency, PageOutsideThePoolIsAnErrorNotAWildWrite) {
+  KVCache cache(model_->config(), 2);
+  std::vector<int32_t> ids = {1, 2, 3}, table = {5};
+  SeqInput in{ids, 0, table, false};
+  EXPECT_THROW(model_->forward(std::span<const SeqInput>(&in, 1), cache), Error);
+}
+
 TEST_F(ModelConsistency, TokenOutsideVocabularyIsAnError) {
   std::vector<int32_t> ids = {1, 2, model_->config().vocab_size};
   EXPECT_THROW(test::run_chunked(*model_, ids, 0), Error);
