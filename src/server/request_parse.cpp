@@ -1,5 +1,7 @@
 #include "server/request_parse.h"
 
+#include "base/json_depth.h"
+
 #include <cmath>
 #include <limits>
 
@@ -58,6 +60,9 @@ bool valid_utf8(std::string_view s) {
 }
 
 OJson parse_json_object(std::string_view body) {
+  // Refused before parsing: a deeply nested value crashes the copies made of it later (base/json_depth.h).
+  if (json_too_deep(body))
+    throw ApiError(400, fmt::format("Request body is nested deeper than {} levels", kMaxJsonDepth));
   OJson j;
   try {
     j = OJson::parse(body.begin(), body.end());
@@ -355,6 +360,9 @@ void parse_messages(const OJson& b, ParsedRequest& r) {
           bad_field("messages", "{}.tool_calls[{}].function.name must be a string", where, k);
         // Templates render arguments as an object; OpenAI sends them as a JSON string.
         if (const OJson* args = field(*fn, "arguments"); args && args->is_string()) {
+          if (json_too_deep(args->get_ref<const std::string&>()))
+            bad_field("messages", "{}.tool_calls[{}].function.arguments is nested deeper than {} levels", where, k,
+                      kMaxJsonDepth);
           OJson parsed = OJson::parse(args->get<std::string>(), nullptr, false);
           if (!parsed.is_discarded()) out["tool_calls"][k]["function"]["arguments"] = parsed;
         }

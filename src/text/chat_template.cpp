@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/json_depth.h"
 
 namespace m3 {
 
@@ -54,6 +55,7 @@ OJson decode_tool_call_arguments(const OJson& messages) {
       if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object()) continue;
       auto& fn = tc["function"];
       if (!fn.contains("arguments") || !fn["arguments"].is_string()) continue;
+      if (json_too_deep(fn["arguments"].get_ref<const std::string&>())) continue;  // stays a string
       OJson parsed = OJson::parse(fn["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
       if (parsed.is_object()) fn["arguments"] = std::move(parsed);
     }

@@ -1,5 +1,7 @@
 #include "text/tool_parser.h"
 
+#include "base/json_depth.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -15,7 +17,6 @@ using ojson = nlohmann::ordered_json;
 
 // Nesting limits keep recursion (JSON dump, schema walks) bounded on adversarial model output.
 constexpr int kMaxTagDepth = 64;
-constexpr int kMaxJsonDepth = 256;
 constexpr int kMaxSchemaDepth = 16;
 
 bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
@@ -193,28 +194,9 @@ std::optional<double> parse_double(std::string_view s) {
   return v;
 }
 
-// Bracket depth of a JSON-looking text, ignoring brackets inside strings; used to refuse inputs whose
-// parse tree would make dump() recurse too deeply.
-int json_depth(std::string_view s) {
-  int depth = 0, max_depth = 0;
-  bool in_str = false, esc = false;
-  for (char c : s) {
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-      continue;
-    }
-    if (c == '"') in_str = true;
-    else if (c == '[' || c == '{') max_depth = std::max(max_depth, ++depth);
-    else if (c == ']' || c == '}') --depth;
-  }
-  return max_depth;
-}
-
 std::optional<ojson> parse_json_container(std::string_view s) {
   if (s.empty() || (s.front() != '{' && s.front() != '[')) return std::nullopt;
-  if (json_depth(s) > kMaxJsonDepth) return std::nullopt;
+  if (json_too_deep(s)) return std::nullopt;
   try {
     ojson j = ojson::parse(s.begin(), s.end(), nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return std::nullopt;

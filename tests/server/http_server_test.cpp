@@ -291,5 +291,38 @@ TEST(HttpServerKeepAlive, SilentStreamsGetSseCommentLines) {
   backend.reset();  // before the server: its sinks hold sessions
 }
 
+TEST(HttpServerNesting, A60kLevelBodyIs400OnEveryJsonRouteAndTheServerSurvives) {
+  // The reported remote crash: ~120 KB of nested JSON killed the process (SIGSEGV). Each route that parses a body
+  // must answer 400 and the process must keep serving.
+  M3_REQUIRE_TOKENIZER();
+  OpenAIService service(test::service_config());
+  auto backend = std::make_unique<test::FakeBackend>(test::qwen_tokenizer()->encode(" a", false),
+                                                     std::chrono::microseconds(100));
+  HttpServerConfig hc;
+  hc.port = 0;
+  hc.max_body_bytes = 1 << 20;
+  HttpServer server(hc, service, *backend);
+  server.start();
+  const std::string deep = std::string(60000, '[') + std::string(60000, ']');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":)" + deep + "}]}"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"k":)" + deep + "}}"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",)"
+                               R"("function":{"name":"f","parameters":{"p":)" + deep + "}}}]}"},
+      {"/v1/completions", R"({"prompt":"x","stop":)" + deep + "}"},
+      {"/tokenize", R"({"messages":[{"role":"user","content":"hi","x":)" + deep + "}]}"},
+      {"/detokenize", R"({"tokens":)" + deep + "}"},
+  };
+  for (const auto& [target, body] : cases) {
+    Reply r = request(server.port(), http::verb::post, target, body);
+    EXPECT_EQ(r.status, 400) << target << " → " << r.body.substr(0, 200);
+    EXPECT_NE(r.body.find("nested deeper than 256 levels"), std::string::npos) << r.body.substr(0, 200);
+    EXPECT_EQ(request(server.port(), http::verb::get, "/health").status, 200);
+  }
+  server.stop();
+  backend.reset();
+}
+
 }  // namespace
 }  // namespace m3::server

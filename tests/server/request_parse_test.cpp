@@ -227,5 +227,40 @@ TEST(RequestParse, ErrorBodyHasOpenAIShape) {
   EXPECT_EQ(k["error"]["code"], "model_not_found");
 }
 
+// `depth` levels of arrays around a number: "[[[...1...]]]".
+std::string nested(int depth) { return std::string(size_t(depth), '[') + "1" + std::string(size_t(depth), ']'); }
+
+TEST(RequestParse, DeeplyNestedJsonIsRefusedBeforeItIsParsedAnywhere) {
+  // 60k levels crashed the server (stack overflow in the recursive copy of the value); every place that copies a
+  // client value must be behind the depth check, so try each of them.
+  const std::string deep = nested(60000);
+  const std::vector<std::string> bodies = {
+      chat(R"("chat_template_kwargs":{"x":)" + deep + "}"),
+      R"({"messages":[{"role":"user","content":"hi","extra":)" + deep + "}]}",
+      R"({"messages":[{"role":"user","content":)" + deep + "}]}",
+      chat(R"("tools":[{"type":"function","function":{"name":"f","parameters":{"p":)" + deep + "}}}]"),
+  };
+  for (const auto& b : bodies) {
+    std::string msg = expect_error([&] { parse_chat_request(b, limits()); }, 400, "");
+    EXPECT_NE(msg.find("nested deeper than 256 levels"), std::string::npos) << msg;
+  }
+  expect_error([&] { parse_completion_request(R"({"prompt":"x","logit_bias":)" + deep + "}", limits()); }, 400, "");
+  expect_error([&] { parse_json_object(R"({"text":)" + deep + "}"); }, 400, "");
+  // The limit is exact: 256 levels in all (the body object is level 1) parse, 257 do not.
+  EXPECT_NO_THROW(parse_json_object(R"({"x":)" + nested(255) + "}"));
+  expect_error([&] { parse_json_object(R"({"x":)" + nested(256) + "}"); }, 400, "");
+  // Brackets inside strings are text, not nesting.
+  EXPECT_NO_THROW(parse_chat_request(chat(R"("user":")" + std::string(1000, '[') + "\""), limits()));
+}
+
+TEST(RequestParse, DeeplyNestedToolCallArgumentsStringIsRefused) {
+  // OpenAI sends tool-call arguments as a JSON string, which the parser decodes for the template: the same limit.
+  std::string args = nested(5000);
+  std::string body = R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c",)"
+                     R"("type":"function","function":{"name":"f","arguments":")" + args + R"("}}]}]})";
+  std::string msg = expect_error([&] { parse_chat_request(body, limits()); }, 400, "messages");
+  EXPECT_NE(msg.find("tool_calls[0].function.arguments is nested deeper"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace m3::server
