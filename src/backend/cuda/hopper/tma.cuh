@@ -24,6 +24,10 @@ enum class TmaSwizzle : uint8_t { None, B128 };
 // multiple of 16 bytes, box over 256, a 128B-swizzled box whose row is not 128 bytes, ...).
 CUtensorMap make_tma_map_2d(const void* base, TmaDtype dt, uint64_t rows, uint64_t cols, uint64_t row_stride,
                             uint32_t box_rows, uint32_t box_cols, TmaSwizzle swizzle);
+// 3-D map: dims {d0 (contiguous), d1, d2}, element strides s1, s2 of dims 1 and 2, box {b0, b1, b2}; a box lands in
+// shared memory as b2·b1 rows of b0 elements (the paged HND cache [P, Hkv·B, D], q [T, Hq, D]).
+CUtensorMap make_tma_map_3d(const void* base, TmaDtype dt, const uint64_t dims[3], const uint64_t strides[2],
+                            const uint32_t box[3], TmaSwizzle swizzle);
 
 #ifdef __CUDACC__
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
@@ -37,6 +41,13 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
           smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
 #endif

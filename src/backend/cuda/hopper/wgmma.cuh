@@ -31,6 +31,17 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(const void* p) {
   d |= uint64_t(1) << 62;               // layout: 128B swizzle
   return d;
 }
+// Descriptor of an MN-major tile in 128B swizzle (B[K, N] with N contiguous, e.g. V [keys, D]): 64-element N chunks
+// of 128-byte rows, one K row per 128 bytes, 8-row K groups 1024 bytes apart (stride byte offset), consecutive
+// 64-wide N chunks `chunk_bytes` apart (leading byte offset; one TMA box each). Step K by 16 rows = 2048 bytes.
+__device__ __forceinline__ uint64_t smem_desc_sw128_mn(const void* p, uint32_t chunk_bytes) {
+  const uint64_t addr = smem_addr(p);
+  uint64_t d = (addr & 0x3FFFFu) >> 4;
+  d |= uint64_t((chunk_bytes >> 4) & 0x3FFFu) << 16;
+  d |= uint64_t(1024 >> 4) << 32;
+  d |= uint64_t(1) << 62;
+  return d;
+}
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -96,5 +107,23 @@ struct Wgmma<bf16_t, 128> {
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
   }
+  // d [64, 128] += A[64, 16] · B[16, 128] with A in registers (the accumulator layout of a previous mma, packed
+  // to bf16 pairs: a[i] = cols 2·(l % 4) + 8·(i / 2) of rows l / 4 + 8·(i % 2)) and B N-major in shared memory (the
+  // V tile [keys, D] of attention read without a transpose; descriptor from smem_desc_sw128_mn).
+  __device__ __forceinline__ static void mma_rs_nmajor(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
 };
+
 }  // namespace m3::cuda::hopper
