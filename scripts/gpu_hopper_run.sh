@@ -38,12 +38,12 @@ fi
 for f in "$bench" "$bench_attn"; do cuobjdump --dump-sass "$f" 2>/dev/null; done | grep -oE "HGMMA\.[A-Z0-9x.]+|UTMALDG[.A-Z0-9]*|USETMAXREG[.A-Z0-9]*" | sort | uniq -c >"$out/sass.txt"
 cat "$out/sass.txt"
 for t in gpu_hopper_test gpu_msa_prefill_tc_test; do
-  timeout 120 "$tdir/$t" 2>&1 | tee -a "$out/test.log" | grep -E "\[gpu-op\]|OK \]|FAILED|PASSED|Failure|Expected|actual" | head -40
+  timeout "${M3_TEST_TIMEOUT:-60}" "$tdir/$t" 2>&1 | tee -a "$out/test.log" | grep -E "\[gpu-op\]|OK \]|FAILED|PASSED|Failure|Expected|actual" | head -40
 done
-timeout 120 "$bench" ${M3_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
-timeout 180 "$bench_attn" ${M3_ATTN_ARGS:-} 2>&1 | tee "$out/bench_attn.log"
+timeout 60 "$bench" ${M3_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+timeout "${M3_ATTN_TIMEOUT:-90}" "$bench_attn" ${M3_ATTN_ARGS:-} 2>&1 | tee "$out/bench_attn.log"
 if [ "${M3_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
-  timeout 180 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+  timeout 120 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
     -k regex:msa_prefill_union -c 1 "$bench_attn" --kv 65536 >"$out/ncu.txt" 2>&1
   grep -E "Duration|Throughput|Pipe|SM Busy|Issue" "$out/ncu.txt" | head -20
 fi

@@ -19,6 +19,7 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_wgmma.cuh"
 #include "base/dtype.h"
+#include "bench_common/event_timer.h"
 
 namespace m3::bench {
 void fill_uniform(float* p, int64_t n, uint64_t seed, float lo, float hi);
@@ -81,28 +82,6 @@ class LtGemm {
   cublasLtMatmulHeuristicResult_t algo_{};
   cuda::DeviceBuffer<uint8_t> ws_;
 };
-
-template <typename F>
-std::vector<float> time_ms(F&& f, int reps) {
-  cudaEvent_t a, b;
-  M3_CUDA_CHECK(cudaEventCreate(&a));
-  M3_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    M3_CUDA_CHECK(cudaEventRecord(a));
-    f();
-    M3_CUDA_CHECK(cudaEventRecord(b));
-    M3_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t;
-}
 
 // max |got − ref| / max |ref| over bf16 or fp32 device outputs (NaN counts as a failure).
 double rel_err(const void* got, int got_bits, const std::vector<float>& ref) {
@@ -186,7 +165,7 @@ int main(int argc, char** argv) {
         v.f();
         M3_CUDA_CHECK(cudaDeviceSynchronize());
         const double err = rel_err(v.y, v.bits, ref);
-        const std::vector<float> t = time_ms(v.f, reps);
+        const std::vector<float> t = bench::time_sorted_ms(v.f, 5, reps);
         const float med = t[t.size() / 2];
         const double tf = flops / (med * 1e-3) / 1e12;
         std::printf("| %ldx%ldx%ld | %s | %.3f | %.3f–%.3f | %.0f | %.1e |\n", s.M, s.N, s.K, v.name, med, t.front(),

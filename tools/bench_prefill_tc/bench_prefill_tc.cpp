@@ -22,6 +22,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
+#include "bench_common/event_timer.h"
 
 namespace m3::bench {
 void fill_uniform(float* p, int64_t n, uint64_t seed, float lo, float hi);
@@ -138,23 +139,7 @@ int main(int argc, char** argv) {
         M3_CUDA_CHECK(cudaMemcpy(h.data(), out.get(), h.size() * 4, cudaMemcpyDeviceToHost));
         const size_t nonfinite = size_t(std::count_if(h.begin(), h.end(), [](float x) { return !std::isfinite(x); }));
         if (nonfinite) cuda::failf("%zu outputs not written / not finite", nonfinite);
-        cudaEvent_t a, b;
-        M3_CUDA_CHECK(cudaEventCreate(&a));
-        M3_CUDA_CHECK(cudaEventCreate(&b));
-        for (int i = 0; i < 3; ++i) f();
-        std::vector<float> t;
-        for (int i = 0; i < 20; ++i) {
-          M3_CUDA_CHECK(cudaEventRecord(a));
-          f();
-          M3_CUDA_CHECK(cudaEventRecord(b));
-          M3_CUDA_CHECK(cudaEventSynchronize(b));
-          float ms = 0;
-          M3_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-          t.push_back(ms);
-        }
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
-        std::sort(t.begin(), t.end());
+        const std::vector<float> t = bench::time_sorted_ms(f, 3, 20);
         const float med = t[t.size() / 2];
         const double tf = useful / (med * 1e-3) / 1e12, eta = union_efficiency(sel, kT);
         const char* name = spread ? "spread" : "random";

@@ -1,6 +1,6 @@
 // Hopper tensor-core GEMM on the hopper/ toolkit: y[M, N] = x[M, K] · W[N, K]ᵀ, bf16 operands, fp32 accumulate,
 // bf16 or fp32 output, row-major everything (K contiguous in x and W). The proof of the toolkit
-// (docs/KERNELS.md §6): TMA ring + mbarriers, one producer warpgroup and two consumer warpgroups issuing wgmma,
+// (docs/KERNELS.md §7): TMA ring + mbarriers, one producer warpgroup and two consumer warpgroups issuing wgmma,
 // persistent CTAs over 128×256 output tiles.
 #pragma once
 

@@ -1,8 +1,7 @@
-// MSA sparse prefill attention on Hopper tensor cores, union-tile query-major loop order (MSA_KERNELS.md §4.2 in
-// the shared docs; docs/KERNELS.md §7): one CTA owns R = 8 consecutive query rows × G = 16 heads of one KV head
-// (128 MMA rows, two 64-row consumer warpgroups of 4 tokens each) and walks the union of the rows' selected pages,
-// loading each page's K and V once by TMA; rows that did not select a page are masked, the local page is cut at
-// the row's position. bf16 q and bf16 paged HND cache, fp32 accumulate and fp32 output. The fp32 query-major
+// MSA sparse prefill attention on Hopper tensor cores, union-tile query-major loop order (docs/KERNELS.md §8): one
+// CTA owns R = 8 consecutive query rows × G = 16 heads of one KV head (128 MMA rows, two 64-row consumer
+// warpgroups of 4 tokens each) and walks the union of the rows' selected pages, loading each page's K and V once
+// by TMA; rows that did not select a page are masked, the local page is cut at the row's position. bf16 q and bf16 paged HND cache, fp32 accumulate and fp32 output. The fp32 query-major
 // MsaPrefill (msa_prefill.cuh) stays the reference baseline.
 #pragma once
 

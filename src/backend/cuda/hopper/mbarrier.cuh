@@ -1,5 +1,5 @@
 // Hopper shared-memory barriers (mbarrier) as inline PTX: the completion mechanism of TMA copies and the
-// producer/consumer hand-off of a warp-specialised pipeline (docs/KERNELS.md §6).
+// producer/consumer hand-off of a warp-specialised pipeline (docs/KERNELS.md §7).
 // A barrier is one 8-byte word in shared memory; its phase flips when the expected arrivals and transaction bytes
 // have all come in. Waiters poll the phase parity they expect (0 for the first round, then 1, 0, ...).
 #pragma once

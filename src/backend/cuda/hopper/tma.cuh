@@ -1,7 +1,7 @@
 // Tensor Memory Accelerator (TMA): host-side tensor maps and the device-side bulk tensor copy into shared memory.
 // A map describes a 2-D row-major tensor [rows, cols] (cols contiguous) and the box one copy moves; the copy lands
 // in shared memory in the map's swizzle layout (128B swizzle: rows of 128 bytes, 16-byte chunks XOR-permuted by
-// row % 8, the layout wgmma's 128B-swizzle descriptors read; docs/KERNELS.md §6). Out-of-bounds box elements are
+// row % 8, the layout wgmma's 128B-swizzle descriptors read; docs/KERNELS.md §7). Out-of-bounds box elements are
 // filled with zeros, so tiles that overhang the tensor's edge need no special case in the mainloop.
 // Maps are passed to kernels by value as `const __grid_constant__ CUtensorMap`.
 #pragma once

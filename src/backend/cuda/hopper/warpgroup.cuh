@@ -1,6 +1,6 @@
 // Warp specialisation helpers for sm_90a: warpgroup roles, register re-allocation (setmaxnreg), proxy fences and
 // programmatic dependent launch (PDL). setmaxnreg needs a kernel with a register cap at entry
-// (__launch_bounds__(threads, 1)) and each role in one branch of an if/else (docs/KERNELS.md §6).
+// (__launch_bounds__(threads, 1)) and each role in one branch of an if/else (docs/KERNELS.md §7).
 #pragma once
 
 #include <cstdint>
