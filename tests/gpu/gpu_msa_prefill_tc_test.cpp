@@ -1,0 +1,147 @@
+// Tensor-core union-tile MSA prefill (backend/cuda/msa_prefill_tc.cuh) against the CPU twin attention_sparse on the
+// same bf16-rounded q, K and V: ragged multi-sequence steps with random non-contiguous page tables, prefix > 0,
+// chunks that start mid-block, rows with fewer than top_k visible blocks (−1 padding), top_k below 16, several KV
+// heads, a page stride larger than K + V; outputs poisoned and every element checked written; a selection that
+// breaks the contract is reported by check().
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/msa_prefill_tc.cuh"
+#include "base/dtype.h"
+#include "base/error.h"
+#include "gpu_test_util.h"
+
+namespace m3 {
+namespace {
+
+using gpu_test::Dev;
+using gpu_test::expect_close;
+using gpu_test::rand_vec;
+using gpu_test::rng;
+
+constexpr int kG = 16, kD = 128, kB = 128;
+
+struct Seq {
+  int prefix, len;
+};
+
+// Rounds v to bf16 in place and returns the bit patterns.
+std::vector<uint16_t> to_bf16(std::vector<float>& v) {
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    bits[i] = f32_to_bf16(v[i]);
+    v[i] = bf16_to_f32(bits[i]);
+  }
+  return bits;
+}
+
+struct Case {
+  std::vector<Seq> seqs;
+  int Hkv, top_k;
+};
+
+// Runs one step on the GPU and on the CPU; `bad_row` ≥ 0 plants a block after that row's local block.
+void run_case(const Case& c, int bad_row = -1) {
+  const int Hkv = c.Hkv, Hq = Hkv * kG, K = c.top_k;
+  std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
+  int total_pages = 0;
+  for (const Seq& s : c.seqs) total_pages += (s.prefix + s.len + kB - 1) / kB;
+  const int num_pages = total_pages + 1;  // one page nobody owns
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng());
+  int next = 0;
+  for (size_t si = 0; si < c.seqs.size(); ++si) {
+    const Seq& s = c.seqs[si];
+    for (int i = 0; i < s.len; ++i) {
+      pos.push_back(s.prefix + i);
+      row_seq.push_back(int(si));
+    }
+    const int n = (s.prefix + s.len + kB - 1) / kB;
+    for (int b = 0; b < n; ++b) pt_pages.push_back(perm[next++]);
+    pt_indptr.push_back(int(pt_pages.size()));
+  }
+  const int T = int(pos.size());
+
+  // Page unit: K [Hkv, B, D], V [Hkv, B, D], 64 elements of padding.
+  const int64_t half = int64_t(Hkv) * kB * kD, stride = 2 * half + 64;
+  std::vector<float> pool = rand_vec(size_t(stride * num_pages)), q = rand_vec(size_t(T) * Hq * kD);
+  const std::vector<uint16_t> pool_bits = to_bf16(pool), q_bits = to_bf16(q);
+
+  // Selection [Hkv, T, K]: history blocks in random order, local last, −1 padding.
+  std::vector<int32_t> sel(size_t(Hkv) * T * K, -1);
+  for (int h = 0; h < Hkv; ++h)
+    for (int t = 0; t < T; ++t) {
+      const int local = pos[t] / kB;
+      std::vector<int32_t> hist(local);
+      std::iota(hist.begin(), hist.end(), 0);
+      std::shuffle(hist.begin(), hist.end(), rng());
+      const int nh = std::min(K - 1, local);
+      int32_t* row = &sel[(size_t(h) * T + t) * K];
+      for (int i = 0; i < nh; ++i) row[i] = hist[i];
+      row[nh] = local;
+    }
+  if (bad_row >= 0) sel[size_t(bad_row) * K] = pos[bad_row] / kB + 1;
+
+  std::vector<float> ref(size_t(T) * Hq * kD);
+  const float scale = 1.f / std::sqrt(float(kD));
+  if (bad_row < 0) {
+    const cpu::PagedKV ckv{pool.data(), pool.data() + half, stride, Hkv, kB, kD};
+    int row0 = 0;
+    for (size_t si = 0; si < c.seqs.size(); ++si) {
+      const int Tq = c.seqs[si].len;
+      std::vector<int32_t> s_sel(size_t(Hkv) * Tq * K);
+      for (int h = 0; h < Hkv; ++h)
+        std::copy_n(&sel[(size_t(h) * T + row0) * K], size_t(Tq) * K, &s_sel[size_t(h) * Tq * K]);
+      cpu::attention_sparse(&q[size_t(row0) * Hq * kD], Tq, Hq, &pos[row0], ckv, &pt_pages[pt_indptr[si]],
+                            s_sel.data(), K, scale, &ref[size_t(row0) * Hq * kD]);
+      row0 += Tq;
+    }
+  }
+
+  Dev<uint16_t> dpool(pool_bits), dq(q_bits);
+  Dev<int32_t> dpos(pos), dseq(row_seq), dind(pt_indptr), dpages(pt_pages), dsel(sel);
+  Dev<float> dout(ref.size());
+  dout.poison();
+  cuda::DevStepRows rows{dpos.p(), dseq.p(), dind.p(), dpages.p(), T};
+  const cuda::DevPagedKVBf16 kv{dpool.p(), dpool.p() + half, stride, num_pages, Hkv, kB, kD};
+  cuda::MsaPrefillUnion attn;
+  attn.plan(T, Hkv, kG, kD, kB, K);
+  attn.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
+  if (bad_row >= 0) {
+    EXPECT_THROW(attn.check(nullptr), Error);
+    return;
+  }
+  attn.check(nullptr);
+  std::string shape = "T=" + std::to_string(T) + " Hkv=" + std::to_string(Hkv) + " K=" + std::to_string(K) + " seqs";
+  for (const Seq& s : c.seqs) shape += " " + std::to_string(s.prefix) + "+" + std::to_string(s.len);
+  expect_close("msa_prefill_union bf16", shape, dout.get(), ref, 1e-2);
+}
+
+TEST(GpuMsaPrefillTc, UnionTileMatchesCpuOnRaggedStepsWithPrefixAndPadding) {
+  M3_SKIP_WITHOUT_GPU();
+  run_case({{{0, 300}}, 4, 16});                             // every row sees ≤ 3 blocks: −1 padding throughout
+  run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16});     // ragged, mid-block start, a 1-row sequence
+  run_case({{{20000, 129}}, 1, 8});                          // top_k 8 of 157 blocks
+  run_case({{{3 * 128 + 5, 40}, {16 * 128, 300}}, 4, 16});  // rows crossing the 16-block boundary
+}
+
+TEST(GpuMsaPrefillTc, UnionTileReportsABlockAfterTheLocalBlock) {
+  M3_SKIP_WITHOUT_GPU();
+  run_case({{{1000, 20}}, 1, 16}, /*bad_row=*/5);
+}
+
+TEST(GpuMsaPrefillTc, UnionTileRefusesUnsupportedShapes) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::MsaPrefillUnion attn;
+  EXPECT_THROW(attn.plan(10, 4, 8, 128, 128, 16), Error);   // group 8
+  EXPECT_THROW(attn.plan(10, 4, 16, 64, 128, 16), Error);   // head_dim 64
+  EXPECT_THROW(attn.plan(10, 4, 16, 128, 128, 32), Error);  // top_k 32
+}
+
+}  // namespace
+}  // namespace m3

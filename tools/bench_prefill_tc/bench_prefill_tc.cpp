@@ -1,0 +1,163 @@
+// Benchmark of the tensor-core union-tile MSA prefill (backend/cuda/msa_prefill_tc.cuh) at the issue-10 shapes:
+// one 16,384-token chunk at KV 16k / 32k / 64k / 128k (prefix = KV − 16,384), 64 q / 4 KV heads × 128, block 128,
+// top-16, random bf16 q/K/V on a random page table. Two selections: "random" (history blocks uniform without
+// replacement, low neighbour overlap, the vLLM anchor's setting) and "spread" (history spread evenly over
+// [0, local) with a per-head offset: neighbouring rows pick the same blocks, the MSA harness's synthetic).
+// Useful FLOPs by the MSA convention: 4·D·Hq·Σ selected_tokens(p); η = Σ selected blocks / (4·Σ |union| of each
+// 4-token warpgroup) is the share of issued MMA work that is useful. CUDA-event median of 20 after 3 warm-ups.
+//   bench_prefill_tc [--kv N ...]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/msa_prefill_tc.cuh"
+#include "bench_common/event_timer.h"
+
+namespace m3::bench {
+void fill_uniform(float* p, int64_t n, uint64_t seed, float lo, float hi);
+}
+
+namespace {
+
+using namespace m3;
+constexpr int kT = 16384, kHkv = 4, kG = 16, kHq = kHkv * kG, kD = 128, kB = 128, kTopK = 16;
+
+// Device bf16 buffer of n random values (never zero).
+void fill_bf16(cuda::DeviceBuffer<uint16_t>& dst, size_t n, uint64_t seed) {
+  cuda::DeviceBuffer<float> tmp(n);
+  bench::fill_uniform(tmp.get(), int64_t(n), seed, 0.05f, 1.f);
+  cuda::f32_to_bf16(tmp.get(), int64_t(n), dst.get(), nullptr);
+  M3_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::vector<int32_t> make_selection(const std::vector<int32_t>& pos, bool spread, std::mt19937_64& g) {
+  const int T = int(pos.size());
+  std::vector<int32_t> sel(size_t(kHkv) * T * kTopK, -1);
+  for (int h = 0; h < kHkv; ++h)
+    for (int t = 0; t < T; ++t) {
+      const int local = pos[t] / kB, nh = std::min(kTopK - 1, local);
+      int32_t* row = &sel[(size_t(h) * T + t) * kTopK];
+      if (spread) {
+        for (int i = 0; i < nh; ++i) row[i] = int32_t((i + (h + 0.5) / kHkv) * local / nh);
+      } else {
+        std::set<int32_t> picked;
+        std::uniform_int_distribution<int32_t> u(0, std::max(0, local - 1));
+        while (int(picked.size()) < nh) picked.insert(u(g));
+        int i = 0;
+        for (int32_t b : picked) row[i++] = b;
+      }
+      row[nh] = local;
+    }
+  return sel;
+}
+
+// η: selected blocks over the blocks each 4-token consumer warpgroup issues (its union).
+double union_efficiency(const std::vector<int32_t>& sel, int T) {
+  double used = 0, issued = 0;
+  for (int h = 0; h < kHkv; ++h)
+    for (int t0 = 0; t0 < T; t0 += 4) {
+      std::set<int32_t> u;
+      for (int t = t0; t < std::min(T, t0 + 4); ++t)
+        for (int s = 0; s < kTopK; ++s) {
+          const int32_t b = sel[(size_t(h) * T + t) * kTopK + s];
+          if (b < 0) break;
+          u.insert(b);
+          used += 1;
+        }
+      issued += 4.0 * double(u.size());
+    }
+  return used / issued;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> kvs;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--kv") && i + 1 < argc) {
+      kvs.push_back(std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: bench_prefill_tc [--kv N ...]\n");
+      return 2;
+    }
+  }
+  if (kvs.empty()) kvs = {16384, 32768, 65536, 131072};
+  try {
+    if (cuda::device_count() == 0) return std::printf("bench_prefill_tc: no CUDA device\n"), 0;
+    cudaDeviceProp prop{};
+    M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device %s, %d SMs\n\n", prop.name, prop.multiProcessorCount);
+    std::printf("| KV | selection | median ms | min–max ms | useful TFLOP/s | η (useful / issued MMA) |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    std::mt19937_64 g(20261201);
+    std::string json;
+    cuda::DeviceBuffer<uint16_t> q(size_t(kT) * kHq * kD);
+    fill_bf16(q, q.size(), 11);
+    cuda::DeviceBuffer<float> out(size_t(kT) * kHq * kD);
+    for (int kv : kvs) {
+      const int prefix = kv - kT, num_pages = (kv + kB - 1) / kB + 1;
+      std::vector<int32_t> pos(kT), row_seq(kT, 0), pt_indptr{0, num_pages - 1}, pt_pages(num_pages - 1);
+      std::iota(pos.begin(), pos.end(), prefix);
+      std::vector<int32_t> perm(num_pages);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), g);
+      std::copy_n(perm.begin(), num_pages - 1, pt_pages.begin());
+      const int64_t half = int64_t(kHkv) * kB * kD, stride = 2 * half;
+      cuda::DeviceBuffer<uint16_t> pool(size_t(stride) * num_pages);
+      fill_bf16(pool, pool.size(), 100 + kv);
+      cuda::DeviceBuffer<int32_t> dpos(kT), dseq(kT), dind(2), dpages(pt_pages.size()), dsel(size_t(kHkv) * kT * kTopK);
+      M3_CUDA_CHECK(cudaMemcpy(dpos.get(), pos.data(), kT * 4, cudaMemcpyHostToDevice));
+      M3_CUDA_CHECK(cudaMemcpy(dseq.get(), row_seq.data(), kT * 4, cudaMemcpyHostToDevice));
+      M3_CUDA_CHECK(cudaMemcpy(dind.get(), pt_indptr.data(), 8, cudaMemcpyHostToDevice));
+      M3_CUDA_CHECK(cudaMemcpy(dpages.get(), pt_pages.data(), pt_pages.size() * 4, cudaMemcpyHostToDevice));
+      const cuda::DevStepRows rows{dpos.get(), dseq.get(), dind.get(), dpages.get(), kT};
+      const cuda::DevPagedKVBf16 kvc{pool.get(), pool.get() + half, stride, num_pages, kHkv, kB, kD};
+      double useful = 0;
+      for (int p : pos) useful += double((std::min(16, p / kB + 1) - 1) * kB + p % kB + 1);
+      useful *= 4.0 * kD * kHq;
+      for (bool spread : {false, true}) {
+        const std::vector<int32_t> sel = make_selection(pos, spread, g);
+        M3_CUDA_CHECK(cudaMemcpy(dsel.get(), sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+        cuda::MsaPrefillUnion attn;
+        attn.plan(kT, kHkv, kG, kD, kB, kTopK);
+        M3_CUDA_CHECK(cudaMemset(out.get(), 0xFF, out.size() * 4));
+        auto f = [&] { attn.run(q.get(), dsel.get(), rows, kvc, 1.f / std::sqrt(float(kD)), out.get(), nullptr); };
+        f();
+        attn.check(nullptr);
+        std::vector<float> h(out.size());
+        M3_CUDA_CHECK(cudaMemcpy(h.data(), out.get(), h.size() * 4, cudaMemcpyDeviceToHost));
+        const size_t nonfinite = size_t(std::count_if(h.begin(), h.end(), [](float x) { return !std::isfinite(x); }));
+        if (nonfinite) cuda::failf("%zu outputs not written / not finite", nonfinite);
+        const std::vector<float> t = bench::time_sorted_ms(f, 3, 20);
+        const float med = t[t.size() / 2];
+        const double tf = useful / (med * 1e-3) / 1e12, eta = union_efficiency(sel, kT);
+        const char* name = spread ? "spread" : "random";
+        std::printf("| %dk | %s | %.3f | %.3f–%.3f | %.0f | %.2f |\n", kv / 1024, name, med, t.front(), t.back(), tf,
+                    eta);
+        char rec[512];
+        std::snprintf(rec, sizeof rec,
+                      "{\"op\": \"msa_prefill_attention\", \"shape\": \"T16384 KV%dk 64q/4kv D128 B128 top16\", "
+                      "\"variant\": \"union-tile tc bf16, %s selection\", \"median_us\": %.1f, \"useful_tflops\": "
+                      "%.1f, \"eta\": %.3f}\n",
+                      kv / 1024, name, med * 1e3, tf, eta);
+        json += rec;
+      }
+    }
+    std::printf("\n%s", json.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_prefill_tc: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
