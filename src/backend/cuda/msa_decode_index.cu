@@ -15,6 +15,7 @@ constexpr int kStages = 4;
 constexpr int kPageBytes = B * Di * 2;  // 32 KiB
 constexpr int kSmem = kStages * kPageBytes;
 constexpr int kPlanThreads = 1024;
+constexpr int kMaxRows = MsaDecodeIndex::kMaxRows;
 
 // One CTA. Per row t: work(t) = local when local + 1 > K (history pages to rank) else 0; n_valid(t) =
 // min(K, local + 1). work_indptr = exclusive prefix of work; attention request r = t·H + h starts at
@@ -67,6 +68,21 @@ __global__ void __launch_bounds__(kPlanThreads) decode_index_plan_kernel(DevStep
   if (tid == kPlanThreads - 1) work_indptr[T] = ew, attn_indptr[T * H] = H * en;
 }
 
+// One thread per work item i: work_pages[i] = physical page of (row, history page) item i. Page tables are shared by
+// all layers, so this runs once per step and the scorer's loads depend on a single coalesced read.
+__global__ void decode_index_pages_kernel(DevStepRows rows, const int32_t* __restrict__ work_indptr, int W,
+                                          int32_t* __restrict__ work_pages) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= W) return;
+  int lo = 0, hi = rows.T;  // last t with work_indptr[t] ≤ i
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (work_indptr[mid] <= i) lo = mid;
+    else hi = mid;
+  }
+  work_pages[i] = rows.pt_pages[rows.pt_indptr[rows.row_seq[lo]] + (i - work_indptr[lo])];
+}
+
 struct ScoreArgs {
   const __nv_bfloat16* iq;
   const void* ik;
@@ -75,6 +91,7 @@ struct ScoreArgs {
   int H, K;
   int64_t ppu, max_cols;
   const int32_t* work_indptr;
+  const int32_t* work_pages;
   const int32_t* attn_indptr;
   float* scores;
   int32_t* selection;
@@ -146,45 +163,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_index_kernel(ScoreArgs a) 
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[2][kWarps][kHeads];
   __shared__ int s_last;
+  __shared__ int s_wi[kMaxRows + 1];  // work_indptr
   const KT* ik = static_cast<const KT*>(a.ik);
   const int T = a.rows.T, H = a.H, K = a.K;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t sbase = smem_addr(smem);
 
-  // Rows whose selection is fixed (local + 1 ≤ K): 0..local, −1 padding.
-  for (int t = blockIdx.x; t < T; t += gridDim.x) {
-    if (a.work_indptr[t + 1] != a.work_indptr[t]) continue;
-    const int local = a.rows.pos[t] / B, n = min(K, local + 1);
-    const int32_t* pt = row_pages(a.rows, t);
-    for (int i = tid; i < H * K; i += kThreads) {
-      const int h = i / K, s = i % K;
-      a.selection[(int64_t(h) * T + t) * K + s] = s < n ? s : -1;
-      if (s < n) a.attn_indices[a.attn_indptr[t * H + h] + s] = int32_t(pt[s] * a.ppu + h);
-    }
-  }
-  const int W = a.work_indptr[T];
+  for (int t = tid; t <= T; t += kThreads) s_wi[t] = a.work_indptr[t];
+  __syncthreads();
+  const int W = s_wi[T];
   const int i0 = int(int64_t(W) * blockIdx.x / gridDim.x), i1 = int(int64_t(W) * (blockIdx.x + 1) / gridDim.x);
-  if (i0 >= i1) return;
-  auto row_of = [&](int i) {  // last t with work_indptr[t] ≤ i (that row has work, since i < W)
-    int lo = 0, hi = T;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (a.work_indptr[mid] <= i) lo = mid;
-      else hi = mid;
-    }
-    return lo;
-  };
   const uint64_t policy = l2_evict_first_policy();
-  // Load side: row lt covers items [lbeg, lend).
-  int lt = row_of(i0), lbeg = a.work_indptr[lt], lend = a.work_indptr[lt + 1];
-  const int32_t* lpt = row_pages(a.rows, lt);
   auto load = [&](int i, int stage) {
-    while (i >= lend) {
-      ++lt;
-      lbeg = lend, lend = a.work_indptr[lt + 1];
-      lpt = row_pages(a.rows, lt);
-    }
-    const KT* src = ik + int64_t(lpt[i - lbeg]) * a.ik_stride;
+    const KT* src = ik + int64_t(a.work_pages[i]) * a.ik_stride;
     const uint32_t dst = sbase + stage * kPageBytes;
 #pragma unroll
     for (int k = 0; k < B * 16 / kThreads; ++k) {
@@ -193,28 +184,49 @@ __global__ void __launch_bounds__(kThreads, 1) decode_index_kernel(ScoreArgs a) 
     }
   };
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {  // the ring starts filling before anything else
     if (i0 + s < i1) load(i0 + s, s);
     cp_async_commit();
   }
-  // Compute side: row ct covers items [cbeg, cend); qb = its query as the mma B operand (k = dim, n = head).
-  int ct = -1, cbeg = 0, cend = i0;
+  // Rows whose selection is fixed (local + 1 ≤ K): 0..local, −1 padding.
+  for (int t = blockIdx.x; t < T; t += gridDim.x) {
+    if (s_wi[t + 1] != s_wi[t]) continue;
+    const int local = a.rows.pos[t] / B, n = min(K, local + 1);
+    const int32_t* pt = row_pages(a.rows, t);
+    for (int i = tid; i < H * K; i += kThreads) {
+      const int h = i / K, s = i % K;
+      a.selection[(int64_t(h) * T + t) * K + s] = s < n ? s : -1;
+      if (s < n) a.attn_indices[a.attn_indptr[t * H + h] + s] = int32_t(pt[s] * a.ppu + h);
+    }
+  }
+  if (i0 >= i1) return;
+  auto row_of = [&](int i) {  // last t with work_indptr[t] ≤ i (that row has work, since i < W)
+    int lo = 0, hi = T;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (s_wi[mid] <= i) lo = mid;
+      else hi = mid;
+    }
+    return lo;
+  };
+  // Compute side: row ct covers items up to cend; qb = its query as the mma B operand (k = dim, n = head).
+  int ct = -1, cend = i0;
   uint32_t qb[8][2];
   // Finishing side: the block max of item i − 1 is reduced at the top of iteration i (red complete after the sync).
   int ft = -1, fbeg = 0, fend = 0, fcount = 0;
   auto finish = [&](int i) {
     if (i >= fend) {
-      ft = row_of(i), fbeg = a.work_indptr[ft], fend = a.work_indptr[ft + 1], fcount = 0;
+      ft = row_of(i), fbeg = s_wi[ft], fend = s_wi[ft + 1], fcount = 0;
     }
     if (tid < H) {
       float v = red[i & 1][0][tid];
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) v = fmaxf(v, red[i & 1][w][tid]);
       a.scores[(int64_t(tid) * T + ft) * a.max_cols + (i - fbeg)] = v;
-      __threadfence();
     }
     ++fcount;
-    if (i == fend - 1 || i == i1 - 1) {  // this CTA's part of row ft is done: take a ticket
+    if (i == fend - 1 || i == i1 - 1) {  // this CTA's part of row ft is done: publish its scores, take a ticket
+      if (tid < H) __threadfence();
       __syncthreads();
       if (tid == 0) {
         const int old = atomicAdd(a.row_done + ft, fcount);
@@ -236,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_index_kernel(ScoreArgs a) 
     if (i + kStages - 1 < i1) load(i + kStages - 1, (i + kStages - 1 - i0) % kStages);
     cp_async_commit();
     if (i >= cend) {
-      ct = row_of(i), cbeg = a.work_indptr[ct], cend = a.work_indptr[ct + 1];
+      ct = row_of(i), cend = s_wi[ct + 1];
       const int n = lane >> 2;
       const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 2 * (lane & 3);
 #pragma unroll
@@ -280,6 +292,7 @@ void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
   M3_CUDA_REQUIRE(top_k >= 2 && top_k <= kMaxTopK, "msa decode index: top_k %d (supported: 2..%d)", top_k, kMaxTopK);
   M3_CUDA_REQUIRE(rows.T == int(pos.size()), "msa decode index: %d device rows for %zu positions", rows.T, pos.size());
   M3_CUDA_REQUIRE(kv_pages_per_unit >= 1, "msa decode index: pages per unit must be ≥ 1");
+  M3_CUDA_REQUIRE(pos.size() <= size_t(kMaxRows), "msa decode index: %zu rows (supported: ≤ %d)", pos.size(), kMaxRows);
   T_ = int(pos.size()), H_ = num_heads, K_ = top_k, ppu_ = kv_pages_per_unit;
   max_cols_ = 1, max_pages_ = 0;
   int64_t work = 0;
@@ -302,9 +315,15 @@ void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
   row_done_.grow(size_t(T_));
   M3_CUDA_CHECK(cudaMemsetAsync(row_done_.get(), 0, size_t(T_) * sizeof(int32_t), s));
   grid_ = sm_count();
+  work_pages_.grow(size_t(std::max<int64_t>(work, 1)));
   decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
                                                       attn_last_.get());
   M3_CUDA_LAUNCH_CHECK();
+  if (work > 0) {
+    decode_index_pages_kernel<<<unsigned((work + 255) / 256), 256, 0, s>>>(rows, work_indptr_.get(), int(work),
+                                                                          work_pages_.get());
+    M3_CUDA_LAUNCH_CHECK();
+  }
 }
 
 template <typename KT>
@@ -319,7 +338,7 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
       cudaFuncSetAttribute(decode_index_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   M3_CUDA_CHECK(attr);
   ScoreArgs a{iq,          cache.ik,        cache.page_stride,    rows,           H_,
-              K_,          ppu_,            max_cols_,            work_indptr_.get(), attn_indptr_.get(),
+              K_,          ppu_,            max_cols_,            work_indptr_.get(), work_pages_.get(), attn_indptr_.get(),
               scores_.get(), selection_.get(), attn_indices_.get(), row_done_.get()};
   decode_index_kernel<KT><<<unsigned(grid_), kThreads, kSmem, s>>>(a);
   M3_CUDA_LAUNCH_CHECK();

@@ -5,7 +5,8 @@
 //
 // plan() (once per step, shared by all sparse layers) runs one small device kernel over the step rows: per row the
 // work = history pages to score (local when local + 1 > top_k, else 0: a short row's selection is fixed), its prefix
-// sum, and the attention CSR (indptr = prefix of n_valid, last-page fill). run() (per layer) is ONE persistent
+// sum, the physical page of every work item (page tables are shared by the layers), and the attention CSR
+// (indptr = prefix of n_valid, last-page fill). run() (per layer) is ONE persistent
 // launch, allocation-free and capture-safe: CTAs take equal ranges of the flattened (row, page) work, stream each
 // index-K page [128, 128] bf16 through a 4-stage cp.async ring (L2 evict-first), score it with mma.sync (keys as M,
 // index heads as N), write the block max per (head, row, page); the CTA that completes a row (per-row ticket) runs
@@ -33,7 +34,7 @@ struct DevPagedIndexKT {
 
 class MsaDecodeIndex {
  public:
-  static constexpr int kBlock = 128, kDim = 128, kMaxHeads = 4, kMaxTopK = 16;
+  static constexpr int kBlock = 128, kDim = 128, kMaxHeads = 4, kMaxTopK = 16, kMaxRows = 4096;
   // T rows with host positions pos (for the score-matrix width); rows: the same step on the device.
   void plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_heads, int top_k,
             int64_t kv_pages_per_unit, cudaStream_t s);
@@ -53,7 +54,7 @@ class MsaDecodeIndex {
  private:
   int T_ = 0, H_ = 0, K_ = 0, grid_ = 0, max_pages_ = 0;
   int64_t max_cols_ = 0, ppu_ = 1;
-  DeviceBuffer<int32_t> work_indptr_, attn_indptr_, attn_indices_, attn_last_, selection_, row_done_;
+  DeviceBuffer<int32_t> work_indptr_, work_pages_, attn_indptr_, attn_indices_, attn_last_, selection_, row_done_;
   DeviceBuffer<float> scores_;
 };
 

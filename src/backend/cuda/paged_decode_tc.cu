@@ -15,8 +15,10 @@ constexpr int kTileBytes = CH * D * 2;         // K or V of one chunk: [64, 128]
 constexpr int kStageBytes = 2 * kTileBytes;    // K then V
 constexpr int kQOff = kStages * kStageBytes;   // q [16, 128] bf16 after the ring
 constexpr int kSmem = kQOff + 16 * D * 2;      // 100 KiB: two CTAs per SM
+constexpr int kMaxSplits = 64;
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kQOff, "the cross-warp merge reuses the ring");
+static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kQOff && (kMaxSplits + 1) * 16 * 4 <= kQOff,
+              "the cross-warp and split merges reuse the ring");
 
 // grid (R, splits), 128 threads. The 16 query rows of request r (rows ≥ G are zero) are the M of every mma; a chunk
 // of 64 tokens is split over the 4 warps (16 tokens each): S = Q·Kᵀ (2 n-tiles × 8 k-steps), online softmax in
@@ -193,23 +195,35 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   if (!is_last) return;
   __threadfence();
+  // Merge: per (split, row) weights 2^(LSE − max) in shared memory first, so the partial reads below are independent.
+  float* wts = reinterpret_cast<float*>(smem);  // [splits][16], then 1 / Σ weights per row
+  for (int i = tid; i < splits * 16; i += kThreads)
+    wts[i] = i % 16 < a.G ? __ldcg(part_lse + (int64_t(i / 16) * a.R + r) * a.G + i % 16) : -INFINITY;
+  __syncthreads();
+  if (tid < 16) {
+    float mx = -INFINITY, den = 0.f;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, wts[s * 16 + tid]);
+    for (int s = 0; s < splits; ++s) {
+      const float w = mx == -INFINITY ? 0.f : exp2f(wts[s * 16 + tid] - mx);
+      wts[s * 16 + tid] = w;
+      den += w;
+    }
+    wts[splits * 16 + tid] = den > 0.f ? 1.f / den : 0.f;
+  }
+  __syncthreads();
   if (row < a.G) {
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(part_lse + (int64_t(s) * a.R + r) * a.G + row));
-    float num[16] = {}, den = 0.f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const int64_t pr = (int64_t(s) * a.R + r) * a.G + row;
-        const float w = exp2f(__ldcg(part_lse + pr) - mx);
-        den += w;
+    float num[16] = {};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+      const float w = wts[s * 16 + row];
+      const float* po = part_o + ((int64_t(s) * a.R + r) * a.G + row) * D + d0;
 #pragma unroll
-        for (int i = 0; i < 16; i += 4) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(part_o + pr * D + d0 + i));
-          num[i] += w * v.x, num[i + 1] += w * v.y, num[i + 2] += w * v.z, num[i + 3] += w * v.w;
-        }
+      for (int i = 0; i < 16; i += 4) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(po + i));
+        num[i] += w * v.x, num[i + 1] += w * v.y, num[i + 2] += w * v.z, num[i + 3] += w * v.w;
       }
     }
-    const float dinv = den > 0.f ? 1.f / den : 0.f;
+    const float dinv = wts[splits * 16 + row];
     __nv_bfloat16* dst = a.out + (int64_t(r) * a.G + row) * D + d0;
 #pragma unroll
     for (int i = 0; i < 16; i += 2) *reinterpret_cast<uint32_t*>(dst + i) = pack_bf16x2(num[i] * dinv, num[i + 1] * dinv);
@@ -224,8 +238,10 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
   M3_CUDA_REQUIRE(max_pages >= 0 && max_pages < (1 << 24), "paged decode (tc): bad page count %d", max_pages);
   R_ = R, G_ = G;
   const int chunks = std::max(1, max_pages * (PAGE / CH));
+  // Two CTAs fit per SM: split only while R·splits stays within that one wave (a second, partial wave costs more
+  // than the split saves), at most kMaxSplits.
   int want = 1;
-  if (allow_split && R > 0 && R < 2 * sm_count()) want = std::min(chunks, (2 * sm_count() + R - 1) / R);
+  if (allow_split && R > 0) want = std::clamp(2 * sm_count() / R, 1, std::min(chunks, kMaxSplits));
   chunks_per_split_ = (chunks + want - 1) / want;
   splits_ = (chunks + chunks_per_split_ - 1) / chunks_per_split_;
   if (splits_ > 1) {
