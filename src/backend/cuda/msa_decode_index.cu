@@ -11,7 +11,7 @@ namespace {
 constexpr int B = MsaDecodeIndex::kBlock, Di = MsaDecodeIndex::kDim;
 constexpr int kHeads = MsaDecodeIndex::kMaxHeads, kList = MsaDecodeIndex::kMaxTopK - 1;
 constexpr int kWarps = B / 16, kThreads = 32 * kWarps;  // one 16-key M-tile per warp
-constexpr int kStages = 4;
+constexpr int kStages = 6;  // 5 pages (160 KiB) in flight per SM
 constexpr int kPageBytes = B * Di * 2;  // 32 KiB
 constexpr int kSmem = kStages * kPageBytes;
 constexpr int kPlanThreads = 1024;
@@ -88,7 +88,7 @@ struct ScoreArgs {
   const void* ik;
   int64_t ik_stride;
   DevStepRows rows;
-  int H, K;
+  int H, K, W;  // W: work items of the step
   int64_t ppu, max_cols;
   const int32_t* work_indptr;
   const int32_t* work_pages;
@@ -169,9 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_index_kernel(ScoreArgs a) 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t sbase = smem_addr(smem);
 
-  for (int t = tid; t <= T; t += kThreads) s_wi[t] = a.work_indptr[t];
-  __syncthreads();
-  const int W = s_wi[T];
+  const int W = a.W;  // known at plan time: the first loads need no device read but their page ids
   const int i0 = int(int64_t(W) * blockIdx.x / gridDim.x), i1 = int(int64_t(W) * (blockIdx.x + 1) / gridDim.x);
   const uint64_t policy = l2_evict_first_policy();
   auto load = [&](int i, int stage) {
@@ -188,6 +186,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_index_kernel(ScoreArgs a) 
     if (i0 + s < i1) load(i0 + s, s);
     cp_async_commit();
   }
+  for (int t = tid; t <= T; t += kThreads) s_wi[t] = a.work_indptr[t];
+  __syncthreads();
   // Rows whose selection is fixed (local + 1 ≤ K): 0..local, −1 padding.
   for (int t = blockIdx.x; t < T; t += gridDim.x) {
     if (s_wi[t + 1] != s_wi[t]) continue;
@@ -296,7 +296,7 @@ void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
   T_ = int(pos.size()), H_ = num_heads, K_ = top_k, ppu_ = kv_pages_per_unit;
   max_cols_ = 1, max_pages_ = 0;
   int64_t work = 0;
-  for (int32_t p : pos) {
+  for (int32_t p : pos) {  // work counted here and in decode_index_plan_kernel alike
     M3_CUDA_REQUIRE(p >= 0, "msa decode index: negative position %d", p);
     const int local = p / kBlock;
     max_cols_ = std::max<int64_t>(max_cols_, local);
@@ -305,6 +305,7 @@ void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
   }
   M3_CUDA_REQUIRE(work < (int64_t(1) << 31) && int64_t(T_) * H_ * top_k < (int64_t(1) << 31),
                   "msa decode index: step too large (%lld pages to score)", (long long)work);
+  W_ = int(work);
   if (T_ == 0) return;
   work_indptr_.grow(size_t(T_) + 1);
   attn_indptr_.grow(size_t(T_) * H_ + 1);
@@ -337,9 +338,9 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
   static const cudaError_t attr =
       cudaFuncSetAttribute(decode_index_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   M3_CUDA_CHECK(attr);
-  ScoreArgs a{iq,          cache.ik,        cache.page_stride,    rows,           H_,
-              K_,          ppu_,            max_cols_,            work_indptr_.get(), work_pages_.get(), attn_indptr_.get(),
-              scores_.get(), selection_.get(), attn_indices_.get(), row_done_.get()};
+  ScoreArgs a{iq, cache.ik, cache.page_stride, rows, H_, K_, W_, ppu_, max_cols_, work_indptr_.get(),
+              work_pages_.get(), attn_indptr_.get(), scores_.get(), selection_.get(), attn_indices_.get(),
+              row_done_.get()};
   decode_index_kernel<KT><<<unsigned(grid_), kThreads, kSmem, s>>>(a);
   M3_CUDA_LAUNCH_CHECK();
 }

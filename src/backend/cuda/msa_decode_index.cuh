@@ -8,7 +8,7 @@
 // sum, the physical page of every work item (page tables are shared by the layers), and the attention CSR
 // (indptr = prefix of n_valid, last-page fill). run() (per layer) is ONE persistent
 // launch, allocation-free and capture-safe: CTAs take equal ranges of the flattened (row, page) work, stream each
-// index-K page [128, 128] bf16 through a 4-stage cp.async ring (L2 evict-first), score it with mma.sync (keys as M,
+// index-K page [128, 128] bf16 through a 6-stage cp.async ring (L2 evict-first), score it with mma.sync (keys as M,
 // index heads as N), write the block max per (head, row, page); the CTA that completes a row (per-row ticket) runs
 // the top-k for its H heads (one warp per head) and writes the selection and the page list.
 // Fixed shape: block 128 tokens, index dim 128, H ∈ 1..4 index heads, top_k ≤ 16, one query row per request (Q = 1;
@@ -52,7 +52,7 @@ class MsaDecodeIndex {
   int max_pages() const { return max_pages_; }                      // longest page list (≤ top_k)
 
  private:
-  int T_ = 0, H_ = 0, K_ = 0, grid_ = 0, max_pages_ = 0;
+  int T_ = 0, H_ = 0, K_ = 0, W_ = 0, grid_ = 0, max_pages_ = 0;
   int64_t max_cols_ = 0, ppu_ = 1;
   DeviceBuffer<int32_t> work_indptr_, work_pages_, attn_indptr_, attn_indices_, attn_last_, selection_, row_done_;
   DeviceBuffer<float> scores_;

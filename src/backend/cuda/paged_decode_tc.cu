@@ -40,12 +40,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int nchunks = (ntok + CH - 1) / CH;
   const int c0 = min(nchunks, split * per), c1 = min(nchunks, c0 + per);
 
-  for (int i = tid; i < 16 * 16; i += kThreads) {  // q rows × 16-byte chunks
-    const int row = i >> 4, ch = i & 15;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (row < a.G) val = *reinterpret_cast<const uint4*>(a.q + (int64_t(r) * a.G + row) * D + ch * 8);
-    *reinterpret_cast<uint4*>(smem + kQOff + swz128(row, ch)) = val;
-  }
   auto load_chunk = [&](int c, int stage) {
     const int64_t vp = a.indices[beg + (c >> 1)];
     const int64_t off = vp * a.stride_page + int64_t((c & 1) * CH) * a.stride_tok;
@@ -60,11 +54,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       cp_async16(vs + swz128(row, ch), a.v + src, ok ? 16 : 0);
     }
   };
+  // q [16, 128] joins the first commit group (rows ≥ G zero-filled), so the first loads are issued at once.
+  for (int i = tid; i < 16 * 16; i += kThreads) {
+    const int row = i >> 4, ch = i & 15;
+    cp_async16(sbase + kQOff + swz128(row, ch), a.q + (int64_t(r) * a.G + min(row, a.G - 1)) * D + ch * 8,
+               row < a.G ? 16 : 0);
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (c0 + s < c1) load_chunk(c0 + s, s);
     cp_async_commit();
   }
+  cp_async_wait<kStages - 2>();
   __syncthreads();  // q staged
   uint32_t qf[8][4];
 #pragma unroll
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   if (row < a.G) {
     float num[16] = {};
-#pragma unroll 4
+#pragma unroll 8
     for (int s = 0; s < splits; ++s) {
       const float w = wts[s * 16 + row];
       const float* po = part_o + ((int64_t(s) * a.R + r) * a.G + row) * D + d0;
