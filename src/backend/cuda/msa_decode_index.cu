@@ -11,7 +11,7 @@ namespace {
 constexpr int B = MsaDecodeIndex::kBlock, Di = MsaDecodeIndex::kDim;
 constexpr int kHeads = MsaDecodeIndex::kMaxHeads, kList = MsaDecodeIndex::kMaxTopK - 1;
 constexpr int kWarps = B / 16, kThreads = 32 * kWarps;  // one 16-key M-tile per warp
-constexpr int kStages = 6;  // 5 pages (160 KiB) in flight per SM
+constexpr int kStages = 3, kCtasPerSm = 2;  // 2 × 2 pages (128 KiB) in flight per SM
 constexpr int kPageBytes = B * Di * 2;  // 32 KiB
 constexpr int kSmem = kStages * kPageBytes;
 constexpr int kPlanThreads = 1024;
@@ -158,7 +158,7 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int lane) {
 // owns keys 16w..16w+15 of every page: S[16 keys, 8] = K_tile · Q_rowᵀ (heads ≥ H are zero columns), max over the
 // 16 keys by shuffles, then over the 8 warps in shared memory (red, double-buffered by item parity).
 template <typename KT>
-__global__ void __launch_bounds__(kThreads, 1) decode_index_kernel(ScoreArgs a) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(ScoreArgs a) {
   static_assert(sizeof(KT) == 2, "bf16 index keys");
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[2][kWarps][kHeads];
@@ -315,7 +315,7 @@ void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
   scores_.grow(size_t(H_) * T_ * max_cols_);
   row_done_.grow(size_t(T_));
   M3_CUDA_CHECK(cudaMemsetAsync(row_done_.get(), 0, size_t(T_) * sizeof(int32_t), s));
-  grid_ = sm_count();
+  grid_ = kCtasPerSm * sm_count();
   work_pages_.grow(size_t(std::max<int64_t>(work, 1)));
   decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
                                                       attn_last_.get());

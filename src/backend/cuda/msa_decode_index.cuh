@@ -8,7 +8,7 @@
 // sum, the physical page of every work item (page tables are shared by the layers), and the attention CSR
 // (indptr = prefix of n_valid, last-page fill). run() (per layer) is ONE persistent
 // launch, allocation-free and capture-safe: CTAs take equal ranges of the flattened (row, page) work, stream each
-// index-K page [128, 128] bf16 through a 6-stage cp.async ring (L2 evict-first), score it with mma.sync (keys as M,
+// index-K page [128, 128] bf16 through a 3-stage cp.async ring (2 CTAs per SM) (L2 evict-first), score it with mma.sync (keys as M,
 // index heads as N), write the block max per (head, row, page); the CTA that completes a row (per-row ticket) runs
 // the top-k for its H heads (one warp per head) and writes the selection and the page list.
 // Fixed shape: block 128 tokens, index dim 128, H ∈ 1..4 index heads, top_k ≤ 16, one query row per request (Q = 1;
@@ -34,7 +34,7 @@ struct DevPagedIndexKT {
 
 class MsaDecodeIndex {
  public:
-  static constexpr int kBlock = 128, kDim = 128, kMaxHeads = 4, kMaxTopK = 16, kMaxRows = 4096;
+  static constexpr int kBlock = 128, kDim = 128, kMaxHeads = 4, kMaxTopK = 16, kMaxRows = 2048;
   // T rows with host positions pos (for the score-matrix width); rows: the same step on the device.
   void plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_heads, int top_k,
             int64_t kv_pages_per_unit, cudaStream_t s);

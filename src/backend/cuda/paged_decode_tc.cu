@@ -2,7 +2,11 @@
 
 #include <algorithm>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/warp_mma.cuh"
+
+namespace cg = cooperative_groups;
 
 namespace m3::cuda {
 
@@ -15,9 +19,10 @@ constexpr int kTileBytes = CH * D * 2;         // K or V of one chunk: [64, 128]
 constexpr int kStageBytes = 2 * kTileBytes;    // K then V
 constexpr int kQOff = kStages * kStageBytes;   // q [16, 128] bf16 after the ring
 constexpr int kSmem = kQOff + 16 * D * 2;      // 100 KiB: two CTAs per SM
-constexpr int kMaxSplits = 64;
+constexpr int kMaxSplits = 8;                   // one portable cluster
+constexpr int kPartOff = 40 * 1024;             // the split partial, after the cross-warp merge area
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kQOff && (kMaxSplits + 1) * 16 * 4 <= kQOff,
+static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff && kPartOff + (16 * D + 16) * 4 <= kQOff,
               "the cross-warp and split merges reuse the ring");
 
 // grid (R, splits), 128 threads. The 16 query rows of request r (rows ≥ G are zero) are the M of every mma; a chunk
@@ -28,8 +33,7 @@ static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kQOff && (kMaxSplits + 1) * 16 
 // token are zero-filled by cp.async and masked to −inf.
 template <typename KvT>
 __global__ void __launch_bounds__(kThreads, 2)
-    paged_decode_tc_kernel(PagedDecodeTcArgs<KvT> a, int splits, int per, float* __restrict__ part_o,
-                           float* __restrict__ part_lse, int* __restrict__ tickets) {
+    paged_decode_tc_kernel(PagedDecodeTcArgs<KvT> a, int splits, int per) {
   static_assert(sizeof(KvT) == 2, "16-bit K/V elements (bf16)");
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -181,55 +185,42 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     return;
   }
-  // Split-K: normalised partial O and its LSE (log2 domain; empty split: O = 0, LSE = −inf).
-  const int64_t prow = (int64_t(split) * a.R + r) * a.G + row;
-  if (row < a.G) {
+  // Split-K inside a thread-block cluster (the request's splits): each CTA leaves its normalised O [16, 128] and
+  // LSE (log2 domain; empty split: O = 0, LSE = −inf) in its own shared memory; after the cluster barrier CTA k
+  // merges rows k, k + splits, … reading every split's partial through distributed shared memory.
+  float* po = reinterpret_cast<float*>(smem + kPartOff);  // [16, 128]
+  float* plse = po + 16 * D;                              // [16]
 #pragma unroll
-    for (int i = 0; i < 16; i += 4)
-      *reinterpret_cast<float4*>(part_o + prow * D + d0 + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-    if ((tid & 7) == 0) part_lse[prow] = L > 0.f ? M + log2f(L) : -INFINITY;
-  }
-  __threadfence();
-  __syncthreads();
-  __shared__ int is_last;
-  if (tid == 0) is_last = atomicAdd(tickets + r, 1) == splits - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  // Merge: per (split, row) weights 2^(LSE − max) in shared memory first, so the partial reads below are independent.
-  float* wts = reinterpret_cast<float*>(smem);  // [splits][16], then 1 / Σ weights per row
-  for (int i = tid; i < splits * 16; i += kThreads)
-    wts[i] = i % 16 < a.G ? __ldcg(part_lse + (int64_t(i / 16) * a.R + r) * a.G + i % 16) : -INFINITY;
-  __syncthreads();
-  if (tid < 16) {
-    float mx = -INFINITY, den = 0.f;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, wts[s * 16 + tid]);
-    for (int s = 0; s < splits; ++s) {
-      const float w = mx == -INFINITY ? 0.f : exp2f(wts[s * 16 + tid] - mx);
-      wts[s * 16 + tid] = w;
-      den += w;
+  for (int i = 0; i < 16; i += 4)
+    *reinterpret_cast<float4*>(po + row * D + d0 + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+  if ((tid & 7) == 0) plse[row] = L > 0.f ? M + log2f(L) : -INFINITY;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int rank = int(cluster.block_rank());
+  const float* rpo[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) rpo[s] = s < splits ? cluster.map_shared_rank(po, s) : po;
+  for (int e = tid; e < 16 * D; e += kThreads) {
+    const int mrow = rank + (e / D) * splits, d = e % D;
+    if (mrow >= a.G) break;  // e / D grows with e: later e only give larger rows
+    float lse[kMaxSplits], mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      lse[s] = s < splits ? rpo[s][16 * D + mrow] : -INFINITY;
+      mx = fmaxf(mx, lse[s]);
     }
-    wts[splits * 16 + tid] = den > 0.f ? 1.f / den : 0.f;
-  }
-  __syncthreads();
-  if (row < a.G) {
-    float num[16] = {};
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) {
-      const float w = wts[s * 16 + row];
-      const float* po = part_o + ((int64_t(s) * a.R + r) * a.G + row) * D + d0;
+    float num = 0.f, den = 0.f;
 #pragma unroll
-      for (int i = 0; i < 16; i += 4) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(po + i));
-        num[i] += w * v.x, num[i + 1] += w * v.y, num[i + 2] += w * v.z, num[i + 3] += w * v.w;
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s < splits && mx != -INFINITY) {
+        const float w = exp2f(lse[s] - mx);
+        num += w * rpo[s][mrow * D + d];
+        den += w;
       }
     }
-    const float dinv = wts[splits * 16 + row];
-    __nv_bfloat16* dst = a.out + (int64_t(r) * a.G + row) * D + d0;
-#pragma unroll
-    for (int i = 0; i < 16; i += 2) *reinterpret_cast<uint32_t*>(dst + i) = pack_bf16x2(num[i] * dinv, num[i + 1] * dinv);
+    a.out[(int64_t(r) * a.G + mrow) * D + d] = __float2bfloat16(den > 0.f ? num / den : 0.f);
   }
-  if (tid == 0) tickets[r] = 0;  // ready for the next run (graph replays)
+  cluster.sync();  // no CTA leaves while its partial may still be read
 }
 
 }  // namespace
@@ -240,19 +231,11 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
   R_ = R, G_ = G;
   const int chunks = std::max(1, max_pages * (PAGE / CH));
   // Two CTAs fit per SM: split only while R·splits stays within that one wave (a second, partial wave costs more
-  // than the split saves), at most kMaxSplits.
+  // than the split saves); a request's splits form one cluster, so at most kMaxSplits.
   int want = 1;
   if (allow_split && R > 0) want = std::clamp(2 * sm_count() / R, 1, std::min(chunks, kMaxSplits));
   chunks_per_split_ = (chunks + want - 1) / want;
   splits_ = (chunks + chunks_per_split_ - 1) / chunks_per_split_;
-  if (splits_ > 1) {
-    part_o_.grow(size_t(splits_) * R * G * D);
-    part_lse_.grow(size_t(splits_) * R * G);
-  }
-  if (size_t(R) > tickets_.size()) {
-    tickets_.grow(size_t(R));
-    M3_CUDA_CHECK(cudaMemset(tickets_.get(), 0, size_t(R) * sizeof(int)));
-  }
 }
 
 template <typename KvT>
@@ -267,9 +250,16 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(paged_decode_tc_kernel<KvT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   M3_CUDA_CHECK(attr);
-  paged_decode_tc_kernel<KvT><<<dim3(unsigned(a.R), unsigned(splits_)), kThreads, kSmem, s>>>(
-      a, splits_, chunks_per_split_, part_o_.get(), part_lse_.get(), tickets_.get());
-  M3_CUDA_LAUNCH_CHECK();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(a.R), unsigned(splits_));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = s;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 1, attrs[0].val.clusterDim.y = unsigned(splits_), attrs[0].val.clusterDim.z = 1;
+  cfg.attrs = attrs, cfg.numAttrs = 1;
+  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT>, a, splits_, chunks_per_split_));
 }
 
 template void PagedDecodeTc::run<__nv_bfloat16>(const PagedDecodeTcArgs<__nv_bfloat16>&, cudaStream_t);

@@ -4,8 +4,8 @@
 // (pages 0..p/B) both use it. Fixed shape: head dim 128, page 128 tokens, G ∈ {8, 16} (one mma M-tile of 16 rows).
 //
 // plan() (host, may allocate) picks the split count from R and the longest page list; run() is allocation-free and
-// capture-safe: one launch; with splits > 1 each split writes a partial (O, LSE) and the last split of a request to
-// finish (a per-request ticket, reset by that split) merges them, so no second kernel is needed.
+// capture-safe: one launch; with splits > 1 (≤ 8) the splits of a request form one thread-block cluster and merge
+// their partial (O, LSE) through distributed shared memory, so no second kernel and no global scratch are needed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,7 +35,8 @@ struct PagedDecodeTcArgs {
 class PagedDecodeTc {
  public:
   static constexpr int kHeadDim = 128, kPage = 128;
-  // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request.
+  // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request. Allocates
+  // nothing.
   void plan(int R, int G, int max_pages, bool allow_split);
   template <typename KvT>
   void run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s);
@@ -43,8 +44,6 @@ class PagedDecodeTc {
 
  private:
   int R_ = 0, G_ = 0, splits_ = 1, chunks_per_split_ = 1;
-  DeviceBuffer<float> part_o_, part_lse_;  // [splits, R, G, 128], [splits, R, G]
-  DeviceBuffer<int> tickets_;              // [R], zero between runs
 };
 
 }  // namespace m3::cuda
