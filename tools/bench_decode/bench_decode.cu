@@ -10,21 +10,33 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "backend/cuda/msa_decode_index.cuh"
+#include "backend/cuda/paged_decode_tc.cuh"
 #include "decode_tc_checks.h"
 
 namespace {
 
-using m3::decode_check::bf16;
-using m3::decode_check::DevVec;
+using bf16 = __nv_bfloat16;
+
+// A host vector copied to a new device buffer (synchronously: the host vector may go away).
+template <typename T>
+struct DevVec {
+  m3::cuda::DeviceBuffer<T> b;
+  explicit DevVec(const std::vector<T>& h) {
+    m3::cuda::upload(b, h.data(), h.size(), nullptr);
+    M3_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+  T* get() const { return b.get(); }
+};
 
 constexpr int kD = 128, kBlock = 128, kHkv = 4, kG = 16, kHidx = 4, kTopK = 16;
 constexpr double kL2Bytes = 50e6;

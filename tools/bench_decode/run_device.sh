@@ -19,16 +19,17 @@ fi
 cuda_inc="$(dirname "$(dirname "$(command -v nvcc)")")/include"
 nv=(nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -I "$root/src" -I "$root/tests/gpu")
 t0=$(date +%s)
-"${nv[@]}" -std=c++20 -c "$root/tools/bench_decode/bench_decode.cu" -o "$b/bench.o" 2>"$out/build_bench.log" &
+"${nv[@]}" -std=c++17 -c "$root/tools/bench_decode/bench_decode.cu" -o "$b/bench.o" 2>"$out/build_bench.log" &
 "${nv[@]}" -std=c++17 -Xptxas -v -c "$root/src/backend/cuda/paged_decode_tc.cu" -o "$b/pdt.o" 2>"$out/ptxas.log" &
 "${nv[@]}" -std=c++17 -Xptxas -v -c "$root/src/backend/cuda/msa_decode_index.cu" -o "$b/mdi.o" 2>>"$out/ptxas.log" &
-for f in backend/cpu/attention backend/cpu/msa_indexer base/thread_pool backend/cuda/common; do
-  g++ -O2 -std=c++20 -DFMT_HEADER_ONLY "${inc[@]}" -I "$root/src" -I "$cuda_inc" -c "$root/src/$f.cpp" \
+for f in src/backend/cpu/attention src/backend/cpu/msa_indexer src/base/thread_pool src/backend/cuda/common \
+  tests/gpu/decode_tc_checks; do
+  g++ -O2 -std=c++20 -DFMT_HEADER_ONLY "${inc[@]}" -I "$root/src" -I "$cuda_inc" -c "$root/$f.cpp" \
     -o "$b/$(basename $f).o" 2>>"$out/build_cpp.log" &
 done
 wait
 nvcc -gencode=arch=compute_90a,code=sm_90a "$b"/bench.o "$b"/pdt.o "$b"/mdi.o "$b"/attention.o "$b"/msa_indexer.o \
-  "$b"/thread_pool.o "$b"/common.o -o "$b/bench_decode" -lpthread 2>>"$out/build_bench.log" ||
+  "$b"/thread_pool.o "$b"/common.o "$b"/decode_tc_checks.o -o "$b/bench_decode" -lpthread 2>>"$out/build_bench.log" ||
   { echo "build FAILED"; cat "$out"/build_*.log | grep -E "error" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 grep -E "registers|spill" "$out/ptxas.log" | sed 's/ptxas info *: //' | head -8
