@@ -114,7 +114,7 @@ Result check_paged_decode(uint64_t seed, const std::vector<int32_t>& positions, 
   a.stride_page = int64_t(Bk) * D, a.stride_tok = D;
   a.indptr = dind.get(), a.indices = didx.get(), a.last_len = dlast.get();
   a.R = R, a.G = G, a.scale = scale;
-  for (int rep = 0; rep < 2; ++rep) op.run(a, nullptr);  // twice: the split tickets must reset
+  for (int rep = 0; rep < 2; ++rep) op.run(a, nullptr, rep == 1);  // second run with PDL
   M3_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<bf16> out = to_host(dout.get(), size_t(T) * Hq * D);
 
@@ -170,7 +170,7 @@ Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, 
   M3_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(op.selection()), 0x7F, size_t(H) * T * top_k * sizeof(int32_t)));
   M3_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(op.attn_indices()), 0x7F, size_t(H) * T * top_k * sizeof(int32_t)));
   cuda::DevPagedIndexKT<bf16> cache{dk.get(), page_elems};
-  for (int rep = 0; rep < 2; ++rep) op.run(dq.get(), cache, drows, nullptr);  // twice: the row tickets must reset
+  for (int rep = 0; rep < 2; ++rep) op.run(dq.get(), cache, drows, nullptr, rep == 1);  // twice (tickets reset), PDL
   M3_CUDA_CHECK(cudaDeviceSynchronize());
   const auto scores = to_host(op.scores(), size_t(H) * T * cols);
   const auto sel = to_host(op.selection(), size_t(H) * T * top_k);

@@ -141,7 +141,7 @@ double vllm_index(int B, int ctx) {
 }
 
 struct Record {
-  std::string op, shape;
+  std::string op, shape, variant;
   double us, gbps, pct, cv, vllm;
 };
 
@@ -234,19 +234,24 @@ int main(int argc, char** argv) {
         fill(iq.get(), size_t(rot) * B * kHidx * kD, 2);
         std::vector<m3::cuda::DevStepRows> rows(rot);
         for (int r = 0; r < rot; ++r) rows[r] = {dpos.get(), dseq.get(), dpti.get(), dperm.get() + size_t(r) * pages, B};
-        m3::cuda::MsaDecodeIndex op;
-        op.plan(pos, rows[0], kHidx, kTopK, kHkv, nullptr);
+        // One plan per rotated step: the plan holds the step's page list (work_pages).
+        std::vector<m3::cuda::MsaDecodeIndex> ops(rot);
+        for (int r = 0; r < rot; ++r) ops[r].plan(pos, rows[r], kHidx, kTopK, kHkv, nullptr);
         m3::cuda::DevPagedIndexKT<bf16> cache{ipool.get(), int64_t(kBlock) * kD};
-        const Timing t = time_graph(
-            [&](cudaStream_t s) {
-              for (int r = 0; r < rot; ++r) op.run(iq.get() + size_t(r) * B * kHidx * kD, cache, rows[r], s);
-            },
-            rot);
-        const double bytes = double(B) * ctx * kD * 2;
-        const double gbps = bytes / (t.median_us * 1e3);
-        char shape[64];
-        std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1", B, ctx / 1024);
-        recs.push_back({"msa_decode_index", shape, t.median_us, gbps, 100 * gbps / copy, t.cv, vllm_index(B, ctx)});
+        for (const bool pdl : {false, true}) {
+          const Timing t = time_graph(
+              [&](cudaStream_t s) {
+                for (int r = 0; r < rot; ++r)
+                  ops[r].run(iq.get() + size_t(r) * B * kHidx * kD, cache, rows[r], s, pdl);
+              },
+              rot);
+          const double bytes = double(B) * ctx * kD * 2;
+          const double gbps = bytes / (t.median_us * 1e3);
+          char shape[64];
+          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1", B, ctx / 1024);
+          recs.push_back({"msa_decode_index", shape, pdl ? "graph+PDL" : "graph", t.median_us, gbps, 100 * gbps / copy,
+                          t.cv, vllm_index(B, ctx)});
+        }
       }
     ipool.reset();
 
@@ -278,28 +283,32 @@ int main(int argc, char** argv) {
         fill(q.get(), size_t(rot) * R * kG * kD, 5);
         m3::cuda::PagedDecodeTc op;
         op.plan(R, kG, n, true);
-        const Timing t = time_graph(
-            [&](cudaStream_t s) {
-              for (int r = 0; r < rot; ++r) {
-                m3::cuda::PagedDecodeTcArgs<bf16> a;
-                a.q = q.get() + size_t(r) * R * kG * kD, a.out = out.get() + size_t(r) * R * kG * kD;
-                a.k = kpool.get(), a.v = vpool.get(), a.stride_page = int64_t(kBlock) * kD, a.stride_tok = kD;
-                a.indptr = dind.get(), a.indices = didx.get() + size_t(r) * R * n, a.last_len = dlast.get();
-                a.R = R, a.G = kG, a.scale = 1.f / std::sqrt(float(kD));
-                op.run(a, s);
-              }
-            },
-            rot);
-        const double gbps = bytes / (t.median_us * 1e3);
-        char shape[64];
-        std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d", B, ctx / 1024, op.splits());
-        recs.push_back({"paged_decode_tc", shape, t.median_us, gbps, 100 * gbps / copy, t.cv, vllm_attention(B)});
+        for (const bool pdl : {false, true}) {
+          const Timing t = time_graph(
+              [&](cudaStream_t s) {
+                for (int r = 0; r < rot; ++r) {
+                  m3::cuda::PagedDecodeTcArgs<bf16> a;
+                  a.q = q.get() + size_t(r) * R * kG * kD, a.out = out.get() + size_t(r) * R * kG * kD;
+                  a.k = kpool.get(), a.v = vpool.get(), a.stride_page = int64_t(kBlock) * kD, a.stride_tok = kD;
+                  a.indptr = dind.get(), a.indices = didx.get() + size_t(r) * R * n, a.last_len = dlast.get();
+                  a.R = R, a.G = kG, a.scale = 1.f / std::sqrt(float(kD));
+                  op.run(a, s, pdl);
+                }
+              },
+              rot);
+          const double gbps = bytes / (t.median_us * 1e3);
+          char shape[64];
+          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d", B, ctx / 1024, op.splits());
+          recs.push_back({"paged_decode_tc", shape, pdl ? "graph+PDL" : "graph", t.median_us, gbps, 100 * gbps / copy,
+                          t.cv, vllm_attention(B)});
+        }
       }
 
-    std::printf("\n| op | shape | median µs | CV | GB/s | %% of copy | vLLM µs |\n|---|---|---|---|---|---|---|\n");
+    std::printf("\n| op | shape | launch | median µs | CV | GB/s | %% of copy | vLLM µs |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     for (const auto& r : recs)
-      std::printf("| %s | %s | %.1f | %.1f%% | %.0f | %.0f%% | %s |\n", r.op.c_str(), r.shape.c_str(), r.us,
-                  100 * r.cv, r.gbps, r.pct, fmt_anchor(r.vllm).c_str());
+      std::printf("| %s | %s | %s | %.1f | %.1f%% | %.0f | %.0f%% | %s |\n", r.op.c_str(), r.shape.c_str(),
+                  r.variant.c_str(), r.us, 100 * r.cv, r.gbps, r.pct, fmt_anchor(r.vllm).c_str());
     if (!json_path.empty()) {
       FILE* f = std::fopen(json_path.c_str(), "w");
       if (!f) throw std::runtime_error("cannot write " + json_path);
@@ -307,10 +316,10 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < recs.size(); ++i) {
         const auto& r = recs[i];
         std::fprintf(f,
-                     "  {\"op\": \"%s\", \"shape\": \"%s\", \"variant\": \"bf16 sm90a graph-replay rotated\", "
+                     "  {\"op\": \"%s\", \"shape\": \"%s\", \"variant\": \"bf16 sm90a %s rotated\", "
                      "\"median_us\": %.2f, \"cv\": %.4f, \"gbps\": %.0f, \"pct_copy\": %.1f, \"copy_gbps\": %.0f, "
                      "\"vllm_us\": %.1f, \"commit\": \"%s\", \"gpu\": \"%s\"}%s\n",
-                     r.op.c_str(), r.shape.c_str(), r.us, r.cv, r.gbps, r.pct, copy, r.vllm, commit.c_str(),
+                     r.op.c_str(), r.shape.c_str(), r.variant.c_str(), r.us, r.cv, r.gbps, r.pct, copy, r.vllm, commit.c_str(),
                      prop.name, i + 1 < recs.size() ? "," : "");
       }
       std::fprintf(f, "]\n");

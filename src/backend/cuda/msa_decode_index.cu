@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
 
   const int W = a.W;  // known at plan time: the first loads need no device read but their page ids
   const int i0 = int(int64_t(W) * blockIdx.x / gridDim.x), i1 = int(int64_t(W) * (blockIdx.x + 1) / gridDim.x);
+  pdl_launch_dependents();
   const uint64_t policy = l2_evict_first_policy();
   auto load = [&](int i, int stage) {
     const KT* src = ik + int64_t(a.work_pages[i]) * a.ik_stride;
@@ -186,6 +187,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
     if (i0 + s < i1) load(i0 + s, s);
     cp_async_commit();
   }
+  // Everything above reads only the step plan and history index-K pages (written by earlier steps); the query and
+  // this layer's outputs (still read by the previous layer's attention) wait for the previous kernel.
+  pdl_wait();
   for (int t = tid; t <= T; t += kThreads) s_wi[t] = a.work_indptr[t];
   __syncthreads();
   // Rows whose selection is fixed (local + 1 ≤ K): 0..local, −1 padding.
@@ -329,7 +333,7 @@ void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
 
 template <typename KT>
 void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cache, const DevStepRows& rows,
-                         cudaStream_t s) {
+                         cudaStream_t s, bool pdl) {
   if (T_ == 0) return;
   M3_CUDA_REQUIRE(rows.T == T_, "msa decode index: %d rows, plan has %d", rows.T, T_);
   M3_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(iq) % 16 == 0 && reinterpret_cast<uintptr_t>(cache.ik) % 16 == 0 &&
@@ -341,11 +345,19 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
   ScoreArgs a{iq, cache.ik, cache.page_stride, rows, H_, K_, W_, ppu_, max_cols_, work_indptr_.get(),
               work_pages_.get(), attn_indptr_.get(), scores_.get(), selection_.get(), attn_indices_.get(),
               row_done_.get()};
-  decode_index_kernel<KT><<<unsigned(grid_), kThreads, kSmem, s>>>(a);
-  M3_CUDA_LAUNCH_CHECK();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(grid_));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr_pdl;
+  attr_pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr_pdl.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr_pdl, cfg.numAttrs = pdl ? 1 : 0;
+  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_index_kernel<KT>, a));
 }
 
 template void MsaDecodeIndex::run<__nv_bfloat16>(const __nv_bfloat16*, const DevPagedIndexKT<__nv_bfloat16>&,
-                                                 const DevStepRows&, cudaStream_t);
+                                                 const DevStepRows&, cudaStream_t, bool);
 
 }  // namespace m3::cuda

@@ -38,9 +38,13 @@ class MsaDecodeIndex {
   // T rows with host positions pos (for the score-matrix width); rows: the same step on the device.
   void plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_heads, int top_k,
             int64_t kv_pages_per_unit, cudaStream_t s);
-  // iq: [T, H, 128] bf16. Writes scores (history columns only), selection [H, T, top_k] and the page list.
+  // iq: [T, H, 128] bf16; rows: the plan's rows (their page table was flattened by plan()). Writes scores (history columns only), selection [H, T, top_k] and the page list.
+  // pdl: programmatic dependent launch — before waiting for the previous kernel the CTAs read only the step plan
+  // and history index-K pages, so the plan must come from an earlier, completed launch (plan() then any other
+  // kernel, as in a decode step).
   template <typename KT>
-  void run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cache, const DevStepRows& rows, cudaStream_t s);
+  void run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cache, const DevStepRows& rows, cudaStream_t s,
+           bool pdl = false);
 
   int T() const { return T_; }
   int64_t max_cols() const { return max_cols_; }

@@ -39,6 +39,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t sbase = smem_addr(smem);
   const int r = blockIdx.x, split = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  pdl_launch_dependents();
+  pdl_wait();  // q and the page list come from the previous kernels
   const int beg = a.indptr[r], npages = a.indptr[r + 1] - beg;
   const int ntok = npages > 0 ? (npages - 1) * PAGE + a.last_len[r] : 0;
   const int nchunks = (ntok + CH - 1) / CH;
@@ -239,7 +241,7 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
 }
 
 template <typename KvT>
-void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s) {
+void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pdl) {
   if (a.R == 0) return;
   M3_CUDA_REQUIRE(a.R == R_ && a.G == G_, "paged decode (tc): run R %d G %d does not match the plan (%d, %d)", a.R,
                   a.G, R_, G_);
@@ -255,13 +257,15 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmem;
   cfg.stream = s;
-  cudaLaunchAttribute attrs[1];
+  cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = 1, attrs[0].val.clusterDim.y = unsigned(splits_), attrs[0].val.clusterDim.z = 1;
-  cfg.attrs = attrs, cfg.numAttrs = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs, cfg.numAttrs = pdl ? 2 : 1;
   M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT>, a, splits_, chunks_per_split_));
 }
 
-template void PagedDecodeTc::run<__nv_bfloat16>(const PagedDecodeTcArgs<__nv_bfloat16>&, cudaStream_t);
+template void PagedDecodeTc::run<__nv_bfloat16>(const PagedDecodeTcArgs<__nv_bfloat16>&, cudaStream_t, bool);
 
 }  // namespace m3::cuda

@@ -38,8 +38,10 @@ class PagedDecodeTc {
   // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request. Allocates
   // nothing.
   void plan(int R, int G, int max_pages, bool allow_split);
+  // pdl: launch with programmatic dependent launch (the CTAs start while the previous kernel drains and wait for it
+  // before reading anything).
   template <typename KvT>
-  void run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s);
+  void run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pdl = false);
   int splits() const { return splits_; }
 
  private:
