@@ -32,6 +32,13 @@ TEST(GpuDecode, PagedDecodeSparseG16MatchesCpuWithoutSplits) {
   expect_ok(decode_check::check_paged_decode(seed(), kMixed, 4, 16, true, false), "paged_decode_tc sparse G16");
 }
 
+TEST(GpuDecode, PagedDecodeWidePipelineMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  std::vector<int32_t> pos;  // 40 rows × 4 KV heads = 160 requests > #SMs: the 3-stage, 2-CTA-per-SM pipeline
+  for (int i = 0; i < 40; ++i) pos.push_back(97 + 1733 * i);
+  expect_ok(decode_check::check_paged_decode(seed(), pos, 4, 16, true, true), "paged_decode_tc sparse G16 wide");
+}
+
 TEST(GpuDecode, PagedDecodeSparseG8MatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
   expect_ok(decode_check::check_paged_decode(seed(), kMixed, 1, 8, true, true), "paged_decode_tc sparse G8 (TP8)");

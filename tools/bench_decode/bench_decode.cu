@@ -187,6 +187,11 @@ int main(int argc, char** argv) {
     // ---- correctness first --------------------------------------------------------------------------------------
     using namespace m3::decode_check;
     const std::vector<int32_t> mixed = {0, 5, 127, 128, 1000, 2047, 2048, 5000, 16383, 70000};
+    auto wide_rows = [] {  // 40 rows × 4 KV heads > #SMs: the wide pipeline
+      std::vector<int32_t> p;
+      for (int i = 0; i < 40; ++i) p.push_back(97 + 1733 * i);
+      return p;
+    };
     struct Check {
       const char* name;
       Result r;
@@ -196,6 +201,7 @@ int main(int argc, char** argv) {
         {"paged_decode_tc sparse G16 nosplit", check_paged_decode(12, mixed, 4, 16, true, false)},
         {"paged_decode_tc sparse G8", check_paged_decode(13, mixed, 1, 8, true, true)},
         {"paged_decode_tc dense", check_paged_decode(14, {3, 300, 4000, 9000}, 4, 16, false, true)},
+        {"paged_decode_tc sparse G16 wide", check_paged_decode(17, wide_rows(), 4, 16, true, true)},
         {"msa_decode_index H4", check_decode_index(15, mixed, 4)},
         {"msa_decode_index H1", check_decode_index(16, {2100, 40000, 130000}, 1, 16, 1)},
     };
@@ -311,7 +317,8 @@ int main(int argc, char** argv) {
               rot);
           const double gbps = bytes / (t.median_us * 1e3);
           char shape[64];
-          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d", B, ctx / 1024, op.splits());
+          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d %s", B, ctx / 1024, op.splits(),
+                        op.deep() ? "deep" : "wide");
           recs.push_back({"paged_decode_tc", shape, pdl ? "graph+PDL" : "graph", t.median_us, gbps, 100 * gbps / copy,
                           t.cv, vllm_attention(B)});
         }

@@ -14,15 +14,18 @@ namespace {
 
 constexpr int D = PagedDecodeTc::kHeadDim, PAGE = PagedDecodeTc::kPage;
 constexpr int CH = 64;  // tokens per pipeline stage (half a page): 16 per warp
-constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 3;
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kTileBytes = CH * D * 2;         // K or V of one chunk: [64, 128] bf16 = 16 KiB
 constexpr int kStageBytes = 2 * kTileBytes;    // K then V
-constexpr int kQOff = kStages * kStageBytes;   // q [16, 128] bf16 after the ring
-constexpr int kSmem = kQOff + 16 * D * 2;      // 100 KiB: two CTAs per SM
+// Two pipeline shapes: wide (3 stages, 100 KiB, 2 CTAs per SM) when the grid fills the GPU twice over, deep (6 stages,
+// 196 KiB, 1 CTA per SM: a small CTA's whole chunk range is in flight at once) when R ≤ #SMs.
+constexpr int kWideStages = 3, kDeepStages = 6;
+__host__ __device__ constexpr int q_off(int stages) { return stages * kStageBytes; }        // q [16, 128] bf16 after the ring
+__host__ __device__ constexpr int smem_bytes(int stages) { return q_off(stages) + 16 * D * 2; }
 constexpr int kMaxSplits = 8;                   // one portable cluster
 constexpr int kPartOff = 40 * 1024;             // the split partial, after the cross-warp merge area
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff && kPartOff + (16 * D + 16) * 4 <= kQOff,
+static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff && kPartOff + (16 * D + 16) * 4 <= q_off(kWideStages),
               "the cross-warp and split merges reuse the ring");
 
 // grid (R, splits), 128 threads. The 16 query rows of request r (rows ≥ G are zero) are the M of every mma; a chunk
@@ -31,9 +34,10 @@ static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff && kPartOff + (16 * D 
 // ldmatrix.trans). Each warp keeps its own (m, l, O[16, 128]); the warps are merged through shared memory at the end.
 // Split `split` owns chunks [split·per, split·per + per) of the request's token range; rows past the last valid
 // token are zero-filled by cp.async and masked to −inf.
-template <typename KvT>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename KvT, int kStages>
+__global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
     paged_decode_tc_kernel(PagedDecodeTcArgs<KvT> a, int splits, int per) {
+  constexpr int kQOff = q_off(kStages);
   static_assert(sizeof(KvT) == 2, "16-bit K/V elements (bf16)");
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -232,10 +236,13 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
   M3_CUDA_REQUIRE(max_pages >= 0 && max_pages < (1 << 24), "paged decode (tc): bad page count %d", max_pages);
   R_ = R, G_ = G;
   const int chunks = std::max(1, max_pages * (PAGE / CH));
-  // Two CTAs fit per SM: split only while R·splits stays within that one wave (a second, partial wave costs more
-  // than the split saves); a request's splits form one cluster, so at most kMaxSplits.
+  // Split only while R·splits stays within one wave (a second, partial wave costs more than the split saves); a
+  // request's splits form one cluster, so at most kMaxSplits. Small grids (R ≤ #SMs) use the deep pipeline at one
+  // CTA per SM, larger ones the wide one at two.
+  deep_ = R <= sm_count();
+  const int slots = (deep_ ? 1 : 2) * sm_count();
   int want = 1;
-  if (allow_split && R > 0) want = std::clamp(2 * sm_count() / R, 1, std::min(chunks, kMaxSplits));
+  if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kMaxSplits));
   chunks_per_split_ = (chunks + want - 1) / want;
   splits_ = (chunks + chunks_per_split_ - 1) / chunks_per_split_;
 }
@@ -249,13 +256,18 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
                       reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0 &&
                       a.stride_page % 8 == 0 && a.stride_tok % 8 == 0 && a.stride_tok >= D,
                   "paged decode (tc): q/K/V/out must be 16-byte aligned, strides multiples of 8 elements");
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  M3_CUDA_CHECK(attr);
+  static const cudaError_t attr_wide =
+      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, kWideStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           smem_bytes(kWideStages));
+  static const cudaError_t attr_deep =
+      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, kDeepStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           smem_bytes(kDeepStages));
+  M3_CUDA_CHECK(attr_wide);
+  M3_CUDA_CHECK(attr_deep);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(a.R), unsigned(splits_));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmem;
+  cfg.dynamicSmemBytes = smem_bytes(deep_ ? kDeepStages : kWideStages);
   cfg.stream = s;
   cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeClusterDimension;
@@ -263,7 +275,10 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
   attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs, cfg.numAttrs = pdl ? 2 : 1;
-  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT>, a, splits_, chunks_per_split_));
+  if (deep_)
+    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, kDeepStages>, a, splits_, chunks_per_split_));
+  else
+    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, kWideStages>, a, splits_, chunks_per_split_));
 }
 
 template void PagedDecodeTc::run<__nv_bfloat16>(const PagedDecodeTcArgs<__nv_bfloat16>&, cudaStream_t, bool);

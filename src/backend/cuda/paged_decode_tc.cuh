@@ -43,9 +43,11 @@ class PagedDecodeTc {
   template <typename KvT>
   void run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pdl = false);
   int splits() const { return splits_; }
+  bool deep() const { return deep_; }
 
  private:
   int R_ = 0, G_ = 0, splits_ = 1, chunks_per_split_ = 1;
+  bool deep_ = false;  // 6-stage pipeline at 1 CTA per SM (R ≤ #SMs) instead of 3 stages at 2
 };
 
 }  // namespace m3::cuda
