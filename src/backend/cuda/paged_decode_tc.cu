@@ -17,8 +17,8 @@ constexpr int CH = 64;  // tokens per pipeline stage (half a page): 16 per warp
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kTileBytes = CH * D * 2;         // K or V of one chunk: [64, 128] bf16 = 16 KiB
 constexpr int kStageBytes = 2 * kTileBytes;    // K then V
-// Two pipeline shapes: wide (3 stages, 100 KiB, 2 CTAs per SM) when the grid fills the GPU twice over, deep (6 stages,
-// 196 KiB, 1 CTA per SM: a small CTA's whole chunk range is in flight at once) when R ≤ #SMs.
+// Two pipeline shapes: wide (3 stages, 100 KiB, 2 CTAs per SM; 2 chunks in flight per CTA) and deep (6 stages,
+// 196 KiB, 1 CTA per SM; 5 chunks in flight), chosen in plan().
 constexpr int kWideStages = 3, kDeepStages = 6;
 __host__ __device__ constexpr int q_off(int stages) { return stages * kStageBytes; }        // q [16, 128] bf16 after the ring
 __host__ __device__ constexpr int smem_bytes(int stages) { return q_off(stages) + 16 * D * 2; }
@@ -237,9 +237,10 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
   R_ = R, G_ = G;
   const int chunks = std::max(1, max_pages * (PAGE / CH));
   // Split only while R·splits stays within one wave (a second, partial wave costs more than the split saves); a
-  // request's splits form one cluster, so at most kMaxSplits. Small grids (R ≤ #SMs) use the deep pipeline at one
-  // CTA per SM, larger ones the wide one at two.
-  deep_ = R <= sm_count();
+  // request's splits form one cluster, so at most kMaxSplits. The deep pipeline (one CTA per SM) is used where it
+  // needs no split, #SMs/2 < R ≤ #SMs (H200, B = 32 at 4 KV heads: 37.7 vs 43.1 µs); with splits the wide one
+  // measured faster (B = 8: 22.8 vs 25.0 µs; docs/KERNELS.md §6).
+  deep_ = 2 * R > sm_count() && R <= sm_count();
   const int slots = (deep_ ? 1 : 2) * sm_count();
   int want = 1;
   if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kMaxSplits));

@@ -47,7 +47,7 @@ class PagedDecodeTc {
 
  private:
   int R_ = 0, G_ = 0, splits_ = 1, chunks_per_split_ = 1;
-  bool deep_ = false;  // 6-stage pipeline at 1 CTA per SM (R ≤ #SMs) instead of 3 stages at 2
+  bool deep_ = false;  // 6-stage pipeline at 1 CTA per SM instead of 3 stages at 2 (see plan())
 };
 
 }  // namespace m3::cuda
