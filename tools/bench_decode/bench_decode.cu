@@ -1,7 +1,7 @@
 // Benchmark of the bf16 decode kernels (issue 11): the index scorer fused with top-k + page-list emit
 // (MsaDecodeIndex) and the tensor-core paged decode attention (PagedDecodeTc), at M3 TP1 shapes (64 Q / 4 KV heads,
 // D 128, 4 index heads × 128, block 128, top-16, Q = 1), B ∈ {1, 8, 32, 64, 128} × context ∈ {8k, 16k, 64k, 128k, 1M}.
-// Protocol (MSA_KERNELS.md §7 in the shared docs, docs/KERNELS.md §6): first the correctness checks against the CPU
+// Protocol (docs/KERNELS.md §7): first the correctness checks against the CPU
 // twins, then per case a CUDA graph of `rot` back-to-back calls on rotated inputs (disjoint pages and queries, so the
 // working set of one replay exceeds 2× L2), 5 warm-up + 25 timed replays, median per call and CV. GB/s by the MSA byte
 // model (attention: K+V of the selected tokens; scorer: every index key of the batch), % of a device copy ceiling
@@ -145,7 +145,7 @@ double copy_ceiling_gbps(std::string* detail) {
   return std::max(best, g);
 }
 
-// vLLM Triton anchors from issue 11 / MSA_KERNELS.md §5 (µs, same shapes, one H200); 0 = not measured.
+// vLLM Triton anchors from issue 11 (µs, same shapes, one H200); 0 = not measured.
 double vllm_attention(int B) { return B == 8 ? 21.0 : B == 32 ? 43.5 : B == 64 ? 76.5 : 0; }
 double vllm_index(int B, int ctx) {
   if (B == 8) return ctx == 8192 ? 18.4 : ctx == 16384 ? 21.5 : ctx == 65536 ? 45.3 : ctx == 131072 ? 79.4 : 0;

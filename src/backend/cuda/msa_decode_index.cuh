@@ -1,5 +1,5 @@
-// MSA decode index scorer fused with top-k and the page-list emit (issue 11; design in docs/KERNELS.md §6).
-// Semantics: cpu::msa_block_scores then cpu::msa_topk (MSA_KERNELS.md §1.1), then the page list that
+// MSA decode index scorer fused with top-k and the page-list emit (issue 11; design in docs/KERNELS.md §7).
+// Semantics: cpu::msa_block_scores then cpu::msa_topk, then the page list that
 // PagedDecodeTc reads: fake request r = t·H + h (index head h selects for KV head h) has pages
 // v(pt[sel_0]), …, v(pt[local]) with v(p) = p·kv_pages_per_unit + h, last-page fill pos % 128 + 1.
 //

@@ -239,7 +239,7 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
   // Split only while R·splits stays within one wave (a second, partial wave costs more than the split saves); a
   // request's splits form one cluster, so at most kMaxSplits. The deep pipeline (one CTA per SM) is used where it
   // needs no split, #SMs/2 < R ≤ #SMs (H200, B = 32 at 4 KV heads: 37.7 vs 43.1 µs); with splits the wide one
-  // measured faster (B = 8: 22.8 vs 25.0 µs; docs/KERNELS.md §6).
+  // measured faster (B = 8: 22.8 vs 25.0 µs; docs/KERNELS.md §7).
   deep_ = 2 * R > sm_count() && R <= sm_count();
   const int slots = (deep_ ? 1 : 2) * sm_count();
   int want = 1;

@@ -1,4 +1,4 @@
-// Tensor-core paged GQA decode over bf16 K/V (issue 11; design in docs/KERNELS.md §6). Same fake-request model as
+// Tensor-core paged GQA decode over bf16 K/V (issue 11; design in docs/KERNELS.md §7). Same fake-request model as
 // paged_gqa_decode (attention_dense.cuh): request r has G query heads, one KV head and a CSR page list of virtual
 // pages (indptr / indices / last-page fill), so MSA decode (page list emitted by the decode indexer) and dense decode
 // (pages 0..p/B) both use it. Fixed shape: head dim 128, page 128 tokens, G ∈ {8, 16} (one mma M-tile of 16 rows).

@@ -1,6 +1,6 @@
 // Warp-level tensor-core and async-copy primitives (sm_80+ PTX, used on sm_90a): cp.async with zero fill and an
 // optional L2 evict-first policy, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 → fp32, PDL controls, the 128-dim
-// bf16 shared-memory tile swizzle the decode kernels share (docs/KERNELS.md §6).
+// bf16 shared-memory tile swizzle the decode kernels share (docs/KERNELS.md §7).
 #pragma once
 
 #include <cuda_bf16.h>
