@@ -1,6 +1,7 @@
 // Benchmark of the bf16 decode kernels (issue 11): the index scorer fused with top-k + page-list emit
 // (MsaDecodeIndex) and the tensor-core paged decode attention (PagedDecodeTc), at M3 TP1 shapes (64 Q / 4 KV heads,
-// D 128, 4 index heads × 128, block 128, top-16, Q = 1), B ∈ {1, 8, 32, 64, 128} × context ∈ {8k, 16k, 64k, 128k, 1M}.
+// D 128, 4 index heads × 128, block 128, top-16, Q = 1), B ∈ {1, 8, 32, 64, 128} × context ∈ {8k, 16k, 64k, 128k,
+// 1M}.
 // Protocol (docs/KERNELS.md §7): first the correctness checks against the CPU
 // twins, then per case a CUDA graph of `rot` back-to-back calls on rotated inputs (disjoint pages and queries, so the
 // working set of one replay exceeds 2× L2), 5 warm-up + 25 timed replays, median per call and CV. GB/s by the MSA byte
@@ -252,7 +253,8 @@ int main(int argc, char** argv) {
         m3::cuda::DeviceBuffer<bf16> iq(size_t(rot) * B * kHidx * kD);
         fill(iq.get(), size_t(rot) * B * kHidx * kD, 2);
         std::vector<m3::cuda::DevStepRows> rows(rot);
-        for (int r = 0; r < rot; ++r) rows[r] = {dpos.get(), dseq.get(), dpti.get(), dperm.get() + size_t(r) * pages, B};
+        for (int r = 0; r < rot; ++r)
+          rows[r] = {dpos.get(), dseq.get(), dpti.get(), dperm.get() + size_t(r) * pages, B};
         // One plan per rotated step: the plan holds the step's page list (work_pages).
         std::vector<m3::cuda::MsaDecodeIndex> ops(rot);
         for (int r = 0; r < rot; ++r) ops[r].plan(pos, rows[r], kHidx, kTopK, kHkv, nullptr);
@@ -339,8 +341,8 @@ int main(int argc, char** argv) {
                      "  {\"op\": \"%s\", \"shape\": \"%s\", \"variant\": \"bf16 sm90a %s rotated\", "
                      "\"median_us\": %.2f, \"cv\": %.4f, \"gbps\": %.0f, \"pct_copy\": %.1f, \"copy_gbps\": %.0f, "
                      "\"vllm_us\": %.1f, \"commit\": \"%s\", \"gpu\": \"%s\"}%s\n",
-                     r.op.c_str(), r.shape.c_str(), r.variant.c_str(), r.us, r.cv, r.gbps, r.pct, copy, r.vllm, commit.c_str(),
-                     prop.name, i + 1 < recs.size() ? "," : "");
+                     r.op.c_str(), r.shape.c_str(), r.variant.c_str(), r.us, r.cv, r.gbps, r.pct, copy, r.vllm,
+                     commit.c_str(), prop.name, i + 1 < recs.size() ? "," : "");
       }
       std::fprintf(f, "]\n");
       std::fclose(f);

@@ -296,7 +296,8 @@ void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
   M3_CUDA_REQUIRE(top_k >= 2 && top_k <= kMaxTopK, "msa decode index: top_k %d (supported: 2..%d)", top_k, kMaxTopK);
   M3_CUDA_REQUIRE(rows.T == int(pos.size()), "msa decode index: %d device rows for %zu positions", rows.T, pos.size());
   M3_CUDA_REQUIRE(kv_pages_per_unit >= 1, "msa decode index: pages per unit must be ≥ 1");
-  M3_CUDA_REQUIRE(pos.size() <= size_t(kMaxRows), "msa decode index: %zu rows (supported: ≤ %d)", pos.size(), kMaxRows);
+  M3_CUDA_REQUIRE(pos.size() <= size_t(kMaxRows), "msa decode index: %zu rows (supported: ≤ %d)", pos.size(),
+                  kMaxRows);
   T_ = int(pos.size()), H_ = num_heads, K_ = top_k, ppu_ = kv_pages_per_unit;
   max_cols_ = 1, max_pages_ = 0;
   int64_t work = 0;

@@ -6,10 +6,10 @@
 // plan() (once per step, shared by all sparse layers) runs one small device kernel over the step rows: per row the
 // work = history pages to score (local when local + 1 > top_k, else 0: a short row's selection is fixed), its prefix
 // sum, the physical page of every work item (page tables are shared by the layers), and the attention CSR
-// (indptr = prefix of n_valid, last-page fill). run() (per layer) is ONE persistent
-// launch, allocation-free and capture-safe: CTAs take equal ranges of the flattened (row, page) work, stream each
-// index-K page [128, 128] bf16 through a 3-stage cp.async ring (2 CTAs per SM) (L2 evict-first), score it with mma.sync (keys as M,
-// index heads as N), write the block max per (head, row, page); the CTA that completes a row (per-row ticket) runs
+// (indptr = prefix of n_valid, last-page fill). run() (per layer) is ONE persistent launch, allocation-free and
+// capture-safe: CTAs (2 per SM) take equal ranges of the flattened (row, page) work, stream each index-K page
+// [128, 128] bf16 through a 3-stage cp.async ring (L2 evict-first), score it with mma.sync (keys as M, index heads
+// as N), write the block max per (head, row, page); the CTA that completes a row (per-row ticket) runs
 // the top-k for its H heads (one warp per head) and writes the selection and the page list.
 // Fixed shape: block 128 tokens, index dim 128, H ∈ 1..4 index heads, top_k ≤ 16, one query row per request (Q = 1;
 // rows of a multi-query request are scored independently).
@@ -38,7 +38,8 @@ class MsaDecodeIndex {
   // T rows with host positions pos (for the score-matrix width); rows: the same step on the device.
   void plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_heads, int top_k,
             int64_t kv_pages_per_unit, cudaStream_t s);
-  // iq: [T, H, 128] bf16; rows: the plan's rows (their page table was flattened by plan()). Writes scores (history columns only), selection [H, T, top_k] and the page list.
+  // iq: [T, H, 128] bf16; rows: the plan's rows (their page table was flattened by plan()). Writes scores (history
+  // columns only), selection [H, T, top_k] and the page list.
   // pdl: programmatic dependent launch — before waiting for the previous kernel the CTAs read only the step plan
   // and history index-K pages, so the plan must come from an earlier, completed launch (plan() then any other
   // kernel, as in a decode step).

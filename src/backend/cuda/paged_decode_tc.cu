@@ -20,10 +20,11 @@ constexpr int kStageBytes = 2 * kTileBytes;    // K then V
 // Two pipeline shapes: wide (3 stages, 100 KiB, 2 CTAs per SM; 2 chunks in flight per CTA) and deep (6 stages,
 // 196 KiB, 1 CTA per SM; 5 chunks in flight), chosen in plan().
 constexpr int kWideStages = 3, kDeepStages = 6;
-__host__ __device__ constexpr int q_off(int stages) { return stages * kStageBytes; }        // q [16, 128] bf16 after the ring
+// q [16, 128] bf16 sits after the ring.
+__host__ __device__ constexpr int q_off(int stages) { return stages * kStageBytes; }
 __host__ __device__ constexpr int smem_bytes(int stages) { return q_off(stages) + 16 * D * 2; }
-constexpr int kMaxSplits = 8;                   // one portable cluster
-constexpr int kPartOff = 40 * 1024;             // the split partial, after the cross-warp merge area
+constexpr int kMaxSplits = 8;        // one portable cluster
+constexpr int kPartOff = 40 * 1024;  // the split partial, after the cross-warp merge area
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff && kPartOff + (16 * D + 16) * 4 <= q_off(kWideStages),
               "the cross-warp and split merges reuse the ring");

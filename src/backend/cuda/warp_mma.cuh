@@ -1,6 +1,6 @@
 // Warp-level tensor-core and async-copy primitives (sm_80+ PTX, used on sm_90a): cp.async with zero fill and an
-// optional L2 evict-first policy, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 → fp32, PDL controls, the 128-dim
-// bf16 shared-memory tile swizzle the decode kernels share (docs/KERNELS.md §7).
+// optional L2 evict-first policy, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 → fp32, PDL controls, and
+// the 128-dim bf16 shared-memory tile swizzle the decode kernels share (docs/KERNELS.md §7).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -63,7 +63,9 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, const uint32_t* a, uint
 // Programmatic dependent launch (sm_90): let the next grid in the stream start launching; wait until the previous
 // grid completed and its writes are visible. Both are no-ops in grids launched without the programmatic
 // stream-serialization attribute.
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
