@@ -169,16 +169,6 @@ void launch_d(const PagedGqaArgs& a, cudaStream_t s) {
   return launch<DPL, 8>(a, s);
 }
 
-int sm_count() {
-  static int n = [] {
-    int dev = 0, c = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return c;
-  }();
-  return n;
-}
-
 }  // namespace
 
 void paged_gqa_decode(const PagedGqaArgs& a, cudaStream_t s) {

@@ -30,4 +30,17 @@ int device_count() {
   return n;
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, c = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 132;
+    }
+    return c;
+  }();
+  return n;
+}
+
 }  // namespace m3::cuda

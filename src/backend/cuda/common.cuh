@@ -20,6 +20,9 @@ namespace m3::cuda {
 // Devices visible to this process (0 when the driver or runtime is missing; never throws).
 int device_count();
 
+// Streaming multiprocessors of the current device (132 when it cannot be queried); cached after the first call.
+int sm_count();
+
 }  // namespace m3::cuda
 
 // Every runtime call is checked; every launch is followed by M3_CUDA_LAUNCH_CHECK().

@@ -1,0 +1,364 @@
+#include "backend/cuda/msa_decode_index.cuh"
+
+#include <algorithm>
+
+#include "backend/cuda/warp_mma.cuh"
+
+namespace m3::cuda {
+
+namespace {
+
+constexpr int B = MsaDecodeIndex::kBlock, Di = MsaDecodeIndex::kDim;
+constexpr int kHeads = MsaDecodeIndex::kMaxHeads, kList = MsaDecodeIndex::kMaxTopK - 1;
+constexpr int kWarps = B / 16, kThreads = 32 * kWarps;  // one 16-key M-tile per warp
+constexpr int kStages = 3, kCtasPerSm = 2;  // 2 × 2 pages (128 KiB) in flight per SM
+constexpr int kPageBytes = B * Di * 2;  // 32 KiB
+constexpr int kSmem = kStages * kPageBytes;
+constexpr int kPlanThreads = 1024;
+constexpr int kMaxRows = MsaDecodeIndex::kMaxRows;
+
+// One CTA. Per row t: work(t) = local when local + 1 > K (history pages to rank) else 0; n_valid(t) =
+// min(K, local + 1). work_indptr = exclusive prefix of work; attention request r = t·H + h starts at
+// H·NV(t) + h·n_valid(t) with NV the exclusive prefix of n_valid. Rows are cut into per-thread segments.
+__global__ void __launch_bounds__(kPlanThreads) decode_index_plan_kernel(DevStepRows rows, int H, int K,
+                                                                         int32_t* __restrict__ work_indptr,
+                                                                         int32_t* __restrict__ attn_indptr,
+                                                                         int32_t* __restrict__ attn_last) {
+  __shared__ int2 wsum[kPlanThreads / 32];
+  const int T = rows.T, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int seg = (T + kPlanThreads - 1) / kPlanThreads, t0 = min(T, tid * seg), t1 = min(T, t0 + seg);
+  auto work_of = [&](int t, int& nv) {
+    const int local = rows.pos[t] / B;
+    nv = min(K, local + 1);
+    return local + 1 > K ? local : 0;
+  };
+  int sw = 0, sn = 0;
+  for (int t = t0; t < t1; ++t) {
+    int nv;
+    sw += work_of(t, nv);
+    sn += nv;
+  }
+  int iw = sw, in = sn;  // inclusive warp scan
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, iw, o), b = __shfl_up_sync(0xffffffffu, in, o);
+    if (lane >= o) iw += a, in += b;
+  }
+  if (lane == 31) wsum[warp] = make_int2(iw, in);
+  __syncthreads();
+  if (warp == 0) {
+    int2 v = wsum[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, v.x, o), b = __shfl_up_sync(0xffffffffu, v.y, o);
+      if (lane >= o) v.x += a, v.y += b;
+    }
+    wsum[lane] = v;
+  }
+  __syncthreads();
+  int ew = iw - sw + (warp ? wsum[warp - 1].x : 0), en = in - sn + (warp ? wsum[warp - 1].y : 0);
+  for (int t = t0; t < t1; ++t) {
+    int nv;
+    const int w = work_of(t, nv);
+    work_indptr[t] = ew;
+    for (int h = 0; h < H; ++h) {
+      attn_indptr[t * H + h] = H * en + h * nv;
+      attn_last[t * H + h] = rows.pos[t] % B + 1;
+    }
+    ew += w, en += nv;
+  }
+  if (tid == kPlanThreads - 1) work_indptr[T] = ew, attn_indptr[T * H] = H * en;
+}
+
+// One thread per work item i: work_pages[i] = physical page of (row, history page) item i. Page tables are shared by
+// all layers, so this runs once per step and the scorer's loads depend on a single coalesced read.
+__global__ void decode_index_pages_kernel(DevStepRows rows, const int32_t* __restrict__ work_indptr, int W,
+                                          int32_t* __restrict__ work_pages) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= W) return;
+  int lo = 0, hi = rows.T;  // last t with work_indptr[t] ≤ i
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (work_indptr[mid] <= i) lo = mid;
+    else hi = mid;
+  }
+  work_pages[i] = rows.pt_pages[rows.pt_indptr[rows.row_seq[lo]] + (i - work_indptr[lo])];
+}
+
+struct ScoreArgs {
+  const __nv_bfloat16* iq;
+  const void* ik;
+  int64_t ik_stride;
+  DevStepRows rows;
+  int H, K, W;  // W: work items of the step
+  int64_t ppu, max_cols;
+  const int32_t* work_indptr;
+  const int32_t* work_pages;
+  const int32_t* attn_indptr;
+  float* scores;
+  int32_t* selection;
+  int32_t* attn_indices;
+  int* row_done;
+};
+
+__device__ __forceinline__ const int32_t* row_pages(const DevStepRows& rows, int t) {
+  return rows.pt_pages + rows.pt_indptr[rows.row_seq[t]];
+}
+
+// Top-(K−1) of row t's history scores for index head h (one warp), then the selection (ascending ids, local last)
+// and the page list. Keys: order-preserving score bits << 32 | (~col): an integer max picks the higher score and,
+// on ties, the lower column — the CPU twin's order (NaN ranks as −inf). Each lane keeps its best kList keys sorted.
+__device__ void topk_emit(const ScoreArgs& a, int t, int h, int lane) {
+  const int T = a.rows.T, K = a.K, local = a.rows.pos[t] / B;
+  const float* sr = a.scores + (int64_t(h) * T + t) * a.max_cols;
+  uint64_t top[kList];
+#pragma unroll
+  for (int j = 0; j < kList; ++j) top[j] = 0;
+  for (int b = lane; b < local; b += 32) {
+    float x = __ldcg(sr + b);
+    if (isnan(x)) x = -INFINITY;
+    uint32_t u = __float_as_uint(x);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    const uint64_t key = (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(b));
+    if (key > top[kList - 1]) {
+#pragma unroll
+      for (int j = kList - 1; j > 0; --j) top[j] = key > top[j - 1] ? top[j - 1] : (key > top[j] ? key : top[j]);
+      top[0] = key > top[0] ? key : top[0];
+    }
+  }
+  int pick = 0x7fffffff;
+  for (int k = 0; k < K - 1; ++k) {
+    uint64_t best = top[0];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
+      best = other > best ? other : best;
+    }
+    if (top[0] == best) {
+#pragma unroll
+      for (int j = 0; j < kList - 1; ++j) top[j] = top[j + 1];
+      top[kList - 1] = 0;
+    }
+    if (lane == k) pick = int(0xFFFFFFFFu - uint32_t(best));
+  }
+  int rank = 0;
+  for (int j = 0; j < K - 1; ++j) rank += __shfl_sync(0xffffffffu, pick, j) < pick;
+  int32_t* sel = a.selection + (int64_t(h) * T + t) * K;
+  int32_t* idx = a.attn_indices + a.attn_indptr[t * a.H + h];
+  const int32_t* pt = row_pages(a.rows, t);
+  if (lane < K - 1) {
+    sel[rank] = pick;
+    idx[rank] = int32_t(pt[pick] * a.ppu + h);
+  }
+  if (lane == 0) {
+    sel[K - 1] = local;
+    idx[K - 1] = int32_t(pt[local] * a.ppu + h);
+  }
+}
+
+// Persistent CTA c scores work items [W·c/grid, W·(c+1)/grid) of the flattened (row, history page) list. Warp w
+// owns keys 16w..16w+15 of every page: S[16 keys, 8] = K_tile · Q_rowᵀ (heads ≥ H are zero columns), max over the
+// 16 keys by shuffles, then over the 8 warps in shared memory (red, double-buffered by item parity).
+template <typename KT>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(ScoreArgs a) {
+  static_assert(sizeof(KT) == 2, "bf16 index keys");
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ float red[2][kWarps][kHeads];
+  __shared__ int s_last;
+  __shared__ int s_wi[kMaxRows + 1];  // work_indptr
+  const KT* ik = static_cast<const KT*>(a.ik);
+  const int T = a.rows.T, H = a.H, K = a.K;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t sbase = smem_addr(smem);
+
+  const int W = a.W;  // known at plan time: the first loads need no device read but their page ids
+  const int i0 = int(int64_t(W) * blockIdx.x / gridDim.x), i1 = int(int64_t(W) * (blockIdx.x + 1) / gridDim.x);
+  pdl_launch_dependents();
+  const uint64_t policy = l2_evict_first_policy();
+  auto load = [&](int i, int stage) {
+    const KT* src = ik + int64_t(a.work_pages[i]) * a.ik_stride;
+    const uint32_t dst = sbase + stage * kPageBytes;
+#pragma unroll
+    for (int k = 0; k < B * 16 / kThreads; ++k) {
+      const int idx = tid + k * kThreads, row = idx >> 4, ch = idx & 15;
+      cp_async16_policy(dst + swz128(row, ch), src + row * Di + ch * 8, policy);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {  // the ring starts filling before anything else
+    if (i0 + s < i1) load(i0 + s, s);
+    cp_async_commit();
+  }
+  // Everything above reads only the step plan and history index-K pages (written by earlier steps); the query and
+  // this layer's outputs (still read by the previous layer's attention) wait for the previous kernel.
+  pdl_wait();
+  for (int t = tid; t <= T; t += kThreads) s_wi[t] = a.work_indptr[t];
+  __syncthreads();
+  // Rows whose selection is fixed (local + 1 ≤ K): 0..local, −1 padding.
+  for (int t = blockIdx.x; t < T; t += gridDim.x) {
+    if (s_wi[t + 1] != s_wi[t]) continue;
+    const int local = a.rows.pos[t] / B, n = min(K, local + 1);
+    const int32_t* pt = row_pages(a.rows, t);
+    for (int i = tid; i < H * K; i += kThreads) {
+      const int h = i / K, s = i % K;
+      a.selection[(int64_t(h) * T + t) * K + s] = s < n ? s : -1;
+      if (s < n) a.attn_indices[a.attn_indptr[t * H + h] + s] = int32_t(pt[s] * a.ppu + h);
+    }
+  }
+  if (i0 >= i1) return;
+  auto row_of = [&](int i) {  // last t with work_indptr[t] ≤ i (that row has work, since i < W)
+    int lo = 0, hi = T;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (s_wi[mid] <= i) lo = mid;
+      else hi = mid;
+    }
+    return lo;
+  };
+  // Compute side: row ct covers items up to cend; qb = its query as the mma B operand (k = dim, n = head).
+  int ct = -1, cend = i0;
+  uint32_t qb[8][2];
+  // Finishing side: the block max of item i − 1 is reduced at the top of iteration i (red complete after the sync).
+  int ft = -1, fbeg = 0, fend = 0, fcount = 0;
+  auto finish = [&](int i) {
+    if (i >= fend) {
+      ft = row_of(i), fbeg = s_wi[ft], fend = s_wi[ft + 1], fcount = 0;
+    }
+    if (tid < H) {
+      float v = red[i & 1][0][tid];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) v = fmaxf(v, red[i & 1][w][tid]);
+      a.scores[(int64_t(tid) * T + ft) * a.max_cols + (i - fbeg)] = v;
+    }
+    ++fcount;
+    if (i == fend - 1 || i == i1 - 1) {  // this CTA's part of row ft is done: publish its scores, take a ticket
+      if (tid < H) __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        const int old = atomicAdd(a.row_done + ft, fcount);
+        s_last = old + fcount == fend - fbeg;
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();
+        if (warp < H) topk_emit(a, ft, warp, lane);
+        if (tid == 0) a.row_done[ft] = 0;  // ready for the next run (graph replays)
+      }
+    }
+  };
+
+  for (int i = i0; i < i1; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (i > i0) finish(i - 1);
+    if (i + kStages - 1 < i1) load(i + kStages - 1, (i + kStages - 1 - i0) % kStages);
+    cp_async_commit();
+    if (i >= cend) {
+      ct = row_of(i), cend = s_wi[ct + 1];
+      const int n = lane >> 2;
+      const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 2 * (lane & 3);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        qb[kk][0] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16) : 0u;
+        qb[kk][1] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16 + 8) : 0u;
+      }
+    }
+    const uint32_t st = sbase + ((i - i0) % kStages) * kPageBytes;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t af[4];
+      ldmatrix_x4(st + swz128(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)), af[0], af[1],
+                  af[2], af[3]);
+      mma_bf16_16816(c, af, qb[kk][0], qb[kk][1]);
+    }
+    // c0, c1: key g = lane/4, heads 2·(lane%4) + {0, 1}; c2, c3: key g + 8.
+    float h0 = fmaxf(c[0], c[2]), h1 = fmaxf(c[1], c[3]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      h0 = fmaxf(h0, __shfl_xor_sync(0xffffffffu, h0, o));
+      h1 = fmaxf(h1, __shfl_xor_sync(0xffffffffu, h1, o));
+    }
+    if (lane < 2) {  // heads 0..3 live in lanes 0 and 1
+      red[i & 1][warp][2 * lane] = h0;
+      red[i & 1][warp][2 * lane + 1] = h1;
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  finish(i1 - 1);
+}
+
+}  // namespace
+
+void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_heads, int top_k,
+                          int64_t kv_pages_per_unit, cudaStream_t s) {
+  M3_CUDA_REQUIRE(num_heads >= 1 && num_heads <= kMaxHeads, "msa decode index: %d index heads (supported: 1..%d)",
+                  num_heads, kMaxHeads);
+  M3_CUDA_REQUIRE(top_k >= 2 && top_k <= kMaxTopK, "msa decode index: top_k %d (supported: 2..%d)", top_k, kMaxTopK);
+  M3_CUDA_REQUIRE(rows.T == int(pos.size()), "msa decode index: %d device rows for %zu positions", rows.T, pos.size());
+  M3_CUDA_REQUIRE(kv_pages_per_unit >= 1, "msa decode index: pages per unit must be ≥ 1");
+  M3_CUDA_REQUIRE(pos.size() <= size_t(kMaxRows), "msa decode index: %zu rows (supported: ≤ %d)", pos.size(),
+                  kMaxRows);
+  T_ = int(pos.size()), H_ = num_heads, K_ = top_k, ppu_ = kv_pages_per_unit;
+  max_cols_ = 1, max_pages_ = 0;
+  int64_t work = 0;
+  for (int32_t p : pos) {  // work counted here and in decode_index_plan_kernel alike
+    M3_CUDA_REQUIRE(p >= 0, "msa decode index: negative position %d", p);
+    const int local = p / kBlock;
+    max_cols_ = std::max<int64_t>(max_cols_, local);
+    max_pages_ = std::max(max_pages_, std::min(top_k, local + 1));
+    work += local + 1 > top_k ? local : 0;
+  }
+  M3_CUDA_REQUIRE(work < (int64_t(1) << 31) && int64_t(T_) * H_ * top_k < (int64_t(1) << 31),
+                  "msa decode index: step too large (%lld pages to score)", (long long)work);
+  W_ = int(work);
+  if (T_ == 0) return;
+  work_indptr_.grow(size_t(T_) + 1);
+  attn_indptr_.grow(size_t(T_) * H_ + 1);
+  attn_last_.grow(size_t(T_) * H_);
+  attn_indices_.grow(size_t(T_) * H_ * K_);
+  selection_.grow(size_t(T_) * H_ * K_);
+  scores_.grow(size_t(H_) * T_ * max_cols_);
+  row_done_.grow(size_t(T_));
+  M3_CUDA_CHECK(cudaMemsetAsync(row_done_.get(), 0, size_t(T_) * sizeof(int32_t), s));
+  grid_ = kCtasPerSm * sm_count();
+  work_pages_.grow(size_t(std::max<int64_t>(work, 1)));
+  decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
+                                                      attn_last_.get());
+  M3_CUDA_LAUNCH_CHECK();
+  if (work > 0) {
+    decode_index_pages_kernel<<<unsigned((work + 255) / 256), 256, 0, s>>>(rows, work_indptr_.get(), int(work),
+                                                                          work_pages_.get());
+    M3_CUDA_LAUNCH_CHECK();
+  }
+}
+
+template <typename KT>
+void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cache, const DevStepRows& rows,
+                         cudaStream_t s, bool pdl) {
+  if (T_ == 0) return;
+  M3_CUDA_REQUIRE(rows.T == T_, "msa decode index: %d rows, plan has %d", rows.T, T_);
+  M3_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(iq) % 16 == 0 && reinterpret_cast<uintptr_t>(cache.ik) % 16 == 0 &&
+                      cache.page_stride % 8 == 0 && cache.page_stride >= int64_t(kBlock) * kDim,
+                  "msa decode index: iq / index-K must be 16-byte aligned with a page stride ≥ 128·128 elements");
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(decode_index_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  M3_CUDA_CHECK(attr);
+  ScoreArgs a{iq, cache.ik, cache.page_stride, rows, H_, K_, W_, ppu_, max_cols_, work_indptr_.get(),
+              work_pages_.get(), attn_indptr_.get(), scores_.get(), selection_.get(), attn_indices_.get(),
+              row_done_.get()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(grid_));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr_pdl;
+  attr_pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr_pdl.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr_pdl, cfg.numAttrs = pdl ? 1 : 0;
+  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_index_kernel<KT>, a));
+}
+
+template void MsaDecodeIndex::run<__nv_bfloat16>(const __nv_bfloat16*, const DevPagedIndexKT<__nv_bfloat16>&,
+                                                 const DevStepRows&, cudaStream_t, bool);
+
+}  // namespace m3::cuda

@@ -1,0 +1,288 @@
+#include "backend/cuda/paged_decode_tc.cuh"
+
+#include <algorithm>
+
+#include <cooperative_groups.h>
+
+#include "backend/cuda/warp_mma.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace m3::cuda {
+
+namespace {
+
+constexpr int D = PagedDecodeTc::kHeadDim, PAGE = PagedDecodeTc::kPage;
+constexpr int CH = 64;  // tokens per pipeline stage (half a page): 16 per warp
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kTileBytes = CH * D * 2;         // K or V of one chunk: [64, 128] bf16 = 16 KiB
+constexpr int kStageBytes = 2 * kTileBytes;    // K then V
+// Two pipeline shapes: wide (3 stages, 100 KiB, 2 CTAs per SM; 2 chunks in flight per CTA) and deep (6 stages,
+// 196 KiB, 1 CTA per SM; 5 chunks in flight), chosen in plan().
+constexpr int kWideStages = 3, kDeepStages = 6;
+// q [16, 128] bf16 sits after the ring.
+__host__ __device__ constexpr int q_off(int stages) { return stages * kStageBytes; }
+__host__ __device__ constexpr int smem_bytes(int stages) { return q_off(stages) + 16 * D * 2; }
+constexpr int kMaxSplits = 8;        // one portable cluster
+constexpr int kPartOff = 40 * 1024;  // the split partial, after the cross-warp merge area
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff && kPartOff + (16 * D + 16) * 4 <= q_off(kWideStages),
+              "the cross-warp and split merges reuse the ring");
+
+// grid (R, splits), 128 threads. The 16 query rows of request r (rows ≥ G are zero) are the M of every mma; a chunk
+// of 64 tokens is split over the 4 warps (16 tokens each): S = Q·Kᵀ (2 n-tiles × 8 k-steps), online softmax in
+// registers (log2 domain, fp32), O += P·V (P re-packed from the S accumulators as the A operand, V through
+// ldmatrix.trans). Each warp keeps its own (m, l, O[16, 128]); the warps are merged through shared memory at the end.
+// Split `split` owns chunks [split·per, split·per + per) of the request's token range; rows past the last valid
+// token are zero-filled by cp.async and masked to −inf.
+template <typename KvT, int kStages>
+__global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
+    paged_decode_tc_kernel(PagedDecodeTcArgs<KvT> a, int splits, int per) {
+  constexpr int kQOff = q_off(kStages);
+  static_assert(sizeof(KvT) == 2, "16-bit K/V elements (bf16)");
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sbase = smem_addr(smem);
+  const int r = blockIdx.x, split = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  pdl_launch_dependents();
+  pdl_wait();  // q and the page list come from the previous kernels
+  const int beg = a.indptr[r], npages = a.indptr[r + 1] - beg;
+  const int ntok = npages > 0 ? (npages - 1) * PAGE + a.last_len[r] : 0;
+  const int nchunks = (ntok + CH - 1) / CH;
+  const int c0 = min(nchunks, split * per), c1 = min(nchunks, c0 + per);
+
+  auto load_chunk = [&](int c, int stage) {
+    const int64_t vp = a.indices[beg + (c >> 1)];
+    const int64_t off = vp * a.stride_page + int64_t((c & 1) * CH) * a.stride_tok;
+    const int valid = min(CH, ntok - c * CH);
+    const uint32_t ks = sbase + stage * kStageBytes, vs = ks + kTileBytes;
+#pragma unroll
+    for (int i = 0; i < CH * 16 / kThreads; ++i) {
+      const int idx = tid + i * kThreads, row = idx >> 4, ch = idx & 15;
+      const bool ok = row < valid;
+      const int64_t src = off + int64_t(ok ? row : 0) * a.stride_tok + ch * 8;
+      cp_async16(ks + swz128(row, ch), a.k + src, ok ? 16 : 0);
+      cp_async16(vs + swz128(row, ch), a.v + src, ok ? 16 : 0);
+    }
+  };
+  // q [16, 128] joins the first commit group (rows ≥ G zero-filled), so the first loads are issued at once.
+  for (int i = tid; i < 16 * 16; i += kThreads) {
+    const int row = i >> 4, ch = i & 15;
+    cp_async16(sbase + kQOff + swz128(row, ch), a.q + (int64_t(r) * a.G + min(row, a.G - 1)) * D + ch * 8,
+               row < a.G ? 16 : 0);
+  }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (c0 + s < c1) load_chunk(c0 + s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 2>();
+  __syncthreads();  // q staged
+  uint32_t qf[8][4];
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    ldmatrix_x4(sbase + kQOff + swz128((lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)), qf[kk][0],
+                qf[kk][1], qf[kk][2], qf[kk][3]);
+
+  const float sl2 = a.scale * kLog2e;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g = lane/4 and g + 8
+  float o[16][4];
+#pragma unroll
+  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+  for (int c = c0; c < c1; ++c) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk c landed for every thread; the stage refilled below was consumed last iteration
+    if (c + kStages - 1 < c1) load_chunk(c + kStages - 1, (c + kStages - 1 - c0) % kStages);
+    cp_async_commit();
+    const uint32_t ks = sbase + ((c - c0) % kStages) * kStageBytes, vs = ks + kTileBytes;
+
+    float sc[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4(ks + swz128(warp * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0, b1, b2,
+                  b3);
+      mma_bf16_16816(sc[0], qf[kk], b0, b1);
+      mma_bf16_16816(sc[1], qf[kk], b2, b3);
+    }
+    const int tbase = c * CH + warp * 16 + 2 * (lane & 3);
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = tbase + j * 8 + (e & 1) < ntok ? sc[j][e] * sl2 : -INFINITY;
+        sc[j][e] = x;
+        if (e < 2) mx0 = fmaxf(mx0, x);
+        else mx1 = fmaxf(mx1, x);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    // A row with no valid key yet keeps m = −inf: subtract 0 instead so exp2 gives 0, never NaN.
+    const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
+    m0 = mn0, m1 = mn1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
+      sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
+    }
+    l0 = l0 * al0 + sc[0][0] + sc[0][1] + sc[1][0] + sc[1][1];
+    l1 = l1 * al1 + sc[0][2] + sc[0][3] + sc[1][2] + sc[1][3];
+#pragma unroll
+    for (int n = 0; n < 16; ++n) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
+    const uint32_t pa[4] = {pack_bf16x2(sc[0][0], sc[0][1]), pack_bf16x2(sc[0][2], sc[0][3]),
+                            pack_bf16x2(sc[1][0], sc[1][1]), pack_bf16x2(sc[1][2], sc[1][3])};
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd) {
+      uint32_t v0, v1, v2, v3;
+      ldmatrix_x4_trans(vs + swz128(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * nd + (lane >> 4)), v0, v1,
+                        v2, v3);
+      mma_bf16_16816(o[2 * nd], pa, v0, v1);
+      mma_bf16_16816(o[2 * nd + 1], pa, v2, v3);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is free: reuse it for the cross-warp merge
+
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  float* ow = reinterpret_cast<float*>(smem);  // [4 warps][16 rows][128]
+  float* mw = ow + 4 * 16 * D;                 // [4][16]
+  float* lw = mw + 4 * 16;                     // [4][16]
+  const int g = lane >> 2;
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    const int d = n * 8 + 2 * (lane & 3);
+    *reinterpret_cast<float2*>(ow + (warp * 16 + g) * D + d) = make_float2(o[n][0], o[n][1]);
+    *reinterpret_cast<float2*>(ow + (warp * 16 + g + 8) * D + d) = make_float2(o[n][2], o[n][3]);
+  }
+  if ((lane & 3) == 0) {
+    mw[warp * 16 + g] = m0, mw[warp * 16 + g + 8] = m1;
+    lw[warp * 16 + g] = l0, lw[warp * 16 + g + 8] = l1;
+  }
+  __syncthreads();
+  const int row = tid >> 3, d0 = (tid & 7) * 16;  // 16 rows × 8 threads × 16 channels
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) M = fmaxf(M, mw[w * 16 + row]);
+  float f[4], L = 0.f;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) f[w] = M == -INFINITY ? 0.f : exp2f(mw[w * 16 + row] - M), L += f[w] * lw[w * 16 + row];
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) s += f[w] * ow[(w * 16 + row) * D + d0 + i];
+    acc[i] = s * inv;
+  }
+  if (splits == 1) {
+    if (row < a.G) {
+      __nv_bfloat16* dst = a.out + (int64_t(r) * a.G + row) * D + d0;
+#pragma unroll
+      for (int i = 0; i < 16; i += 2) *reinterpret_cast<uint32_t*>(dst + i) = pack_bf16x2(acc[i], acc[i + 1]);
+    }
+    return;
+  }
+  // Split-K inside a thread-block cluster (the request's splits): each CTA leaves its normalised O [16, 128] and
+  // LSE (log2 domain; empty split: O = 0, LSE = −inf) in its own shared memory; after the cluster barrier CTA k
+  // merges rows k, k + splits, … reading every split's partial through distributed shared memory.
+  float* po = reinterpret_cast<float*>(smem + kPartOff);  // [16, 128]
+  float* plse = po + 16 * D;                              // [16]
+#pragma unroll
+  for (int i = 0; i < 16; i += 4)
+    *reinterpret_cast<float4*>(po + row * D + d0 + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+  if ((tid & 7) == 0) plse[row] = L > 0.f ? M + log2f(L) : -INFINITY;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int rank = int(cluster.block_rank());
+  const float* rpo[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) rpo[s] = s < splits ? cluster.map_shared_rank(po, s) : po;
+  for (int e = tid; e < 16 * D; e += kThreads) {
+    const int mrow = rank + (e / D) * splits, d = e % D;
+    if (mrow >= a.G) break;  // e / D grows with e: later e only give larger rows
+    float lse[kMaxSplits], mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      lse[s] = s < splits ? rpo[s][16 * D + mrow] : -INFINITY;
+      mx = fmaxf(mx, lse[s]);
+    }
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s < splits && mx != -INFINITY) {
+        const float w = exp2f(lse[s] - mx);
+        num += w * rpo[s][mrow * D + d];
+        den += w;
+      }
+    }
+    a.out[(int64_t(r) * a.G + mrow) * D + d] = __float2bfloat16(den > 0.f ? num / den : 0.f);
+  }
+  cluster.sync();  // no CTA leaves while its partial may still be read
+}
+
+}  // namespace
+
+void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
+  M3_CUDA_REQUIRE(R >= 0 && G >= 1 && G <= 16, "paged decode (tc): R %d, G %d (supported G: 1..16)", R, G);
+  M3_CUDA_REQUIRE(max_pages >= 0 && max_pages < (1 << 24), "paged decode (tc): bad page count %d", max_pages);
+  R_ = R, G_ = G;
+  const int chunks = std::max(1, max_pages * (PAGE / CH));
+  // Split only while R·splits stays within one wave (a second, partial wave costs more than the split saves); a
+  // request's splits form one cluster, so at most kMaxSplits. The deep pipeline (one CTA per SM) is used where it
+  // needs no split, #SMs/2 < R ≤ #SMs (H200, B = 32 at 4 KV heads: 37.7 vs 43.1 µs); with splits the wide one
+  // measured faster (B = 8: 22.8 vs 25.0 µs; docs/KERNELS.md §9).
+  deep_ = 2 * R > sm_count() && R <= sm_count();
+  const int slots = (deep_ ? 1 : 2) * sm_count();
+  int want = 1;
+  if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kMaxSplits));
+  chunks_per_split_ = (chunks + want - 1) / want;
+  splits_ = (chunks + chunks_per_split_ - 1) / chunks_per_split_;
+}
+
+template <typename KvT>
+void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pdl) {
+  if (a.R == 0) return;
+  M3_CUDA_REQUIRE(a.R == R_ && a.G == G_, "paged decode (tc): run R %d G %d does not match the plan (%d, %d)", a.R,
+                  a.G, R_, G_);
+  M3_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0 &&
+                      a.stride_page % 8 == 0 && a.stride_tok % 8 == 0 && a.stride_tok >= D,
+                  "paged decode (tc): q/K/V/out must be 16-byte aligned, strides multiples of 8 elements");
+  static const cudaError_t attr_wide =
+      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, kWideStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           smem_bytes(kWideStages));
+  static const cudaError_t attr_deep =
+      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, kDeepStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           smem_bytes(kDeepStages));
+  M3_CUDA_CHECK(attr_wide);
+  M3_CUDA_CHECK(attr_deep);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(a.R), unsigned(splits_));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem_bytes(deep_ ? kDeepStages : kWideStages);
+  cfg.stream = s;
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 1, attrs[0].val.clusterDim.y = unsigned(splits_), attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs, cfg.numAttrs = pdl ? 2 : 1;
+  if (deep_)
+    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, kDeepStages>, a, splits_, chunks_per_split_));
+  else
+    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, kWideStages>, a, splits_, chunks_per_split_));
+}
+
+template void PagedDecodeTc::run<__nv_bfloat16>(const PagedDecodeTcArgs<__nv_bfloat16>&, cudaStream_t, bool);
+
+}  // namespace m3::cuda

@@ -1,0 +1,53 @@
+// Tensor-core paged GQA decode over bf16 K/V (issue 11; design in docs/KERNELS.md §9). Same fake-request model as
+// paged_gqa_decode (attention_dense.cuh): request r has G query heads, one KV head and a CSR page list of virtual
+// pages (indptr / indices / last-page fill), so MSA decode (page list emitted by the decode indexer) and dense decode
+// (pages 0..p/B) both use it. Fixed shape: head dim 128, page 128 tokens, G ∈ {8, 16} (one mma M-tile of 16 rows).
+//
+// plan() (host, may allocate) picks the split count from R and the longest page list; run() is allocation-free and
+// capture-safe: one launch; with splits > 1 (≤ 8) the splits of a request form one thread-block cluster and merge
+// their partial (O, LSE) through distributed shared memory, so no second kernel and no global scratch are needed.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace m3::cuda {
+
+// KvT: element type of the K/V pools (bf16 today; e4m3 with the FP8 issue).
+template <typename KvT>
+struct PagedDecodeTcArgs {
+  const __nv_bfloat16* q = nullptr;  // [R, G, 128]
+  __nv_bfloat16* out = nullptr;      // [R, G, 128]
+  const KvT* k = nullptr;            // element (virtual page v, token j, d) at k + v·stride_page + j·stride_tok + d
+  const KvT* v = nullptr;
+  int64_t stride_page = 0, stride_tok = 0;  // elements; HND [P, Hkv, 128, 128]: 128·128 and 128, v = p·Hkv + h
+  const int32_t* indptr = nullptr;          // [R + 1]
+  const int32_t* indices = nullptr;         // virtual pages
+  const int32_t* last_len = nullptr;        // [R] tokens valid in the last page (1..128)
+  int R = 0, G = 0;
+  float scale = 1.f;
+};
+
+class PagedDecodeTc {
+ public:
+  static constexpr int kHeadDim = 128, kPage = 128;
+  // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request. Allocates
+  // nothing.
+  void plan(int R, int G, int max_pages, bool allow_split);
+  // pdl: launch with programmatic dependent launch (the CTAs start while the previous kernel drains and wait for it
+  // before reading anything).
+  template <typename KvT>
+  void run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pdl = false);
+  int splits() const { return splits_; }
+  bool deep() const { return deep_; }
+
+ private:
+  int R_ = 0, G_ = 0, splits_ = 1, chunks_per_split_ = 1;
+  bool deep_ = false;  // 6-stage pipeline at 1 CTA per SM instead of 3 stages at 2 (see plan())
+};
+
+}  // namespace m3::cuda

@@ -1,0 +1,77 @@
+// Warp-level tensor-core and async-copy primitives (sm_80+ PTX, used on sm_90a): cp.async with zero fill and an
+// optional L2 evict-first policy, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 → fp32, PDL controls, and
+// the 128-dim bf16 shared-memory tile swizzle the decode kernels share (docs/KERNELS.md §9).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace m3::cuda {
+
+#ifdef __CUDACC__
+// A [rows, 128] bf16 tile in shared memory: a row is 256 bytes = 16 chunks of 16 bytes; chunk c of row r is stored
+// at chunk c ^ (r & 7), so the 8 row addresses of one ldmatrix 8×8 matrix hit 8 distinct 16-byte bank groups.
+__device__ __forceinline__ uint32_t swz128(int row, int chunk) {
+  return uint32_t(row * 256 + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global → shared; src_bytes = 0 writes zeros (masked rows never carry stale or NaN data).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async16_policy(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "l"(policy));
+}
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// c[4] += A[16×16] · B[16×8]; a: 4 bf16x2 regs (row-major A fragment), b: 2 bf16x2 regs (column-major B fragment).
+__device__ __forceinline__ void mma_bf16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Programmatic dependent launch (sm_90): let the next grid in the stream start launching; wait until the previous
+// grid completed and its writes are visible. Both are no-ops in grids launched without the programmatic
+// stream-serialization attribute.
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+#endif
+
+}  // namespace m3::cuda

@@ -1,0 +1,247 @@
+// Implementation of decode_tc_checks.h (see there).
+#include "decode_tc_checks.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/msa_decode_index.cuh"
+#include "backend/cuda/paged_decode_tc.cuh"
+
+namespace m3::decode_check {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+template <typename T>
+struct DevVec {
+  cuda::DeviceBuffer<T> b;
+  explicit DevVec(const std::vector<T>& h) {
+    b.grow(h.size());
+    if (!h.empty()) M3_CUDA_CHECK(cudaMemcpy(b.get(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  T* get() const { return b.get(); }
+};
+template <typename T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  if (n) M3_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// n random bf16 values in ±[0.05, 1] (never zero) and their exact fp32 values.
+void rand_bf16(std::mt19937_64& g, size_t n, std::vector<bf16>& b, std::vector<float>& f) {
+  std::uniform_real_distribution<float> u(0.05f, 1.f);
+  b.resize(n), f.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float x = (g() & 1) ? u(g) : -u(g);
+    b[i] = __float2bfloat16(x);
+    f[i] = __bfloat162float(b[i]);
+  }
+}
+
+// Every row t is its own sequence: pages [rows_pt_indptr[t], +local + 1) of a random permutation of the pool.
+struct Rows {
+  std::vector<int32_t> pos, row_seq, pt_indptr, pt_pages;
+  int num_pages = 0;
+  Rows(std::mt19937_64& g, const std::vector<int32_t>& positions, int block) : pos(positions) {
+    const int T = int(pos.size());
+    row_seq.resize(T);
+    pt_indptr.assign(T + 1, 0);
+    for (int t = 0; t < T; ++t) row_seq[t] = t, pt_indptr[t + 1] = pt_indptr[t] + pos[t] / block + 1;
+    num_pages = pt_indptr[T] + 3;  // a few pages nobody owns
+    std::vector<int32_t> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), g);
+    pt_pages.assign(perm.begin(), perm.begin() + pt_indptr[T]);
+  }
+};
+
+}  // namespace
+
+Result check_paged_decode(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
+                          bool allow_split, int top_k) {
+  constexpr int D = 128, Bk = 128;
+  std::mt19937_64 g(seed);
+  Rows rows(g, positions, Bk);
+  const int T = int(positions.size()), Hq = Hkv * G, R = T * Hkv;
+  const int64_t page_elems = int64_t(Hkv) * Bk * D;
+  std::vector<bf16> kb, vb, qb;
+  std::vector<float> kf, vf, qf;
+  rand_bf16(g, size_t(rows.num_pages) * page_elems, kb, kf);
+  rand_bf16(g, size_t(rows.num_pages) * page_elems, vb, vf);
+  rand_bf16(g, size_t(T) * Hq * D, qb, qf);
+  std::vector<int32_t> sel(size_t(Hkv) * T * top_k, -1), indptr(R + 1, 0), indices, last(R);
+  int max_pages = 0;
+  for (int t = 0; t < T; ++t) {
+    const int local = positions[t] / Bk;
+    for (int h = 0; h < Hkv; ++h) {
+      std::vector<int32_t> blocks;
+      if (sparse) {
+        const int n = std::min(top_k, local + 1);
+        std::vector<int32_t> hist(local);
+        std::iota(hist.begin(), hist.end(), 0);
+        std::shuffle(hist.begin(), hist.end(), g);
+        blocks.assign(hist.begin(), hist.begin() + (n - 1));
+        blocks.push_back(local);
+        std::copy(blocks.begin(), blocks.end(), sel.begin() + (int64_t(h) * T + t) * top_k);
+      } else {
+        for (int b = 0; b <= local; ++b) blocks.push_back(b);
+      }
+      const int r = t * Hkv + h;
+      for (int b : blocks) indices.push_back(rows.pt_pages[rows.pt_indptr[t] + b] * Hkv + h);
+      indptr[r + 1] = int32_t(indices.size());
+      last[r] = positions[t] % Bk + 1;
+      max_pages = std::max(max_pages, int(blocks.size()));
+    }
+  }
+  DevVec<bf16> dk(kb), dv(vb), dq(qb);
+  DevVec<int32_t> dind(indptr), didx(indices), dlast(last);
+  cuda::DeviceBuffer<bf16> dout(size_t(T) * Hq * D);
+  M3_CUDA_CHECK(cudaMemset(dout.get(), 0xFF, size_t(T) * Hq * D * sizeof(bf16)));  // NaN poison
+  const float scale = 1.f / std::sqrt(float(D));
+  cuda::PagedDecodeTc op;
+  op.plan(R, G, max_pages, allow_split);
+  cuda::PagedDecodeTcArgs<bf16> a;
+  a.q = dq.get(), a.out = dout.get(), a.k = dk.get(), a.v = dv.get();
+  a.stride_page = int64_t(Bk) * D, a.stride_tok = D;
+  a.indptr = dind.get(), a.indices = didx.get(), a.last_len = dlast.get();
+  a.R = R, a.G = G, a.scale = scale;
+  for (int rep = 0; rep < 2; ++rep) op.run(a, nullptr, rep == 1);  // second run with PDL
+  M3_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<bf16> out = to_host(dout.get(), size_t(T) * Hq * D);
+
+  cpu::PagedKV kv{kf.data(), vf.data(), page_elems, Hkv, Bk, D};
+  std::vector<float> ref(size_t(T) * Hq * D);
+  for (int t = 0; t < T; ++t) {
+    const int32_t* pt = rows.pt_pages.data() + rows.pt_indptr[t];
+    if (sparse) {
+      std::vector<int32_t> srow(size_t(Hkv) * top_k);
+      for (int h = 0; h < Hkv; ++h)
+        std::copy_n(sel.begin() + (int64_t(h) * T + t) * top_k, top_k, srow.begin() + h * top_k);
+      cpu::attention_sparse(qf.data() + size_t(t) * Hq * D, 1, Hq, &positions[t], kv, pt, srow.data(), top_k, scale,
+                            ref.data() + size_t(t) * Hq * D);
+    } else {
+      cpu::attention_dense_causal(qf.data() + size_t(t) * Hq * D, 1, Hq, &positions[t], kv, pt, scale,
+                                  ref.data() + size_t(t) * Hq * D);
+    }
+  }
+  Result res;
+  for (float x : ref) res.max_ref = std::max(res.max_ref, double(std::fabs(x)));
+  const double tol = 2e-2 * res.max_ref + 1e-3;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float o = __bfloat162float(out[i]);
+    const double err = std::isfinite(o) ? std::fabs(double(o) - ref[i]) : INFINITY;
+    res.max_err = std::max(res.max_err, err);
+    if (!(err <= tol)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "out[%zu] (row %zu, head %zu, d %zu) = %g, cpu %g", i, i / (Hq * D),
+                    i / D % Hq, i % D, double(o), double(ref[i]));
+      res.fail(buf);
+    }
+  }
+  return res;
+}
+
+Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, int H, int top_k, int64_t ppu) {
+  constexpr int Di = 128, Bk = 128;
+  std::mt19937_64 g(seed);
+  Rows rows(g, positions, Bk);
+  const int T = int(positions.size());
+  const int64_t page_elems = int64_t(Bk) * Di;
+  std::vector<bf16> kb, qb;
+  std::vector<float> kf, qf;
+  rand_bf16(g, size_t(rows.num_pages) * page_elems, kb, kf);
+  rand_bf16(g, size_t(T) * H * Di, qb, qf);
+  DevVec<bf16> dk(kb), dq(qb);
+  DevVec<int32_t> dpos(rows.pos), dseq(rows.row_seq), dpti(rows.pt_indptr), dptp(rows.pt_pages);
+  cuda::DevStepRows drows{dpos.get(), dseq.get(), dpti.get(), dptp.get(), T};
+  cuda::MsaDecodeIndex op;
+  op.plan(positions, drows, H, top_k, ppu, nullptr);
+  const int64_t cols = op.max_cols();
+  M3_CUDA_CHECK(cudaMemset(const_cast<float*>(op.scores()), 0xFF, size_t(H) * T * cols * sizeof(float)));
+  M3_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(op.selection()), 0x7F, size_t(H) * T * top_k * sizeof(int32_t)));
+  M3_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(op.attn_indices()), 0x7F, size_t(H) * T * top_k * sizeof(int32_t)));
+  cuda::DevPagedIndexKT<bf16> cache{dk.get(), page_elems};
+  for (int rep = 0; rep < 2; ++rep) op.run(dq.get(), cache, drows, nullptr, rep == 1);  // twice (tickets reset), PDL
+  M3_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto scores = to_host(op.scores(), size_t(H) * T * cols);
+  const auto sel = to_host(op.selection(), size_t(H) * T * top_k);
+  const auto indptr = to_host(op.attn_indptr(), size_t(T) * H + 1);
+  const auto last = to_host(op.attn_last_len(), size_t(T) * H);
+  const auto indices = to_host(op.attn_indices(), size_t(T) * H * top_k);
+
+  Result res;
+  cpu::PagedIndexK ck{kf.data(), page_elems, Bk, Di};
+  char buf[200];
+  int nv_sum = 0;
+  for (int t = 0; t < T; ++t) {
+    const int local = positions[t] / Bk, nb = local + 1, n = std::min(top_k, nb);
+    const int32_t* pt = rows.pt_pages.data() + rows.pt_indptr[t];
+    std::vector<float> cs(size_t(H) * nb), gs(size_t(H) * nb, -INFINITY);
+    cpu::msa_block_scores(qf.data() + size_t(t) * H * Di, 1, H, &positions[t], ck, pt, nb, cs.data());
+    const bool ranked = nb > top_k;
+    for (int h = 0; h < H; ++h)
+      for (int b = 0; ranked && b < local; ++b) {
+        const float x = scores[(int64_t(h) * T + t) * cols + b], c = cs[size_t(h) * nb + b];
+        gs[size_t(h) * nb + b] = x;
+        res.max_ref = std::max(res.max_ref, double(std::fabs(c)));
+        const double err = std::isfinite(x) ? std::fabs(double(x) - c) : INFINITY;
+        res.max_err = std::max(res.max_err, err);
+        if (!(err <= 1e-3 * std::max(1.0, double(std::fabs(c))))) {
+          std::snprintf(buf, sizeof buf, "score[h %d, row %d, block %d] = %g, cpu %g", h, t, b, double(x), double(c));
+          res.fail(buf);
+        }
+      }
+    std::vector<int32_t> sel_own(size_t(H) * top_k), sel_cpu(size_t(H) * top_k);
+    cpu::msa_topk(gs.data(), 1, H, &positions[t], Bk, nb, top_k, sel_own.data());
+    cpu::msa_topk(cs.data(), 1, H, &positions[t], Bk, nb, top_k, sel_cpu.data());
+    for (int h = 0; h < H; ++h) {
+      const int32_t* gsel = sel.data() + (int64_t(h) * T + t) * top_k;
+      const int r = t * H + h;
+      if (indptr[r] != H * nv_sum + h * n || last[r] != positions[t] % Bk + 1) {
+        std::snprintf(buf, sizeof buf, "page list header of request %d: indptr %d last %d", r, indptr[r], last[r]);
+        res.fail(buf);
+        continue;
+      }
+      for (int s = 0; s < top_k; ++s) {
+        if (gsel[s] != sel_own[h * top_k + s]) {
+          std::snprintf(buf, sizeof buf, "selection[h %d, row %d, slot %d] = %d, cpu top-k of gpu scores %d", h, t, s,
+                        gsel[s], sel_own[h * top_k + s]);
+          res.fail(buf);
+        }
+        if (s < n && indices[indptr[r] + s] != int32_t(pt[std::clamp(gsel[s], 0, local)] * ppu + h)) {
+          std::snprintf(buf, sizeof buf, "page list[r %d, slot %d] = %d", r, s, indices[indptr[r] + s]);
+          res.fail(buf);
+        }
+      }
+      if (!ranked) continue;
+      // Near ties against the CPU's own scores: the K−1-th best CPU score bounds every allowed swap.
+      std::vector<float> hist(cs.begin() + size_t(h) * nb, cs.begin() + size_t(h) * nb + local);
+      std::nth_element(hist.begin(), hist.begin() + (top_k - 2), hist.end(), std::greater<float>());
+      const float kth = hist[top_k - 2];
+      for (int s = 0; s + 1 < top_k; ++s) {
+        const int b = gsel[s];
+        if (std::find(sel_cpu.begin() + h * top_k, sel_cpu.begin() + (h + 1) * top_k, b) ==
+                sel_cpu.begin() + (h + 1) * top_k &&
+            !(b >= 0 && b < local && std::fabs(cs[size_t(h) * nb + b] - kth) <= 1e-3 * std::max(1.f, std::fabs(kth)))) {
+          std::snprintf(buf, sizeof buf, "row %d head %d picks block %d (cpu score %g), not a near tie of %g", t, h, b,
+                        b >= 0 && b < local ? double(cs[size_t(h) * nb + b]) : 0.0, double(kth));
+          res.fail(buf);
+        }
+      }
+    }
+    nv_sum += n;
+  }
+  if (indptr[size_t(T) * H] != H * nv_sum) res.fail("page list total");
+  return res;
+}
+
+}  // namespace m3::decode_check

@@ -1,0 +1,33 @@
+// Correctness checks of the bf16 decode kernels (PagedDecodeTc, MsaDecodeIndex) against their CPU twins, shared by
+// gpu_decode_test (gtest) and tools/bench_decode (which checks before it times). Implemented in a .cpp (C++20 for
+// backend/cpu/cpu_ops.h) so that CUDA sources including this header stay C++17. Inputs: random bf16 values (never
+// zero), a random non-contiguous page table per row, ragged positions; outputs poisoned before each run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace m3::decode_check {
+
+struct Result {
+  double max_err = 0, max_ref = 0;  // worst |gpu − cpu| and max |cpu|
+  int64_t bad = 0;                  // elements outside tolerance, unwritten, or contract violations
+  std::string what;                 // first failure
+  void fail(const std::string& w) {
+    if (bad++ == 0) what = w;
+  }
+};
+
+// Attention: G query heads per KV head, Hkv KV heads, HND pools, sparse (random valid selection of top_k) or dense
+// (all pages 0..local) page lists; PagedDecodeTc vs cpu::attention_sparse / attention_dense_causal.
+Result check_paged_decode(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
+                          bool allow_split, int top_k = 16);
+
+// Index scorer + top-k + page list: MsaDecodeIndex vs cpu::msa_block_scores and cpu::msa_topk. The selection must
+// equal the CPU top-k of the GPU's own scores exactly; against the CPU top-k of the CPU scores a block may differ only
+// as a near tie. Page list: CSR of n_valid, v = pt[sel]·ppu + h, last-page fill.
+Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, int H, int top_k = 16,
+                          int64_t ppu = 4);
+
+}  // namespace m3::decode_check

@@ -1,0 +1,355 @@
+// Benchmark of the bf16 decode kernels (issue 11): the index scorer fused with top-k + page-list emit
+// (MsaDecodeIndex) and the tensor-core paged decode attention (PagedDecodeTc), at M3 TP1 shapes (64 Q / 4 KV heads,
+// D 128, 4 index heads × 128, block 128, top-16, Q = 1), B ∈ {1, 8, 32, 64, 128} × context ∈ {8k, 16k, 64k, 128k,
+// 1M}.
+// Protocol (docs/KERNELS.md §9): first the correctness checks against the CPU
+// twins, then per case a CUDA graph of `rot` back-to-back calls on rotated inputs (disjoint pages and queries, so the
+// working set of one replay exceeds 2× L2), 5 warm-up + 25 timed replays, median per call and CV. GB/s by the MSA byte
+// model (attention: K+V of the selected tokens; scorer: every index key of the batch), % of a device copy ceiling
+// measured in the same run.
+//   bench_decode [--json FILE] [--commit SHA] [--quick]
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/msa_decode_index.cuh"
+#include "backend/cuda/paged_decode_tc.cuh"
+#include "decode_tc_checks.h"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// A host vector copied to a new device buffer (synchronously: the host vector may go away).
+template <typename T>
+struct DevVec {
+  m3::cuda::DeviceBuffer<T> b;
+  explicit DevVec(const std::vector<T>& h) {
+    m3::cuda::upload(b, h.data(), h.size(), nullptr);
+    M3_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+  T* get() const { return b.get(); }
+};
+
+constexpr int kD = 128, kBlock = 128, kHkv = 4, kG = 16, kHidx = 4, kTopK = 16;
+constexpr double kL2Bytes = 50e6;
+
+__global__ void fill_bf16_kernel(bf16* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 27;
+    const float u = 0.05f + 0.95f * float(z & 0xFFFFFF) / float(0x1000000);
+    p[i] = __float2bfloat16((z >> 40) & 1 ? u : -u);
+  }
+}
+void fill(bf16* p, size_t n, uint64_t seed) {
+  fill_bf16_kernel<<<2048, 256>>>(p, n, seed);
+  M3_CUDA_CHECK(cudaGetLastError());
+}
+
+struct Timing {
+  double median_us = 0, cv = 0;
+};
+
+// Captures `calls(stream)` (rot back-to-back kernel calls) into a graph; returns the median time per call.
+template <typename F>
+Timing time_graph(F calls, int rot) {
+  cudaStream_t s;
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  calls(s);  // eager once: first-use attribute calls happen outside capture
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  M3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  calls(s);
+  M3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  M3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  // 5 warm-up replays, then 25 timed replays queued back to back (no host sync in between, so the GPU never idles
+  // waiting for the host); replay i is the time between the events recorded before and after it.
+  constexpr int kTimed = 25;
+  std::vector<cudaEvent_t> ev(kTimed + 1);
+  for (auto& e : ev) M3_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < 5; ++i) M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  M3_CUDA_CHECK(cudaEventRecord(ev[0], s));
+  for (int i = 0; i < kTimed; ++i) {
+    M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    M3_CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
+  }
+  M3_CUDA_CHECK(cudaEventSynchronize(ev[kTimed]));
+  std::vector<double> t;
+  for (int i = 0; i < kTimed; ++i) {
+    float ms = 0;
+    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+    t.push_back(1e3 * ms / rot);
+  }
+  std::vector<double> sorted = t;
+  std::sort(sorted.begin(), sorted.end());
+  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
+  double var = 0;
+  for (double x : t) var += (x - mean) * (x - mean);
+  Timing r{sorted[sorted.size() / 2], std::sqrt(var / t.size()) / mean};
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+  return r;
+}
+
+// 16-byte grid-stride copy, 4 loads in flight per thread.
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a, dst[i + stride] = b, dst[i + 2 * stride] = c, dst[i + 3 * stride] = d;
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+// Device copy ceiling (read + write bytes, 1 GiB each way): the best of a copy kernel at two grid sizes and
+// cudaMemcpyAsync (graph replays back to back). *detail gets each measurement.
+double copy_ceiling_gbps(std::string* detail) {
+  const size_t bytes = size_t(1) << 30;
+  m3::cuda::DeviceBuffer<uint8_t> a(bytes), b(bytes);
+  M3_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  int sms = 0;
+  M3_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  double best = 0;
+  char buf[160];
+  for (int blocks_per_sm : {4, 16}) {
+    const Timing t = time_graph(
+        [&](cudaStream_t s) {
+          copy_kernel<<<sms * blocks_per_sm, 256, 0, s>>>(reinterpret_cast<const uint4*>(a.get()),
+                                                           reinterpret_cast<uint4*>(b.get()), bytes / 16);
+          M3_CUDA_CHECK(cudaGetLastError());
+        },
+        1);
+    const double g = 2.0 * bytes / (t.median_us * 1e3);
+    std::snprintf(buf, sizeof buf, "copy kernel %d CTAs/SM %.0f GB/s; ", blocks_per_sm, g);
+    *detail += buf;
+    best = std::max(best, g);
+  }
+  const Timing tm = time_graph(
+      [&](cudaStream_t s) { M3_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s)); }, 1);
+  const double g = 2.0 * bytes / (tm.median_us * 1e3);
+  std::snprintf(buf, sizeof buf, "cudaMemcpyAsync %.0f GB/s", g);
+  *detail += buf;
+  return std::max(best, g);
+}
+
+// vLLM Triton anchors from issue 11 (µs, same shapes, one H200); 0 = not measured.
+double vllm_attention(int B) { return B == 8 ? 21.0 : B == 32 ? 43.5 : B == 64 ? 76.5 : 0; }
+double vllm_index(int B, int ctx) {
+  if (B == 8) return ctx == 8192 ? 18.4 : ctx == 16384 ? 21.5 : ctx == 65536 ? 45.3 : ctx == 131072 ? 79.4 : 0;
+  if (B == 64) return ctx == 8192 ? 46.5 : ctx == 16384 ? 77.8 : ctx == 65536 ? 268 : ctx == 131072 ? 522 : 0;
+  return 0;
+}
+
+struct Record {
+  std::string op, shape, variant;
+  double us, gbps, pct, cv, vllm;
+};
+
+std::string fmt_anchor(double v) {
+  if (v <= 0) return "—";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", v);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path, commit = "unknown";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--commit") && i + 1 < argc) commit = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  try {
+    if (m3::cuda::device_count() == 0) {
+      std::printf("bench_decode: no CUDA device\n");
+      return 0;
+    }
+    cudaDeviceProp prop;
+    M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+
+    // ---- correctness first --------------------------------------------------------------------------------------
+    using namespace m3::decode_check;
+    const std::vector<int32_t> mixed = {0, 5, 127, 128, 1000, 2047, 2048, 5000, 16383, 70000};
+    auto wide_rows = [] {  // 40 rows × 4 KV heads > #SMs: the wide pipeline
+      std::vector<int32_t> p;
+      for (int i = 0; i < 40; ++i) p.push_back(97 + 1733 * i);
+      return p;
+    };
+    struct Check {
+      const char* name;
+      Result r;
+    };
+    std::vector<Check> checks = {
+        {"paged_decode_tc sparse G16 split", check_paged_decode(11, mixed, 4, 16, true, true)},
+        {"paged_decode_tc sparse G16 nosplit", check_paged_decode(12, mixed, 4, 16, true, false)},
+        {"paged_decode_tc sparse G8", check_paged_decode(13, mixed, 1, 8, true, true)},
+        {"paged_decode_tc dense", check_paged_decode(14, {3, 300, 4000, 9000}, 4, 16, false, true)},
+        {"paged_decode_tc sparse G16 wide", check_paged_decode(17, wide_rows(), 4, 16, true, true)},
+        {"msa_decode_index H4", check_decode_index(15, mixed, 4)},
+        {"msa_decode_index H1", check_decode_index(16, {2100, 40000, 130000}, 1, 16, 1)},
+    };
+    bool all_ok = true;
+    for (auto& c : checks) {
+      std::printf("check %-36s max|err| %.3g / max|ref| %.3g  %s %s\n", c.name, c.r.max_err, c.r.max_ref,
+                  c.r.bad ? "FAIL" : "ok", c.r.what.c_str());
+      all_ok &= c.r.bad == 0;
+    }
+
+    std::string copy_detail;
+    const double copy = copy_ceiling_gbps(&copy_detail);
+    std::printf("copy ceiling (read + write, best of): %.0f GB/s (%s)\n", copy, copy_detail.c_str());
+
+    const std::vector<int> batches = quick ? std::vector<int>{8, 64} : std::vector<int>{1, 8, 32, 64, 128};
+    const std::vector<int> ctxs =
+        quick ? std::vector<int>{16384, 65536} : std::vector<int>{8192, 16384, 65536, 131072, 1048576};
+    std::vector<Record> recs;
+
+    // ---- index scorer + top-k + page list ----------------------------------------------------------------------
+    const size_t pool_pages_max = size_t(32) << 30 >> 15;  // 32 GiB of 32 KiB index pages
+    size_t need_max = 0;
+    for (int B : batches)
+      for (int ctx : ctxs) {
+        const size_t pages = size_t(B) * (ctx / kBlock);
+        const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / (pages * 32768.0)), 1, 64));
+        need_max = std::max(need_max, pages * rot);
+      }
+    const size_t ipages = std::min(need_max + 16, pool_pages_max + 16);
+    m3::cuda::DeviceBuffer<bf16> ipool(ipages * kBlock * kD);
+    fill(ipool.get(), ipages * kBlock * kD, 1);
+    std::mt19937_64 g(7);
+    for (int B : batches)
+      for (int ctx : ctxs) {
+        const int local = (ctx - 1) / kBlock, npages = local + 1;
+        const size_t pages = size_t(B) * npages;
+        const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / (pages * 32768.0)), 1, 64));
+        if (pages * rot > ipages) {
+          std::printf("index B=%d ctx=%d: skipped (index pool too small)\n", B, ctx);
+          continue;
+        }
+        std::vector<int32_t> pos(B, ctx - 1), seq(B), pti(B + 1);
+        for (int b = 0; b < B; ++b) seq[b] = b, pti[b + 1] = pti[b] + npages;
+        std::vector<int32_t> perm(pages * rot);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), g);
+        DevVec<int32_t> dpos(pos), dseq(seq), dpti(pti), dperm(perm);
+        m3::cuda::DeviceBuffer<bf16> iq(size_t(rot) * B * kHidx * kD);
+        fill(iq.get(), size_t(rot) * B * kHidx * kD, 2);
+        std::vector<m3::cuda::DevStepRows> rows(rot);
+        for (int r = 0; r < rot; ++r)
+          rows[r] = {dpos.get(), dseq.get(), dpti.get(), dperm.get() + size_t(r) * pages, B};
+        // One plan per rotated step: the plan holds the step's page list (work_pages).
+        std::vector<m3::cuda::MsaDecodeIndex> ops(rot);
+        for (int r = 0; r < rot; ++r) ops[r].plan(pos, rows[r], kHidx, kTopK, kHkv, nullptr);
+        m3::cuda::DevPagedIndexKT<bf16> cache{ipool.get(), int64_t(kBlock) * kD};
+        for (const bool pdl : {false, true}) {
+          const Timing t = time_graph(
+              [&](cudaStream_t s) {
+                for (int r = 0; r < rot; ++r)
+                  ops[r].run(iq.get() + size_t(r) * B * kHidx * kD, cache, rows[r], s, pdl);
+              },
+              rot);
+          const double bytes = double(B) * ctx * kD * 2;
+          const double gbps = bytes / (t.median_us * 1e3);
+          char shape[64];
+          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1", B, ctx / 1024);
+          recs.push_back({"msa_decode_index", shape, pdl ? "graph+PDL" : "graph", t.median_us, gbps, 100 * gbps / copy,
+                          t.cv, vllm_index(B, ctx)});
+        }
+      }
+    ipool.reset();
+
+    // ---- paged decode attention ----------------------------------------------------------------------------------
+    const int P = 16384;  // K and V pools [P, 4, 128, 128] bf16: 2 GiB each
+    m3::cuda::DeviceBuffer<bf16> kpool(size_t(P) * kHkv * kBlock * kD), vpool(size_t(P) * kHkv * kBlock * kD);
+    fill(kpool.get(), size_t(P) * kHkv * kBlock * kD, 3);
+    fill(vpool.get(), size_t(P) * kHkv * kBlock * kD, 4);
+    for (int B : batches)
+      for (int ctx : ctxs) {
+        const int local = (ctx - 1) / kBlock, n = std::min(kTopK, local + 1), R = B * kHkv;
+        const double tokens = double(R) * ((n - 1) * kBlock + (ctx - 1) % kBlock + 1);
+        const double bytes = tokens * kD * 2 * 2;
+        const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / bytes), 1, 64));
+        std::vector<int32_t> indptr(R + 1), last(R, (ctx - 1) % kBlock + 1), idx(size_t(rot) * R * n);
+        for (int r = 0; r < R; ++r) indptr[r + 1] = indptr[r] + n;
+        for (int q = 0; q < rot; ++q)
+          for (int r = 0; r < R; ++r) {
+            int32_t* row = idx.data() + (size_t(q) * R + r) * n;
+            for (int s = 0; s < n; ++s) {
+              int32_t p;
+              do p = int32_t(g() % P);
+              while (std::find(row, row + s, p * kHkv + r % kHkv) != row + s);
+              row[s] = p * kHkv + r % kHkv;
+            }
+          }
+        DevVec<int32_t> dind(indptr), dlast(last), didx(idx);
+        m3::cuda::DeviceBuffer<bf16> q(size_t(rot) * R * kG * kD), out(size_t(rot) * R * kG * kD);
+        fill(q.get(), size_t(rot) * R * kG * kD, 5);
+        m3::cuda::PagedDecodeTc op;
+        op.plan(R, kG, n, true);
+        for (const bool pdl : {false, true}) {
+          const Timing t = time_graph(
+              [&](cudaStream_t s) {
+                for (int r = 0; r < rot; ++r) {
+                  m3::cuda::PagedDecodeTcArgs<bf16> a;
+                  a.q = q.get() + size_t(r) * R * kG * kD, a.out = out.get() + size_t(r) * R * kG * kD;
+                  a.k = kpool.get(), a.v = vpool.get(), a.stride_page = int64_t(kBlock) * kD, a.stride_tok = kD;
+                  a.indptr = dind.get(), a.indices = didx.get() + size_t(r) * R * n, a.last_len = dlast.get();
+                  a.R = R, a.G = kG, a.scale = 1.f / std::sqrt(float(kD));
+                  op.run(a, s, pdl);
+                }
+              },
+              rot);
+          const double gbps = bytes / (t.median_us * 1e3);
+          char shape[64];
+          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d %s", B, ctx / 1024, op.splits(),
+                        op.deep() ? "deep" : "wide");
+          recs.push_back({"paged_decode_tc", shape, pdl ? "graph+PDL" : "graph", t.median_us, gbps, 100 * gbps / copy,
+                          t.cv, vllm_attention(B)});
+        }
+      }
+
+    std::printf("\n| op | shape | launch | median µs | CV | GB/s | %% of copy | vLLM µs |\n"
+                "|---|---|---|---|---|---|---|---|\n");
+    for (const auto& r : recs)
+      std::printf("| %s | %s | %s | %.1f | %.1f%% | %.0f | %.0f%% | %s |\n", r.op.c_str(), r.shape.c_str(),
+                  r.variant.c_str(), r.us, 100 * r.cv, r.gbps, r.pct, fmt_anchor(r.vllm).c_str());
+    if (!json_path.empty()) {
+      FILE* f = std::fopen(json_path.c_str(), "w");
+      if (!f) throw std::runtime_error("cannot write " + json_path);
+      std::fprintf(f, "[\n");
+      for (size_t i = 0; i < recs.size(); ++i) {
+        const auto& r = recs[i];
+        std::fprintf(f,
+                     "  {\"op\": \"%s\", \"shape\": \"%s\", \"variant\": \"bf16 sm90a %s rotated\", "
+                     "\"median_us\": %.2f, \"cv\": %.4f, \"gbps\": %.0f, \"pct_copy\": %.1f, \"copy_gbps\": %.0f, "
+                     "\"vllm_us\": %.1f, \"commit\": \"%s\", \"gpu\": \"%s\"}%s\n",
+                     r.op.c_str(), r.shape.c_str(), r.variant.c_str(), r.us, r.cv, r.gbps, r.pct, copy, r.vllm,
+                     commit.c_str(), prop.name, i + 1 < recs.size() ? "," : "");
+      }
+      std::fprintf(f, "]\n");
+      std::fclose(f);
+    }
+    return all_ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_decode: %s\n", e.what());
+    return 2;
+  }
+}
