@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 #include "model/executor.h"
 #include "model/m3_model.h"
 

@@ -27,7 +27,7 @@
 #include "backend/cuda/msa_indexer.cuh"
 #include "backend/cuda/msa_prefill.cuh"
 #include "backend/cuda/msa_topk.cuh"
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 #include "model/cuda_executor.h"
 #include "model/m3_model.h"
 
