@@ -2,7 +2,22 @@
 
 #include <fmt/format.h>
 
+#include "base/error.h"
+
 namespace m3 {
+
+std::vector<SampledToken> ModelExecutor::forward_sample(std::span<const SeqInput> seqs,
+                                                        std::span<const RowSampling> rows) {
+  M3_CHECK(rows.size() == seqs.size(), "forward_sample: {} sampling rows for {} sequences", rows.size(), seqs.size());
+  std::vector<std::vector<float>> logits = forward(seqs);
+  std::vector<SampledToken> out(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (!rows[i].params) continue;
+    const int64_t V = config().vocab_size;
+    out[i] = sample_row(std::span<float>(logits[i]).last(size_t(V)), rows[i]);
+  }
+  return out;
+}
 
 std::string CpuExecutor::describe() const {
   const M3Config& c = model_.config();

@@ -1,6 +1,7 @@
 // A model executor runs forwards for the engine over a paged cache it owns. The CPU executor wraps M3Model and a
 // host KVCache; the CUDA executor (issue 5) holds device weights and device pages. The engine only sees page ids:
-// it allocates them from pool() and passes page tables in SeqInput.
+// it allocates them from pool() and passes page tables in SeqInput. Serving steps go through forward_sample()
+// (tokens out); forward() returns logits for `score`, tests and traces.
 #pragma once
 
 #include <memory>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "kv/page_pool.h"
 #include "model/m3_model.h"
@@ -21,6 +23,9 @@ class ModelExecutor {
   virtual PagePool& pool() = 0;
   // Same contract as M3Model::forward: writes the new tokens' K/V/index-K, returns logits per sequence.
   virtual std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace = nullptr) = 0;
+  // Runs the step and samples: rows[i] belongs to seqs[i] (its last logits row); rows without params get id −1.
+  // This version samples the forward()'s logits on the host (engine/sampler.h); a device sampler overrides it.
+  virtual std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows);
   virtual std::string describe() const = 0;  // for the startup line, e.g. "cpu fp32, 512 pages × 16 tokens"
 };
 
