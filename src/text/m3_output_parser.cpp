@@ -168,7 +168,7 @@ Match match_invoke_open(std::string_view b, size_t i, bool at_end, size_t* end) 
   return is_ws(b[*end]) ? kFull : kNone;
 }
 
-// NS<tool_call>, or the tolerated degenerate opener (SERVING.md §3.4): a bare <tool_call> followed by
+// NS<tool_call>, or the tolerated degenerate opener (docs/SERVING_FORMAT.md §3.4): a bare <tool_call> followed by
 // a prefixed invoke. *len = the opener's length (the lookahead is not consumed).
 Match match_tool_open(std::string_view b, size_t i, bool at_end, size_t* len) {
   size_t end = 0;
@@ -233,7 +233,7 @@ bool M3OutputParser::step_text(ParsedDelta& out, bool at_end) {
         emit_text(out, b.substr(0, i));
         pending_raw_.assign(b.substr(i, len));
         block_from_reasoning_ = phase_ == Phase::kReasoning;
-        // Tool markup inside reasoning ends the reasoning implicitly (SERVING.md §3.4); if the block
+        // Tool markup inside reasoning ends the reasoning implicitly (docs/SERVING_FORMAT.md §3.4); if the block
         // fails without a committed call, abandon_block() puts it back into reasoning.
         if (block_from_reasoning_) phase_ = Phase::kBeforeThink;
         block_commits_ = 0;
