@@ -11,12 +11,6 @@ namespace m3 {
 
 using Clock = std::chrono::steady_clock;
 
-int32_t default_cpu_pages(const M3Config& c) {
-  // Without an explicit size: room for 8 full-length sequences of at most 4096 tokens.
-  const int64_t len = std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
-  return int32_t(8 * ((len + c.sparse_block_size - 1) / c.sparse_block_size));
-}
-
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::Stop: return "stop";

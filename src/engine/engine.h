@@ -32,9 +32,6 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
 };
 
-// KV pages the CPU executor gets when no size is given: 8 sequences of min(max_position_embeddings, 4096) tokens.
-int32_t default_cpu_pages(const M3Config& c);
-
 class Engine {
  public:
   // Runs on the CPU reference backend with an executor of cfg.num_pages pages.

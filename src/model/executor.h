@@ -27,19 +27,30 @@ class ModelExecutor {
   // This version samples the forward()'s logits on the host (engine/sampler.h); a device sampler overrides it.
   virtual std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows);
   virtual std::string describe() const = 0;  // for the startup line, e.g. "cpu fp32, 512 pages × 16 tokens"
+  // Bytes of one KV page unit in this executor's cache (what a KV memory budget is divided by).
+  virtual int64_t page_bytes() const = 0;
 };
+
+// KV pages the CPU executor gets when no size is given: 8 sequences of min(max_position_embeddings, 4096) tokens.
+int32_t default_cpu_pages(const M3Config& c);
 
 class CpuExecutor final : public ModelExecutor {
  public:
   CpuExecutor(const M3Model& model, int32_t num_pages) : model_(model), cache_(model.config(), num_pages) {}
+  // Owns the model (make_executor).
+  CpuExecutor(std::unique_ptr<const M3Model> model, int32_t num_pages)
+      : owned_(std::move(model)), model_(*owned_), cache_(model_.config(), num_pages) {}
+  static int64_t page_bytes_for(const M3Config& c) { return KVCache::page_floats(c) * int64_t(sizeof(float)); }
   const M3Config& config() const override { return model_.config(); }
   PagePool& pool() override { return cache_.pool(); }
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace) override {
     return model_.forward(seqs, cache_, trace);
   }
   std::string describe() const override;
+  int64_t page_bytes() const override { return page_bytes_for(model_.config()); }
 
  private:
+  std::unique_ptr<const M3Model> owned_;
   const M3Model& model_;
   KVCache cache_;
 };
