@@ -17,7 +17,7 @@
 #include "engine/engine.h"
 #include "model/executor_factory.h"
 #include "server/choice_stream.h"
-#include "text/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace m3::app {
 

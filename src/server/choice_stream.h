@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/request.h"
-#include "text/detokenizer.h"
-#include "text/m3_output_parser.h"
-#include "text/tokenizer.h"
+#include "text/tokenizer/detokenizer.h"
+#include "text/parsers/m3_output_parser.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace m3::server {
 

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "text/m3_output_parser.h"
+#include "text/parsers/m3_output_parser.h"
 
 namespace m3::test {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "text/jinja.h"
+#include "text/jinja/jinja.h"
 
 namespace m3::jinja {
 

@@ -1,4 +1,4 @@
-#include "text/m3_output_parser.h"
+#include "text/parsers/m3_output_parser.h"
 
 #include <algorithm>
 #include <atomic>

@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "text/tool_parser.h"
+#include "text/parsers/tool_parser.h"
 
 namespace m3 {
 
