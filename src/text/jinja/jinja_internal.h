@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -250,5 +251,215 @@ std::string py_upper(std::string_view s);
 std::string py_lower(std::string_view s);
 std::vector<std::string> py_split_whitespace(std::string_view s, int64_t maxsplit);
 std::vector<std::string> py_splitlines(std::string_view s);
+
+// ---------------------------------------------------------------------------------------------------
+// The evaluator (jinja_eval.cpp: globals, attributes, operators, expressions, statements; jinja_methods.cpp:
+// Python str/dict/list methods and %-formatting; jinja_filters.cpp: filters and tests)
+
+enum class Flow { Normal, Break, Continue };
+
+struct Frame {
+  std::shared_ptr<Frame> parent;
+  std::vector<std::pair<std::string, Value>> vars;
+  Value* find(const std::string& n) {
+    for (auto& [k, v] : vars)
+      if (k == n) return &v;
+    return nullptr;
+  }
+  void set(const std::string& n, Value v) {
+    if (Value* p = find(n))
+      *p = std::move(v);
+    else
+      vars.emplace_back(n, std::move(v));
+  }
+};
+using FramePtr = std::shared_ptr<Frame>;
+
+// Python type name of a value, for error messages ("int", "str", "Undefined", ...).
+std::string type_name(const Value& v);
+
+// Shared by the methods and the filters / tests (jinja_methods.cpp).
+std::string py_capitalize(std::string_view s);
+std::string py_replace(const std::string& s, const std::string& old, const std::string& rep, int64_t count);
+bool str_pred(const std::string& s, int which);  // str.isalpha() & co.; `which` indexes string_method's table
+// Python printf-style formatting: fmt % args (`mapping` set for "%(name)s" forms).
+std::string py_percent_format(Evaluator& ev, const std::string& fmt, const std::vector<Value>& args,
+                              const Value* mapping, int line);
+
+using FilterFn = Value (*)(Evaluator&, const Value&, CallValues&);
+using TestFn = bool (*)(Evaluator&, const Value&, CallValues&);
+const std::unordered_map<std::string, FilterFn>& filters();
+const std::unordered_map<std::string, TestFn>& tests();
+
+class Evaluator {
+ public:
+  Evaluator(const Program& p, const Json& ctx) : prog_(p) {
+    // Non-owning (aliasing with an empty owner): the caller's context outlives the render.
+    root_data_.kind = Value::Kind::Data;
+    root_data_.data = std::shared_ptr<const Json>(std::shared_ptr<const Json>(), &ctx);
+    root_ = std::make_shared<Frame>();
+    install_globals();
+  }
+
+  std::string run() {
+    std::string out;
+    exec(prog_.body, root_, out);
+    return out;
+  }
+
+  // ------------------------------------------------------------------------------------ errors
+  [[noreturn]] void rt_fail(int line, const std::string& msg) const {
+    fail("{}:{}: {}", prog_.name, line, msg);
+  }
+  void need(const Value& v, int line) const {
+    if (v.is_undefined()) rt_fail(line, v.hint);
+  }
+  int line() const { return cur_line_; }
+
+  // ------------------------------------------------------------------------------------ helpers
+  static const Value* arg(CallValues& a, size_t idx, const char* name) {
+    if (idx < a.pos.size()) return &a.pos[idx];
+    for (auto& [k, v] : a.kw)
+      if (k == name) return &v;
+    return nullptr;
+  }
+
+  std::string as_string(const Value& v) const { return py_str(v); }
+
+  Json to_json(const Value& v, int line) const {
+    if (v.is_data()) return v.j();
+    if (v.is_undefined()) return nullptr;
+    rt_fail(line, "a " + type_name(v) + " value cannot be stored in a list or dict");
+  }
+
+  std::vector<Value> iterate(const Value& v, int line) const {
+    std::vector<Value> r;
+    if (v.is_undefined()) return r;
+    if (!v.is_data()) rt_fail(line, "'" + type_name(v) + "' object is not iterable");
+    const Json& j = v.j();
+    if (j.is_array()) {
+      r.reserve(j.size());
+      for (const auto& e : j) {
+        r.push_back(Value::child(v, &e));
+        if (v.shape == 2) r.back().shape = 1;
+      }
+    } else if (j.is_object()) {
+      for (auto it = j.begin(); it != j.end(); ++it) r.push_back(Value::of(it.key()));
+    } else if (j.is_string()) {
+      for (auto c : utf8_chars(v.str())) r.push_back(Value::of(std::string(c)));
+    } else {
+      rt_fail(line, "'" + type_name(v) + "' object is not iterable");
+    }
+    return r;
+  }
+
+  static Value list_value(const std::vector<Value>& items, const Evaluator& ev, int line) {
+    Json arr = Json::array();
+    bool all_tuples = !items.empty();
+    for (auto& x : items) {
+      arr.push_back(ev.to_json(x, line));
+      all_tuples = all_tuples && x.shape == 1;
+    }
+    Value v = Value::of(std::move(arr));
+    if (all_tuples) v.shape = 2;
+    return v;
+  }
+
+  void check_size(size_t n, int line) const {
+    if (n > prog_.opts.max_output_bytes) rt_fail(line, "template output exceeds the size limit");
+  }
+
+  // ------------------------------------------------------------------------------------ lookups
+  Value lookup(const std::string& name, const FramePtr& f) {
+    for (Frame* fr = f.get(); fr; fr = fr->parent.get())
+      if (Value* v = fr->find(name)) return *v;
+    const Json& ctx = root_data_.j();
+    auto it = ctx.find(name);
+    if (it != ctx.end()) return Value::child(root_data_, &*it);
+    auto g = globals_.find(name);
+    if (g != globals_.end()) return g->second;
+    return Value::undefined("'" + name + "' is undefined");
+  }
+
+  Value bound(std::string name, std::function<Value(Evaluator&, CallValues&)> fn) {
+    Value v;
+    v.kind = Value::Kind::Callable;
+    v.fn = std::make_shared<Callable>();
+    v.fn->name = std::move(name);
+    v.fn->fn = std::move(fn);
+    return v;
+  }
+
+  Value get_attr(const Value& obj, const std::string& name, int line);
+  Value get_item(const Value& obj, const Value& key, int line);
+  Value string_method(const Value& obj, const std::string& name);
+  Value dict_method(const Value& obj, const std::string& name);
+  Value list_method(const Value& obj, const std::string& name);
+  Value loop_attr(const Value& obj, const std::string& name);
+
+  // ------------------------------------------------------------------------------------ eval
+  Value eval(const Expr& e, const FramePtr& f);
+  Value call(const Value& callee, CallValues& args, int line) {
+    if (callee.kind == Value::Kind::Callable) {
+      args.line = line;
+      int saved = cur_line_;
+      cur_line_ = line;
+      Value r = callee.fn->fn(*this, args);
+      cur_line_ = saved;
+      return r;
+    }
+    need(callee, line);
+    rt_fail(line, "'" + type_name(callee) + "' object is not callable");
+  }
+  void eval_args(const CallArgs& a, const FramePtr& f, CallValues& out) {
+    for (auto& p : a.pos) out.pos.push_back(eval(*p, f));
+    for (auto& [k, v] : a.kw) out.kw.emplace_back(k, eval(*v, f));
+  }
+  Value apply_filter(const Expr& e, const Value& input, const FramePtr& f) {
+    CallValues args;
+    eval_args(e.args, f, args);
+    args.line = e.line;
+    int saved = cur_line_;
+    cur_line_ = e.line;
+    Value r = filters().at(e.name)(*this, input, args);
+    cur_line_ = saved;
+    return r;
+  }
+  // A filter chain whose innermost input is `input` (for {% filter %} and {% set x | f %}).
+  Value apply_filter_chain(const Expr& e, const Value& input, const FramePtr& f) {
+    Value in = e.a ? apply_filter_chain(*e.a, input, f) : input;
+    return apply_filter(e, in, f);
+  }
+  bool run_test(const std::string& name, const Value& v, CallValues& args, int line) {
+    args.line = line;
+    int saved = cur_line_;
+    cur_line_ = line;
+    bool r = tests().at(name)(*this, v, args);
+    cur_line_ = saved;
+    return r;
+  }
+  Value binary(const std::string& op, const Value& l, const Value& r, int line);
+  bool compare(const std::string& op, const Value& l, const Value& r, int line);
+  bool contains(const Value& container, const Value& item, int line);
+  Value slice(const Value& obj, const Value* start, const Value* stop, const Value* step, int line);
+
+  // ------------------------------------------------------------------------------------ exec
+  Flow exec(const Body& body, const FramePtr& f, std::string& out);
+  void bind_targets(const Stmt& s, const Value& v, Frame& f);
+  Value make_macro(const Stmt& s, const FramePtr& def_frame);
+  Value invoke_macro(const Stmt& s, const std::vector<MacroParam>& params, const Body& body,
+                     const FramePtr& def_frame, CallValues& args, const std::string& name);
+
+  const Program& prog_;
+  int depth_ = 0;
+  int cur_line_ = 0;
+
+ private:
+  void install_globals();
+
+  Value root_data_;
+  FramePtr root_;
+  std::unordered_map<std::string, Value> globals_;
+};
 
 }  // namespace m3::jinja
