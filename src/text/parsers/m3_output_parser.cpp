@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "base/rng.h"
+
 namespace m3 {
 namespace {
 
@@ -34,13 +36,6 @@ size_t skip_gap(std::string_view b, size_t i) {
 
 bool all_ws(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return is_ws(c); });
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 // Per-parser seed for call ids. random_device may be unavailable in odd sandboxes; a clock-based
