@@ -165,24 +165,32 @@ TEST(Scheduler, PreemptsTheNewestUnderPagePressureAndStillFinishesEverything) {
 }
 
 TEST(Scheduler, APreemptedSequenceKeepsItsTokensAndRecomputesFromTheCache) {
-  PagePool pool(6);
+  PagePool pool(7);  // both reach 3 pages; "old" takes the last free one, "new" must then be preempted
   Scheduler s(pool, config(100));
   s.add(seq("old", 4, 12, 0));
   s.add(seq("new", 4, 12, 1, 100));
+  const Sequence* victim = nullptr;
   bool preempted = false;
-  while (s.has_work() && !preempted) {
+  int64_t resumed_at = -1;
+  while (s.has_work()) {
     StepPlan plan = s.schedule();
+    for (auto& r : plan.rows)
+      if (r.seq->req.id == "new") {
+        if (!victim) victim = r.seq;
+        if (preempted && resumed_at < 0) resumed_at = r.seq->computed;
+      }
     if (plan.stats.preemptions) {
       preempted = true;
-      EXPECT_EQ(s.num_waiting(), 1);
-      break;
+      ASSERT_NE(victim, nullptr);
+      EXPECT_TRUE(victim->pages.empty());
+      EXPECT_EQ(victim->computed, 0);
+      EXPECT_EQ(int(victim->tokens.size()), 4 + victim->generated);  // prompt + generated survive
+      EXPECT_GT(victim->generated, 0);
     }
     std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
     s.update(plan, toks);
   }
-  ASSERT_TRUE(preempted);
-  RunResult r = run_to_end(s, pool);
-  EXPECT_EQ(r.finished.size(), 2u);
+  EXPECT_EQ(resumed_at, 12);  // its three full pages came back from the prefix cache
 }
 
 TEST(Scheduler, AbortInEveryStateReturnsEveryPage) {
