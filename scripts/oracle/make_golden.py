@@ -22,7 +22,7 @@ Golden format (contract, see docs/ORACLE.md): golden.safetensors with
   the last one BEFORE the final norm); selection.{l} I32 [Hidx,T,K] (sorted ascending, -1 padded);
   block_scores.{l} F32 [Hidx,T,NB] (score HF ranks: local block +inf, future blocks -inf);
   extras: block_scores_raw.{l}, experts.{l}, expert_weights.{l}.
-Every run also compares HF against an independent re-implementation of M3_MODEL.md §3 written here.
+Every run also compares HF against an independent re-implementation of docs/M3_MODEL.md §3 written here.
 """
 
 import argparse
@@ -399,7 +399,7 @@ def load_into_hf(model, ck, text_flat, allow_unused=()):
 
 
 # ----------------------------------------------------------------------------------------------
-# Independent re-implementation of M3_MODEL.md §3 (fp32), from our checkpoint names
+# Independent re-implementation of docs/M3_MODEL.md §3 (fp32), from our checkpoint names
 # ----------------------------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@
 #include "app/commands.h"
 #include "app/model_runner.h"
 #include "base/error.h"
+#include "model/executor_factory.h"
 
 namespace m3::app {
 
@@ -55,10 +56,8 @@ CommandRun register_score(CLI::App& app) {
     std::vector<int32_t> ids = parse_id_list(opt->ids.empty() ? read_all(opt->ids_file) : opt->ids);
     M3_CHECK(!ids.empty(), "score: no token ids");
     const int64_t T = int64_t(ids.size());
-    const M3Config probe = load_m3_config((std::filesystem::path(opt->model) / "config.json").string());
-    const int32_t pages = int32_t((T + probe.sparse_block_size - 1) / probe.sparse_block_size);
-    LoadedModel lm = load_model(opt->model, opt->device, opt->device == "cpu" ? pages : 0, pages);
-    ModelExecutor& ex = *lm.executor;
+    const std::unique_ptr<ModelExecutor> executor = make_executor(opt->model, opt->device, KvBudget{0, T});
+    ModelExecutor& ex = *executor;
     const M3Config& c = ex.config();
     SequenceKV seq(ex.pool(), c.sparse_block_size);
     ForwardTrace trace;

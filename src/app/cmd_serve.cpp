@@ -18,7 +18,7 @@
 #include "app/model_runner.h"
 #include "base/error.h"
 #include "engine/engine.h"
-#include "kv/kv_cache.h"
+#include "model/executor_factory.h"
 #include "server/http_server.h"
 #include "server/openai_service.h"
 
@@ -102,8 +102,8 @@ int64_t expected_load_bytes(const std::string& dir) {
 
 // Loads the model onto `device` while a thread draws a progress bar on stderr. Progress = resident memory grown /
 // bytes the load will touch (an estimate: the loader has no callback), clamped below 100 % until it returns.
-LoadedModel load_with_progress(const std::string& dir, const std::string& device, int32_t num_pages,
-                               int32_t cpu_default_pages) {
+std::unique_ptr<ModelExecutor> load_with_progress(const std::string& dir, const std::string& device,
+                                                  KvBudget kv) {
   const int64_t expected = expected_load_bytes(dir);
   const int64_t rss0 = resident_bytes();
   std::atomic<bool> done{false};
@@ -130,7 +130,7 @@ LoadedModel load_with_progress(const std::string& dir, const std::string& device
     }
   });
   try {
-    LoadedModel m = load_model(dir, device, num_pages, cpu_default_pages);
+    std::unique_ptr<ModelExecutor> m = make_executor(dir, device, kv);
     done = true;
     bar.join();
     draw(1.0, true);
@@ -216,30 +216,22 @@ CommandRun register_serve(CLI::App& app) {
     }
     const int64_t max_body = parse_bytes(o->max_body_bytes, "--max-body-bytes");
 
-    // The config alone sizes the cache; then the weights load onto the chosen device.
-    const M3Config c = load_m3_config((fs::path(o->model) / "config.json").string());
-    if (int64_t(tokenizer->vocab_size()) > c.vocab_size)
-      std::fprintf(stderr, "warning: tokenizer has %zu ids but the model's vocabulary is %d; larger ids are rejected\n",
-                   tokenizer->vocab_size(), c.vocab_size);
-
     EngineConfig ec;
     ec.max_num_seqs = o->max_num_seqs;
     ec.max_num_batched_tokens = o->max_num_batched_tokens;
     ec.max_model_len = o->max_model_len;
     ec.enable_prefix_caching = o->prefix_caching;
-    const int64_t page_bytes = KVCache::page_floats(c) * int64_t(sizeof(float));
-    if (!o->kv_cache_memory.empty()) {
-      const int64_t bytes = parse_bytes(o->kv_cache_memory, "--kv-cache-memory");
-      const int64_t pages = bytes / page_bytes;
-      M3_CHECK(pages >= 1, "--kv-cache-memory {} holds no page (one page is {} bytes)", o->kv_cache_memory,
-               page_bytes);
-      M3_CHECK(pages < (int64_t(1) << 31), "--kv-cache-memory is too large");
-      ec.num_pages = int32_t(pages);
-    }
-    LoadedModel lm = load_with_progress(o->model, o->device, ec.num_pages, default_cpu_pages(c));
+    // --kv-cache-memory is divided by the chosen executor's own page size (checked before the weights load).
+    KvBudget kv;
+    if (!o->kv_cache_memory.empty()) kv.bytes = parse_bytes(o->kv_cache_memory, "--kv-cache-memory");
+    const std::unique_ptr<ModelExecutor> executor = load_with_progress(o->model, o->device, kv);
+    const M3Config& c = executor->config();
+    if (int64_t(tokenizer->vocab_size()) > c.vocab_size)
+      std::fprintf(stderr, "warning: tokenizer has %zu ids but the model's vocabulary is %d; larger ids are rejected\n",
+                   tokenizer->vocab_size(), c.vocab_size);
     // Held by pointer so it can be destroyed (dropping every output sink, which hold HTTP connections) before
     // the HTTP server at shutdown.
-    auto engine_ptr = std::make_unique<Engine>(*lm.executor, ec);
+    auto engine_ptr = std::make_unique<Engine>(*executor, ec);
     Engine& engine = *engine_ptr;
     const EngineConfig rc = engine.config();
     if (o->max_model_len > 0 && rc.max_model_len < o->max_model_len)

@@ -13,7 +13,7 @@
 
 #include "app/commands.h"
 #include "base/error.h"
-#include "text/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace m3::app {
 

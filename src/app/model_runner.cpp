@@ -6,9 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
-#ifdef M3_WITH_CUDA
-#include "model/cuda_executor.h"
-#endif
 
 namespace m3::app {
 
@@ -44,25 +41,6 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
   }
   flush();
   return ids;
-}
-
-LoadedModel load_model(const std::string& model_dir, const std::string& device, int32_t num_pages,
-                       int32_t cpu_default_pages) {
-  M3_CHECK(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got '{}'",
-           device);
-  LoadedModel m;
-#ifdef M3_WITH_CUDA
-  if (device == "cuda" || (device == "auto" && CudaExecutor::available())) {
-    M3_CHECK(CudaExecutor::available(), "--device cuda: no usable CUDA device");
-    m.executor = CudaExecutor::load(model_dir, num_pages);
-    return m;
-  }
-#else
-  M3_CHECK(device != "cuda", "--device cuda: this m3serve was built without CUDA (configure with -DM3_WITH_CUDA=ON)");
-#endif
-  m.cpu_model = std::make_unique<M3Model>(M3Model::load(model_dir));
-  m.executor = std::make_unique<CpuExecutor>(*m.cpu_model, num_pages > 0 ? num_pages : cpu_default_pages);
-  return m;
 }
 
 std::vector<float> prefill(ModelExecutor& ex, SequenceKV& seq, const std::vector<int32_t>& ids, int64_t chunk,

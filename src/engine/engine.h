@@ -1,27 +1,24 @@
-// The serving engine: one thread owns the model, the scheduler and the KV cache. Other threads talk to it only
-// through submit()/abort() (a locked inbox) and the OutputSink callbacks it calls.
+// The serving engine: one thread owns the model executor, the scheduler and the KV cache. Other threads talk to it
+// only through submit()/abort() (a locked inbox) and the OutputSink callbacks it calls.
 //
-// Each step: admit waiting requests while pages allow (prefix-cache hits skip recompute), build a batch under the
-// token budget — decodes first, then prefill chunks —, run one forward, sample, emit outputs, retire finished
-// requests. When pages run out, the newest / lowest-priority running request is preempted by recompute (its
-// full pages stay in the prefix cache) and requeued; no request fails because the cache is full.
+// Each step is schedule → run → update: the Scheduler (engine/scheduler.h) plans which sequences compute how many
+// tokens, the executor runs the forward and samples (ModelExecutor::forward_sample), the scheduler applies the
+// tokens (stop checks, prefix-cache inserts, page release), and the engine emits outputs and publishes the step's
+// metrics once. No request fails because the cache is full: preemption by recompute makes room.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "engine/request.h"
 #include "engine/metrics.h"
-#include "kv/kv_cache.h"
-#include "kv/prefix_cache.h"
+#include "engine/scheduler.h"
 #include "model/executor.h"
 #include "model/m3_model.h"
 
@@ -34,9 +31,6 @@ struct EngineConfig {
   int64_t max_model_len = 0;          // prompt + generated, at most (0 = model's max_position_embeddings)
   bool enable_prefix_caching = true;
 };
-
-// KV pages the CPU executor gets when no size is given: 8 sequences of min(max_position_embeddings, 4096) tokens.
-int32_t default_cpu_pages(const M3Config& c);
 
 class Engine {
  public:
@@ -65,19 +59,15 @@ class Engine {
   bool step();
 
  private:
-  struct Sequence;
   void loop();
   void drain_inbox();
-  void finish(Sequence& s, FinishReason why, const std::string& error = {});
-  bool ensure_pages(Sequence& s, int64_t tokens);
-  void free_pages(Sequence& s, bool cache_full_pages);
-  void preempt_one();
+  // Sends a sequence's final event (no new tokens) and counts it.
+  void finish(Sequence& s, const std::string& error = {});
   void publish_state();  // running/waiting/page gauges for metrics()
 
   std::unique_ptr<ModelExecutor> owned_executor_;
   ModelExecutor& exec_;
   EngineConfig cfg_;
-  PrefixCache prefix_;
 
   std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
@@ -87,8 +77,7 @@ class Engine {
   std::thread thread_;
 
   // Owned by the engine thread (or by step() callers when no thread runs).
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::vector<std::unique_ptr<Sequence>> running_;
+  Scheduler sched_;
   uint64_t arrival_counter_ = 0;
 
   mutable std::mutex metrics_mu_;

@@ -41,12 +41,6 @@ struct EngineRequest {
 enum class FinishReason { None, Stop, Length, Abort, Error };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
 
-struct TokenLogprob {
-  int32_t id = 0;
-  float logprob = 0.f;
-  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, descending
-};
-
 // One engine → client event. Tokens arrive in order; the last event has finish != None.
 struct EngineOutput {
   std::vector<int32_t> tokens;         // new tokens since the previous event

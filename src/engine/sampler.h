@@ -1,13 +1,18 @@
-// Token sampling on the CPU: greedy, temperature, top-k, top-p, min-p, seeded. One Sampler per request choice;
-// its RNG is keyed by (seed, choice index) so a seeded request draws the same tokens whatever else is batched.
+// Logits → token on the CPU. For one row: penalties, logit_bias and min_tokens suppression (adjust_logits), then
+// greedy or temperature / top-k / top-p / min-p sampling with the counter RNG of base/rng.h keyed by (seed, choice
+// index, step = tokens generated so far), and the logprobs of the raw logits when asked. A seeded request draws the
+// same tokens whatever else is batched, and the GPU sampler (backend/cuda/sampling.cuh) uses the same draws.
 #pragma once
 
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace m3 {
+
+struct GenerationParams;
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 → greedy
@@ -20,6 +25,40 @@ struct SamplingParams {
   void validate() const;
 };
 
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, descending
+};
+
+// One row to sample: the request's parameters and its sequence so far. The step of the RNG is the number of
+// generated tokens (tokens.size() − prompt_len).
+struct RowSampling {
+  const GenerationParams* params = nullptr;  // nullptr: the row needs no token this step
+  std::span<const int32_t> tokens;           // prompt followed by the tokens generated so far
+  int prompt_len = 0;
+  uint64_t seed = 0;                         // params->sampling.seed, or the random one drawn for the request
+  int32_t eos_token_id = -1;                 // suppressed before min_tokens unless ignore_eos; −1: none
+};
+
+struct SampledToken {
+  int32_t id = -1;                      // −1 for rows without sampling
+  std::optional<TokenLogprob> logprob;  // when params->top_logprobs ≥ 0
+};
+
+// Penalties (repetition on prompt + generated, presence / frequency on generated), logit_bias and min_tokens
+// suppression of EOS and stop ids, in place on logits [V] (vLLM semantics).
+void adjust_logits(std::span<float> logits, const RowSampling& row);
+// Greedy (ties to the lower id) or sampled with the uniform `u` ∈ [0, 1): candidates sorted by logit (desc, ties
+// by id), cut to top_k, softmax with temperature in fp64, min_p cut, top_p cut, then the first candidate whose
+// running mass exceeds u · (kept mass).
+int32_t choose_token(std::span<const float> logits, const SamplingParams& p, double u);
+// log-softmax of `raw` at `chosen`, and the `top` best (descending, ties to the lower id).
+TokenLogprob logprobs_of(std::span<const float> raw, int32_t chosen, int top);
+// The whole row: adjusts `logits` in place, then chooses. What every executor's sampling call does per row.
+SampledToken sample_row(std::span<float> logits, const RowSampling& row);
+
+// A seeded stream of draws for one request choice without penalties (tests, simple callers): draw i uses step i.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p, uint64_t choice_index = 0);
@@ -28,9 +67,11 @@ class Sampler {
 
  private:
   SamplingParams p_;
-  std::mt19937_64 rng_;
+  uint64_t seed_ = 0, choice_ = 0, step_ = 0;
 };
 
 int32_t argmax(std::span<const float> logits);
+// A seed for requests that give none.
+uint64_t random_seed();
 
 }  // namespace m3

@@ -1,31 +1,42 @@
-// One sequence's pages for the simple single-request paths (CLI generate/score, tests): the pages holding its
-// K/V/index-K, taken from a pool as the sequence grows and all returned when it is destroyed.
+// One request choice inside the engine: its tokens (prompt, then generated), its pages and how far the cache has
+// computed them. The scheduler owns every Sequence and changes the scheduling fields; the engine reads them and
+// keeps its own per-request state (sink, timings, resolved seed) in the last block.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
-#include "kv/kv_cache.h"
-#include "kv/page_pool.h"
+#include "engine/request.h"
 
 namespace m3 {
 
-class SequenceKV {
- public:
-  SequenceKV(PagePool& pool, int block_size) : pool_(pool), block_size_(block_size) {}
-  explicit SequenceKV(KVCache& cache) : SequenceKV(cache.pool(), cache.block_size()) {}
-  ~SequenceKV();  // returns every page to the pool
-  SequenceKV(const SequenceKV&) = delete;
-  SequenceKV& operator=(const SequenceKV&) = delete;
+struct Sequence {
+  using Clock = std::chrono::steady_clock;
 
-  // Makes sure pages cover `num_tokens` positions; throws m3::Error when the pool is exhausted.
-  void reserve(int64_t num_tokens);
-  const std::vector<int32_t>& pages() const { return pages_; }
+  // ---- scheduling state (engine/scheduler.cpp) ----
+  EngineRequest req;
+  std::vector<int32_t> tokens;  // prompt followed by generated tokens
+  int prompt_len = 0;
+  int generated = 0;
+  std::vector<int32_t> pages;   // logical block → physical page; one pool reference each
+  int64_t computed = 0;         // tokens whose K/V/index-K are in the pages
+  int registered = 0;           // leading pages already offered to the prefix cache
+  int cached_tokens = -1;       // prefix-cache hit at first admission (−1: not admitted yet)
+  uint64_t arrival = 0;         // submission order, the FCFS tie-break
+  FinishReason finish = FinishReason::None;
 
- private:
-  PagePool& pool_;
-  int block_size_;
-  std::vector<int32_t> pages_;
+  // ---- engine state (engine/engine.cpp; the scheduler never reads it) ----
+  OutputSink sink;
+  uint64_t seed = 0;  // the request's seed, or a random one drawn at submission
+  Clock::time_point t_arrival, t_last;
+  bool first_token_sent = false;
+
+  Sequence(EngineRequest r, uint64_t order) : req(std::move(r)), arrival(order), t_arrival(Clock::now()) {
+    tokens = req.prompt;
+    prompt_len = int(tokens.size());
+  }
+  int64_t pending() const { return int64_t(tokens.size()) - computed; }
 };
 
 }  // namespace m3

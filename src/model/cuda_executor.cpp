@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 
 #include "backend/cuda/attention_dense.cuh"
 #include "backend/cuda/common.cuh"
@@ -24,7 +23,7 @@
 #include "backend/cuda/norm_rope.cuh"
 #include "base/dtype.h"
 #include "base/error.h"
-#include "io/safetensors.h"
+#include "model/checkpoint.h"
 
 namespace m3 {
 
@@ -171,7 +170,7 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pa
   // Page unit: the CPU layout, padded to a multiple of B·D floats (virtual-page view, attention_dense.cuh).
   const int64_t B = c.sparse_block_size, D = c.head_dim;
   {
-    PageLayout layout = PageLayout::of(c, B * D);
+    PageLayout layout = PageLayout::of(c, B * D);  // page_bytes_for()
     k_off = std::move(layout.k_off);
     v_off = std::move(layout.v_off);
     ik_off = std::move(layout.ik_off);
@@ -202,28 +201,17 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   cudaStream_t s = stream;
   M3_CHECK(!seqs.empty(), "forward: no sequences");
 
-  // ---- plan: rows of the step ------------------------------------------------------------------------------
-  std::vector<int32_t> pos, row_seq, slot, pt_indptr{0}, pt_pages, ids;
-  std::vector<int64_t> seq_begin;
-  int max_n = 0;
-  validate_step(c, seqs, pool->capacity());
-  for (size_t si = 0; si < seqs.size(); ++si) {
-    const SeqInput& sq = seqs[si];
-    seq_begin.push_back(int64_t(pos.size()));
-    for (size_t i = 0; i < sq.tokens.size(); ++i) {
-      const int32_t id = sq.tokens[i];
-      const int32_t p = int32_t(sq.start_pos + int64_t(i));
-      pos.push_back(p);
-      row_seq.push_back(int32_t(si));
-      slot.push_back(sq.page_table[size_t(p / B)]);
-      ids.push_back(id);
-    }
-    pt_pages.insert(pt_pages.end(), sq.page_table.begin(), sq.page_table.end());
-    pt_indptr.push_back(int32_t(pt_pages.size()));
-    max_n = std::max(max_n, int(sq.tokens.size()));
-  }
-  seq_begin.push_back(int64_t(pos.size()));
-  const int64_t T = int64_t(pos.size());
+  // ---- plan: rows of the step (model/step_plan.h, shared with the CPU forward) ------------------------------
+  const StepRows plan_rows = StepRows::build(c, seqs, pool->capacity());
+  const std::vector<int32_t>& pos = plan_rows.pos;
+  const std::vector<int32_t>& row_seq = plan_rows.row_seq;
+  const std::vector<int32_t>& slot = plan_rows.slot;
+  const std::vector<int32_t>& pt_indptr = plan_rows.pt_indptr;
+  const std::vector<int32_t>& pt_pages = plan_rows.pt_pages;
+  const std::vector<int32_t>& ids = plan_rows.ids;
+  const std::vector<int64_t>& seq_begin = plan_rows.seq_begin;
+  const int max_n = plan_rows.max_new_tokens;
+  const int64_t T = plan_rows.num_rows();
   cuda::upload(d_pos, pos.data(), pos.size(), s);
   cuda::upload(d_row_seq, row_seq.data(), row_seq.size(), s);
   cuda::upload(d_slot, slot.data(), slot.size(), s);
@@ -343,11 +331,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   }
 
   // ---- head: final norm + LM head on the rows that need logits ---------------------------------------------------
-  std::vector<int32_t> head_rows;
-  for (size_t si = 0; si < seqs.size(); ++si) {
-    const int64_t t0 = seqs[si].all_logits ? seq_begin[si] : seq_begin[si + 1] - 1;
-    for (int64_t t = t0; t < seq_begin[si + 1]; ++t) head_rows.push_back(int32_t(t));
-  }
+  const std::vector<int32_t>& head_rows = plan_rows.head_rows;
   const int64_t HR = int64_t(head_rows.size());
   cuda::upload(d_head_rows, head_rows.data(), head_rows.size(), s);
   hsel.grow(size_t(HR * H));
@@ -373,13 +357,15 @@ CudaExecutor::CudaExecutor(const M3Config& cfg, const M3Weights& weights, int32_
 
 std::unique_ptr<CudaExecutor> CudaExecutor::load(const std::string& model_dir, int32_t num_pages,
                                                  CudaExecutorOptions opt) {
-  namespace fs = std::filesystem;
-  M3_CHECK(fs::is_directory(model_dir), "model directory {} does not exist", model_dir);
-  M3Config cfg = load_m3_config((fs::path(model_dir) / "config.json").string());
-  SafeTensors st = SafeTensors::open(model_dir);
-  M3Weights w = M3Weights::load(cfg, st);
-  return std::make_unique<CudaExecutor>(cfg, w, num_pages, opt);
+  const Checkpoint ck = load_checkpoint(model_dir);
+  return std::make_unique<CudaExecutor>(ck.config, ck.weights, num_pages, opt);
 }
+
+int64_t CudaExecutor::page_bytes_for(const M3Config& c) {
+  return PageLayout::of(c, int64_t(c.sparse_block_size) * c.head_dim).page_floats * int64_t(sizeof(float));
+}
+
+int64_t CudaExecutor::page_bytes() const { return impl_->unit_floats * int64_t(sizeof(float)); }
 
 CudaExecutor::~CudaExecutor() = default;
 

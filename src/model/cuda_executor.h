@@ -41,6 +41,9 @@ class CudaExecutor final : public ModelExecutor {
   // (selection per sequence [Hidx, n, top_k], history ids in ascending order, local last — as the CPU's).
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace = nullptr) override;
   std::string describe() const override;
+  int64_t page_bytes() const override;
+  // Page unit of this executor for a config: the CPU layout padded to a multiple of B·D floats.
+  static int64_t page_bytes_for(const M3Config& c);
 
  private:
   struct Impl;

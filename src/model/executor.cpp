@@ -2,7 +2,30 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "base/error.h"
+
 namespace m3 {
+
+std::vector<SampledToken> ModelExecutor::forward_sample(std::span<const SeqInput> seqs,
+                                                        std::span<const RowSampling> rows) {
+  M3_CHECK(rows.size() == seqs.size(), "forward_sample: {} sampling rows for {} sequences", rows.size(), seqs.size());
+  std::vector<std::vector<float>> logits = forward(seqs);
+  std::vector<SampledToken> out(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (!rows[i].params) continue;
+    const int64_t V = config().vocab_size;
+    out[i] = sample_row(std::span<float>(logits[i]).last(size_t(V)), rows[i]);
+  }
+  return out;
+}
+
+int32_t default_cpu_pages(const M3Config& c) {
+  // Without an explicit size: room for 8 full-length sequences of at most 4096 tokens.
+  const int64_t len = std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
+  return int32_t(8 * ((len + c.sparse_block_size - 1) / c.sparse_block_size));
+}
 
 std::string CpuExecutor::describe() const {
   const M3Config& c = model_.config();

@@ -1,6 +1,7 @@
 // A model executor runs forwards for the engine over a paged cache it owns. The CPU executor wraps M3Model and a
 // host KVCache; the CUDA executor (issue 5) holds device weights and device pages. The engine only sees page ids:
-// it allocates them from pool() and passes page tables in SeqInput.
+// it allocates them from pool() and passes page tables in SeqInput. Serving steps go through forward_sample()
+// (tokens out); forward() returns logits for `score`, tests and traces.
 #pragma once
 
 #include <memory>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "kv/page_pool.h"
 #include "model/m3_model.h"
@@ -21,20 +23,34 @@ class ModelExecutor {
   virtual PagePool& pool() = 0;
   // Same contract as M3Model::forward: writes the new tokens' K/V/index-K, returns logits per sequence.
   virtual std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace = nullptr) = 0;
+  // Runs the step and samples: rows[i] belongs to seqs[i] (its last logits row); rows without params get id −1.
+  // This version samples the forward()'s logits on the host (engine/sampler.h); a device sampler overrides it.
+  virtual std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows);
   virtual std::string describe() const = 0;  // for the startup line, e.g. "cpu fp32, 512 pages × 16 tokens"
+  // Bytes of one KV page unit in this executor's cache (what a KV memory budget is divided by).
+  virtual int64_t page_bytes() const = 0;
 };
+
+// KV pages the CPU executor gets when no size is given: 8 sequences of min(max_position_embeddings, 4096) tokens.
+int32_t default_cpu_pages(const M3Config& c);
 
 class CpuExecutor final : public ModelExecutor {
  public:
   CpuExecutor(const M3Model& model, int32_t num_pages) : model_(model), cache_(model.config(), num_pages) {}
+  // Owns the model (make_executor).
+  CpuExecutor(std::unique_ptr<const M3Model> model, int32_t num_pages)
+      : owned_(std::move(model)), model_(*owned_), cache_(model_.config(), num_pages) {}
+  static int64_t page_bytes_for(const M3Config& c) { return KVCache::page_floats(c) * int64_t(sizeof(float)); }
   const M3Config& config() const override { return model_.config(); }
   PagePool& pool() override { return cache_.pool(); }
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace) override {
     return model_.forward(seqs, cache_, trace);
   }
   std::string describe() const override;
+  int64_t page_bytes() const override { return page_bytes_for(model_.config()); }
 
  private:
+  std::unique_ptr<const M3Model> owned_;
   const M3Model& model_;
   KVCache cache_;
 };

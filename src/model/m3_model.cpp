@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 
 #include "backend/cpu/cpu_ops.h"
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "model/checkpoint.h"
 
 namespace m3 {
 
@@ -39,32 +39,11 @@ void norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const std::vector<
 
 }  // namespace
 
-void validate_step(const M3Config& c, std::span<const SeqInput> seqs, int32_t num_pages) {
-  const int64_t B = c.sparse_block_size;
-  for (const auto& s : seqs) {
-    M3_CHECK(!s.tokens.empty(), "forward: a sequence brings no new tokens");
-    const int64_t end = s.start_pos + int64_t(s.tokens.size());
-    M3_CHECK(int64_t(s.page_table.size()) * B >= end, "forward: page table covers {} tokens but {} are needed",
-             s.page_table.size() * B, end);
-    M3_CHECK(c.max_position_embeddings <= 0 || end <= c.max_position_embeddings,
-             "forward: position {} exceeds max_position_embeddings {}", end - 1, c.max_position_embeddings);
-    for (int32_t p : s.page_table)
-      M3_CHECK(p >= 0 && p < num_pages, "forward: page {} outside the pool of {}", p, num_pages);
-    for (int32_t id : s.tokens)
-      M3_CHECK(id >= 0 && id < c.vocab_size, "forward: token id {} is outside the vocabulary [0, {})", id,
-               c.vocab_size);
-  }
-}
-
 M3Model::M3Model(M3Config cfg, M3Weights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {}
 
 M3Model M3Model::load(const std::string& model_dir) {
-  namespace fs = std::filesystem;
-  M3_CHECK(fs::is_directory(model_dir), "model directory {} does not exist", model_dir);
-  M3Config cfg = load_m3_config((fs::path(model_dir) / "config.json").string());
-  SafeTensors st = SafeTensors::open(model_dir);
-  M3Weights w = M3Weights::load(cfg, st);
-  return M3Model(std::move(cfg), std::move(w));
+  Checkpoint ck = load_checkpoint(model_dir);
+  return M3Model(std::move(ck.config), std::move(ck.weights));
 }
 
 std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs, KVCache& cache,
@@ -75,27 +54,14 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   M3_CHECK(cache.block_size() == B, "KV cache page size {} differs from the model's block size {}",
            cache.block_size(), B);
 
-  // Flatten the ragged batch: token t of the step belongs to sequence seq_of[t] at absolute position pos[t].
-  std::vector<int64_t> seq_begin;
-  std::vector<int32_t> pos;
-  int64_t T = 0;
-  validate_step(c, seqs, cache.pool().capacity());
-  for (const auto& s : seqs) {
-    seq_begin.push_back(T);
-    for (size_t i = 0; i < s.tokens.size(); ++i) pos.push_back(int32_t(s.start_pos + int64_t(i)));
-    T += int64_t(s.tokens.size());
-  }
-  seq_begin.push_back(T);
+  // The ragged batch flattened: row t of the step is token ids[t] of sequence row_seq[t] at position pos[t].
+  const StepRows rows = StepRows::build(c, seqs, cache.pool().capacity());
+  const std::vector<int64_t>& seq_begin = rows.seq_begin;
+  const std::vector<int32_t>& pos = rows.pos;
+  const int64_t T = rows.num_rows();
 
   std::vector<float> x(size_t(T * H));
-  {
-    int64_t t = 0;
-    for (const auto& s : seqs)
-      for (int32_t id : s.tokens) {
-        std::memcpy(&x[t * H], &w_.embed[size_t(id) * H], size_t(H) * 4);
-        ++t;
-      }
-  }
+  for (int64_t t = 0; t < T; ++t) std::memcpy(&x[t * H], &w_.embed[size_t(rows.ids[t]) * H], size_t(H) * 4);
   if (trace) {
     trace->hidden.assign(trace->capture_hidden ? c.num_layers : 0, {});
     trace->selection.assign(c.num_layers, {});
@@ -118,15 +84,14 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
     norm_rope(q.data(), T, Hq, D, L.q_norm, c, pos.data());
     norm_rope(k.data(), T, Hkv, D, L.k_norm, c, pos.data());
     // K/V of the new tokens go into the cache before anyone attends (queries see their own chunk).
-    for (size_t s = 0; s < seqs.size(); ++s)
-      for (int64_t t = seq_begin[s]; t < seq_begin[s + 1]; ++t) {
-        const int32_t page = seqs[s].page_table[pos[t] / B];
-        const int64_t off = pos[t] % B;
-        for (int64_t h = 0; h < Hkv; ++h) {
-          std::memcpy(cache.k(page, l) + (h * B + off) * D, &k[(t * Hkv + h) * D], size_t(D) * 4);
-          std::memcpy(cache.v(page, l) + (h * B + off) * D, &v[(t * Hkv + h) * D], size_t(D) * 4);
-        }
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t page = rows.slot[t];
+      const int64_t off = pos[t] % B;
+      for (int64_t h = 0; h < Hkv; ++h) {
+        std::memcpy(cache.k(page, l) + (h * B + off) * D, &k[(t * Hkv + h) * D], size_t(D) * 4);
+        std::memcpy(cache.v(page, l) + (h * B + off) * D, &v[(t * Hkv + h) * D], size_t(D) * 4);
       }
+    }
     const cpu::PagedKV kv = cache.layer_view(l);
 
     if (c.attn_kinds[l] == AttnKind::Sparse) {
@@ -138,10 +103,8 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
       std::vector<float> ik = take_cols(iqk, T, iw, Hi * Di, Di);  // [T, Di]: one key shared by all index heads
       norm_rope(iq.data(), T, Hi, Di, L.index_q_norm, c, pos.data());
       norm_rope(ik.data(), T, 1, Di, L.index_k_norm, c, pos.data());
-      for (size_t s = 0; s < seqs.size(); ++s)
-        for (int64_t t = seq_begin[s]; t < seq_begin[s + 1]; ++t)
-          std::memcpy(cache.index_k(seqs[s].page_table[pos[t] / B], l) + (pos[t] % B) * Di, &ik[t * Di],
-                      size_t(Di) * 4);
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(cache.index_k(rows.slot[t], l) + (pos[t] % B) * Di, &ik[t * Di], size_t(Di) * 4);
       const cpu::PagedIndexK ikv = cache.index_view(l);
       for (size_t s = 0; s < seqs.size(); ++s) {
         const int64_t t0 = seq_begin[s], n = seq_begin[s + 1] - t0;
@@ -211,10 +174,10 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   std::vector<std::vector<float>> out;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const int64_t t0 = seqs[s].all_logits ? seq_begin[s] : seq_begin[s + 1] - 1;
-    const int64_t rows = seq_begin[s + 1] - t0;
-    std::vector<float> hn(size_t(rows * H)), lg(size_t(rows * V));
-    cpu::rms_norm_gemma(&x[t0 * H], rows, H, w_.final_norm.data(), c.rms_norm_eps, hn.data());
-    cpu::matmul_nt(hn.data(), rows, H, w_.lm_head.data(), V, lg.data());
+    const int64_t n_out = seq_begin[s + 1] - t0;
+    std::vector<float> hn(size_t(n_out * H)), lg(size_t(n_out * V));
+    cpu::rms_norm_gemma(&x[t0 * H], n_out, H, w_.final_norm.data(), c.rms_norm_eps, hn.data());
+    cpu::matmul_nt(hn.data(), n_out, H, w_.lm_head.data(), V, lg.data());
     out.push_back(std::move(lg));
   }
   return out;

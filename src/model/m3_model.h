@@ -12,20 +12,9 @@
 #include "io/config.h"
 #include "kv/kv_cache.h"
 #include "model/m3_weights.h"
+#include "model/step_plan.h"
 
 namespace m3 {
-
-struct SeqInput {
-  std::span<const int32_t> tokens;      // [n] new tokens of this step
-  int64_t start_pos = 0;                // tokens of this sequence already in the cache (positions start here)
-  std::span<const int32_t> page_table;  // logical block → physical page; covers start_pos + n tokens
-  bool all_logits = false;              // logits for every new token, else only for the last one
-};
-
-// Checks a step before any backend touches memory: every sequence brings tokens, token ids are inside the
-// vocabulary, positions stay within max_position_embeddings, and the page table covers the new positions with
-// page ids inside a pool of `num_pages`. Throws m3::Error naming what is wrong. Shared by every executor.
-void validate_step(const M3Config& cfg, std::span<const SeqInput> seqs, int32_t num_pages);
 
 // Optional capture of intermediate results (tests, `m3serve score`). Vectors are indexed by layer.
 struct ForwardTrace {
@@ -41,7 +30,7 @@ struct ForwardTrace {
 class M3Model {
  public:
   M3Model(M3Config cfg, M3Weights weights);
-  // Loads config.json and the safetensors of a model directory.
+  // Loads config.json and the safetensors of a model directory (load_checkpoint).
   static M3Model load(const std::string& model_dir);
 
   const M3Config& config() const { return cfg_; }

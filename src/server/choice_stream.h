@@ -1,7 +1,7 @@
 // Per-choice output processing on the HTTP side: engine token ids → detokenised text → stop-string matching →
 // (chat) the M3 reasoning / tool-call parser → OpenAI deltas.
 //
-// Order matters (SERVING.md §3.4): stop strings are matched on the raw detokenised text BEFORE parsing, so a
+// Order matters (docs/SERVING_FORMAT.md §3.4): stop strings are matched on the raw detokenised text BEFORE parsing, so a
 // marker prefix held back by the parser can never hide a stop string; the stop matcher holds back any suffix
 // that could still become a stop string, and the stop string itself is excluded (unless
 // include_stop_str_in_output).
@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/request.h"
-#include "text/detokenizer.h"
-#include "text/m3_output_parser.h"
-#include "text/tokenizer.h"
+#include "text/tokenizer/detokenizer.h"
+#include "text/parsers/m3_output_parser.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace m3::server {
 

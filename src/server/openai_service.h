@@ -16,8 +16,8 @@
 #include "server/backend.h"
 #include "server/choice_stream.h"
 #include "server/request_parse.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
+#include "text/jinja/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace m3::server {
 

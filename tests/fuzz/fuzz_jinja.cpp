@@ -6,7 +6,7 @@
 #include <string>
 
 #include "base/error.h"
-#include "text/jinja.h"
+#include "text/jinja/jinja.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // m3-fuzz-libs: m3_text
-// libFuzzer target for the M3 output parsers (src/text/m3_output_parser.h, tool_parser.h).
+// libFuzzer target for the M3 output parsers (src/text/parsers/m3_output_parser.h, tool_parser.h).
 // Input layout: byte 0 = flags (bit 0 starts_in_reasoning, bit 1 parse_tools off), byte 1 = chunking
 // seed, rest = model output text. Besides "no crash / no sanitizer report / no exception", it checks
 // the parser's contracts and aborts when one is broken:
@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "text/m3_output_parser.h"
-#include "text/tool_parser.h"
+#include "text/parsers/m3_output_parser.h"
+#include "text/parsers/tool_parser.h"
 
 namespace {
 

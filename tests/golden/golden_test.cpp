@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <set>
 
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 #include "io/safetensors.h"
 #include "model/m3_model.h"
 

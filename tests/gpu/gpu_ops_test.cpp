@@ -508,7 +508,7 @@ TEST(GpuOps, MsaAttentionRejectsSelectionsThatBreakTheContract) {
   EXPECT_THROW(run_with(future), Error);
 }
 
-// MSA_KERNELS.md §6: graph replay output must be bitwise equal to eager output. The decode step's run() calls
+// docs/MSA_CONTRACT.md §6: graph replay output must be bitwise equal to eager output. The decode step's run() calls
 // (indexer scores → top-k → page list + paged GQA + split merge) are captured once and replayed into poisoned buffers.
 TEST(GpuOps, MsaDecodeStepReplayedFromACudaGraphIsBitwiseEqualToEager) {
   M3_SKIP_WITHOUT_GPU();

@@ -18,8 +18,8 @@
 
 #include "server/backend.h"
 #include "server/openai_service.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
+#include "text/jinja/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace m3::server::test {
 

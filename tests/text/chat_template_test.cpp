@@ -12,7 +12,7 @@
 
 #include "../chat_template/reference.h"
 #include "base/error.h"
-#include "text/chat_template.h"
+#include "text/jinja/chat_template.h"
 
 namespace m3 {
 namespace {

@@ -1,8 +1,8 @@
 // Streaming detokenizer: pieces concatenate to the full decode and never end inside a UTF-8 sequence.
 #include <gtest/gtest.h>
 
-#include "text/detokenizer.h"
-#include "text/tokenizer.h"
+#include "text/tokenizer/detokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 #include "tokenizer_test_util.h"
 
 namespace m3 {

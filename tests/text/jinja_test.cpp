@@ -7,7 +7,7 @@
 
 #include "../chat_template/reference.h"
 #include "base/error.h"
-#include "text/jinja.h"
+#include "text/jinja/jinja.h"
 
 namespace m3 {
 namespace {

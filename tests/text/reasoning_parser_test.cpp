@@ -1,4 +1,4 @@
-// Reasoning split of the M3 output parser (<mm:think>…</mm:think>, SERVING.md §3.2), streaming and
+// Reasoning split of the M3 output parser (<mm:think>…</mm:think>, docs/SERVING_FORMAT.md §3.2), streaming and
 // one-shot. Every case is also streamed at every split point (see tool_parser_test_util.h).
 #include "tool_parser_test_util.h"
 

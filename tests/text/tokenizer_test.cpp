@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
-#include "text/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 #include "tokenizer_test_util.h"
 
 namespace m3 {

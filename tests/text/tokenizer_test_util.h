@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace m3::test {
 

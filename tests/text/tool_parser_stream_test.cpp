@@ -1,4 +1,4 @@
-// Tool-call extraction of the M3 output parser (SERVING.md §3.3–3.4): table cases, each also
+// Tool-call extraction of the M3 output parser (docs/SERVING_FORMAT.md §3.3–3.4): table cases, each also
 // streamed at every split point, byte by byte and in random chunks (tool_parser_test_util.h).
 #include "tool_parser_test_util.h"
 
@@ -136,7 +136,7 @@ const std::vector<Case> kToolCases = {
      false, "", "", {{"get_time", R"({"tz":"A"})"}, {"get_time", R"({"tz":"B"})"}}},
     {"ToolsOffMeansContent", "§<tool_call>" + kTime + "§</tool_call>", false, "", "§<tool_call>" + kTime + "§</tool_call>",
      {}, /*parse_tools=*/false},
-    // Tool markup inside reasoning (SERVING.md §3.4): a valid block ends the reasoning implicitly.
+    // Tool markup inside reasoning (docs/SERVING_FORMAT.md §3.4): a valid block ends the reasoning implicitly.
     {"CallInsideReasoningEndsIt", "need time §<tool_call>" + kTime + "§</tool_call>", true, "need time ", "",
      {{"get_time", R"({"tz":"CET"})"}}},
     {"CallInsideReasoningThenStrayCloser", "need time\n§<tool_call>" + kTime + "§</tool_call></mm:think>\n", true,

@@ -1,9 +1,9 @@
 // Non-streaming pieces of the M3 tool-call parser: schema-driven value coercion and parsing of one
-// complete invoke element (src/text/tool_parser.h).
+// complete invoke element (src/text/parsers/tool_parser.h).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "text/tool_parser.h"
+#include "text/parsers/tool_parser.h"
 #include "tool_parser_test_util.h"
 
 namespace m3::test {

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "text/m3_output_parser.h"
+#include "text/parsers/m3_output_parser.h"
 
 namespace m3::test {
 
@@ -100,7 +100,7 @@ inline void expect_same(const ParsedMessage& want, const ParsedMessage& got, con
   }
 }
 
-// Streaming shape (SERVING.md §2.3): each call's first delta has id + name + empty arguments, later
+// Streaming shape (docs/SERVING_FORMAT.md §2.3): each call's first delta has id + name + empty arguments, later
 // ones only argument fragments; indices appear in order 0, 1, 2, ...
 inline void expect_delta_shapes(const std::vector<ParsedDelta>& deltas) {
   int next_index = 0;

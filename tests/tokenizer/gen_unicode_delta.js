@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Generates src/text/tokenizer_unicode_delta.inc: for each Unicode general category, the code points
+// Generates src/text/tokenizer/tokenizer_unicode_delta.inc: for each Unicode general category, the code points
 // that the target Unicode version assigns to it but the system PCRE2 (Unicode 14 on Debian 12) does not.
 // HF tokenizers matches Split patterns with Oniguruma, whose tables are newer; the regex rewriter adds
 // these ranges to every \p{..} so both engines classify every code point the same way.

@@ -10,9 +10,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "text/detokenizer.h"
-#include "text/tokenizer.h"
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/detokenizer.h"
+#include "text/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace {
 

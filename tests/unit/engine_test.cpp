@@ -10,7 +10,7 @@
 
 #include "base/error.h"
 #include "engine/engine.h"
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 #include "test_model_util.h"
 
 namespace m3 {

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 #include "kv/kv_cache.h"
 #include "kv/page_pool.h"
 #include "test_model_util.h"

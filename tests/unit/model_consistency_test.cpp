@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "base/error.h"
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 #include "test_model_util.h"
 
 namespace m3 {

@@ -1,4 +1,4 @@
-// Each CPU op against straightforward reference code or a worked example from M3_MODEL.md / MSA_KERNELS.md.
+// Each CPU op against straightforward reference code or a worked example from docs/M3_MODEL.md / docs/MSA_CONTRACT.md.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -73,7 +73,7 @@ TEST(Rope, PartialNeoxPairsChannelIWithIPlusHalfOfRotarySlice) {
 }
 
 TEST(SwigluOai, ClampsGateAboveOnlyAndUpBothWaysPlusOne) {
-  // M3_MODEL.md §3.5: g = 9, u = −8 → 7·σ(11.914)·(−6) ≈ −42.0
+  // docs/M3_MODEL.md §3.5: g = 9, u = −8 → 7·σ(11.914)·(−6) ≈ −42.0
   std::vector<float> gu = {9.f, -3.f, -8.f, 0.5f}, a(2);
   swiglu_oai(gu.data(), 1, 2, 1.702f, 7.f, a.data());
   EXPECT_NEAR(a[0], 7.f / (1 + std::exp(-1.702f * 7.f)) * -6.f, 1e-5);
@@ -83,7 +83,7 @@ TEST(SwigluOai, ClampsGateAboveOnlyAndUpBothWaysPlusOne) {
 }
 
 TEST(MoeRoute, WeightsAreUnbiasedSigmoidRenormalisedAndScaled) {
-  // Sigmoids (0.9, 0.8, 0.6, 0.5) chosen → 2·s/2.8 (M3_MODEL.md §3.6).
+  // Sigmoids (0.9, 0.8, 0.6, 0.5) chosen → 2·s/2.8 (docs/M3_MODEL.md §3.6).
   auto logit = [](float s) { return std::log(s / (1 - s)); };
   std::vector<float> lg = {logit(0.5f), logit(0.9f), logit(0.1f), logit(0.8f), logit(0.6f), logit(0.2f)};
   std::vector<int32_t> ids(4);
@@ -102,7 +102,7 @@ TEST(MoeRoute, WeightsAreUnbiasedSigmoidRenormalisedAndScaled) {
   EXPECT_NEAR(w[0], 2 * 0.1f / (0.1f + 0.9f), 1e-5);
 }
 
-// Selection worked examples from M3_MODEL.md §3.4 (B = 128, K = 16).
+// Selection worked examples from docs/M3_MODEL.md §3.4 (B = 128, K = 16).
 TEST(MsaTopk, WorkedExamplesFollowTheContract) {
   const int B = 128, K = 16;
   std::vector<int32_t> pos = {1000, 2047, 2048, 5000};

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <random>
 
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 
 namespace m3::test {
 

@@ -1,4 +1,4 @@
-// bench_msa: smoke benchmark of the CUDA backend (issue 5) — MSA_KERNELS.md §5/§7 style.
+// bench_msa: smoke benchmark of the CUDA backend (issue 5) — docs/MSA_CONTRACT.md §5/§7 style.
 //   ceilings: device-to-device copy (bytes read + written) and a bf16 8192³ cuBLASLt GEMM, measured here;
 //   MSA sparse layer at M3 shapes (64/4/128, block 128, top-16, index 4×128): prefill of one 16,384-token chunk at
 //   KV 16k and 64k, decode (Q = 1) for B = 8 and 64 at 16k and 64k: indexer, top-k and sparse attention, each with
@@ -27,7 +27,7 @@
 #include "backend/cuda/msa_indexer.cuh"
 #include "backend/cuda/msa_prefill.cuh"
 #include "backend/cuda/msa_topk.cuh"
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 #include "model/cuda_executor.h"
 #include "model/m3_model.h"
 

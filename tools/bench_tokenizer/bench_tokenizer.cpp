@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/thread_pool.h"
-#include "text/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 """Write a random MiniMax-M3 checkpoint (config.json + safetensors) for tests and benchmarks.
 
 numpy only. The tensor names, dtypes and config layout follow the released VL checkpoint
-(docs: /work/shared/docs/M3_MODEL.md §2, §4), so our C++ loader reads these exactly like a real
+(docs/M3_MODEL.md §2, §4), so our C++ loader reads these exactly like a real
 release.
 
 Examples

@@ -3,7 +3,7 @@
 // The kernel sees "fake requests" r = 0..R-1, each with one KV head, G query heads and its own page list
 // (FlashInfer-style CSR: indptr/indices, plus the fill of its last page). It never knows about positions: causality
 // comes from the lengths. A query row t of KV head h becomes r = t·Hkv + h, so q [T, Hq, D] is read as [T·Hkv, G, D]
-// (query head m = h·G + g is contiguous) and the output likewise (MSA_KERNELS.md §4.5).
+// (query head m = h·G + g is contiguous) and the output likewise (docs/MSA_CONTRACT.md §4.5).
 //
 // Pages are addressed through a strided, virtual-page view of the page unit (kv/kv_cache.h): element (virtual page
 // v, token j, d) lives at base + v·stride_page + j·stride_tok + d. With the HND unit

@@ -1,4 +1,4 @@
-// MSA sparse attention for decode (MSA_KERNELS.md §4.5): the page table is built from the selected blocks, every
+// MSA sparse attention for decode (docs/MSA_CONTRACT.md §4.5): the page table is built from the selected blocks, every
 // (query row t, KV head h) becomes one fake request r = t·Hkv + h with G query heads and ≤ top_k pages, and the
 // single paged GQA decode kernel (attention_dense.cuh) runs on B·Q·Hkv requests through the strided virtual-page
 // view of the HND cache: virtual page v = physical·(page_stride / (B·D)) + h.

@@ -1,7 +1,7 @@
 // MSA indexer scoring (semantics: cpu::msa_block_scores): for query row t and index head h,
 //   scores[h, t, b] = max_{j in block b} iq[t, h]·ik[j]   for b < local(t) = pos[t] / B (history blocks, fully
 //   visible: no causal mask), and −inf for every other column < max_cols.
-// Layout head-major [Hidx, T, max_cols] over all rows of the step (MSA_KERNELS.md §1.1); every element is written.
+// Layout head-major [Hidx, T, max_cols] over all rows of the step (docs/MSA_CONTRACT.md §1.1); every element is written.
 //
 // v1 kernels (fp32 CUDA cores). Prefill: a CTA owns a tile of ≤ 64 (token, head) rows of ONE sequence and a strided
 // set of blocks; per block it stages 32 keys at a time in shared memory and keeps a running max per row in registers.

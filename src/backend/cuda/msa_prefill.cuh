@@ -1,4 +1,4 @@
-// MSA sparse attention for prefill, query-major (MSA_KERNELS.md §4.1): one CTA per (query token, KV head) runs
+// MSA sparse attention for prefill, query-major (docs/MSA_CONTRACT.md §4.1): one CTA per (query token, KV head) runs
 // its G query heads over its ≤ top_k selected blocks with an online softmax; the causal mask is the last page's
 // fill. This is the correctness baseline behind a plan()/run() interface that the KV-block-major / union-tile
 // kernels (§4.2–4.4) can slot into later: plan() sees request metadata only (positions → page-list offsets,

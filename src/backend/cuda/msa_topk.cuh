@@ -1,4 +1,4 @@
-// MSA top-k (semantics: cpu::msa_topk) following the MSA contract (MSA_KERNELS.md §1.1): per (index head, row) with
+// MSA top-k (semantics: cpu::msa_topk) following the MSA contract (docs/MSA_CONTRACT.md §1.1): per (index head, row) with
 // n = local + 1 visible blocks: n ≤ K → 0..local then −1; else the K − 1 best history blocks (score desc, ties to the
 // lower id, NaN last) in ascending id order, then the local block in slot K − 1. No −1 inside the valid prefix.
 // Exact fp32 ranking (no score quantisation), so it matches the CPU twin bit for bit on the same scores.

@@ -120,19 +120,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
   if (threadIdx.x == 0) out[r] = ids[pick];
 }
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 }  // namespace
-
-double uniform_from_seed(uint64_t seed, uint64_t choice_index, uint64_t step) {
-  const uint64_t x = splitmix(seed ^ splitmix(choice_index + 1) ^ splitmix(splitmix(step + 0x51ed)));
-  return double(x >> 11) * (1.0 / 9007199254740992.0);
-}
 
 std::vector<int32_t> GpuSampler::sample(const float* logits, int R, int V, const std::vector<SampleRow>& rows,
                                         cudaStream_t s) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
+#include "base/rng.h"
 
 namespace m3::cuda {
 
@@ -24,8 +25,8 @@ struct SampleRow {
   float u = 0.f;   // uniform in [0, 1)
 };
 
-// u ∈ [0, 1) from splitmix64(seed, choice, step): 53 random bits.
-double uniform_from_seed(uint64_t seed, uint64_t choice_index, uint64_t step);
+// u ∈ [0, 1) from (seed, choice, step): the definition the CPU sampler uses too (base/rng.h).
+using m3::uniform_from_seed;
 
 class GpuSampler {
  public:

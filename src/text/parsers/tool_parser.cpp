@@ -1,4 +1,4 @@
-#include "text/tool_parser.h"
+#include "text/parsers/tool_parser.h"
 
 #include "base/json_depth.h"
 

@@ -1,6 +1,6 @@
 // Tokenizer: loads tokenizer.json, runs the encode pipeline (added tokens, normalizer, pre-tokenizers,
 // BPE, post-processor) and decode (added tokens verbatim, model tokens through the decoder).
-#include "text/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <fstream>
@@ -9,7 +9,7 @@
 
 #include "base/error.h"
 #include "base/thread_pool.h"
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace m3 {
 

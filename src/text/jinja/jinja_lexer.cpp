@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "text/jinja_internal.h"
+#include "text/jinja/jinja_internal.h"
 
 namespace m3::jinja {
 namespace {

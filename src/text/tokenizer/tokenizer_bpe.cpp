@@ -8,7 +8,7 @@
 #include <xxhash.h>
 
 #include "base/error.h"
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace m3::tok {
 

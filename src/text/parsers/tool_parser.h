@@ -2,7 +2,7 @@
 // argument values coerced by the tool's JSON schema. The streaming state machine that finds invoke
 // elements in model output lives in m3_output_parser.h; this file is the pure, non-streaming part.
 //
-// Format (SERVING.md §3.3), NS = "]<]minimax[>[":
+// Format (docs/SERVING_FORMAT.md §3.3), NS = "]<]minimax[>[":
 //   NS<invoke name="get_weather">NS<city>ParisNS</city>NS<days>3NS</days>NS</invoke>
 // One element per parameter, named after it; objects nest as child elements; arrays are repeated
 // NS<item>…NS</item> children. Whitespace between NS and the following '<' is tolerated.

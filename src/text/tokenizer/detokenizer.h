@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "text/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace m3 {
 

@@ -1,4 +1,4 @@
-#include "text/m3_output_parser.h"
+#include "text/parsers/m3_output_parser.h"
 
 #include <algorithm>
 #include <atomic>
@@ -6,6 +6,8 @@
 #include <random>
 
 #include <fmt/format.h>
+
+#include "base/rng.h"
 
 namespace m3 {
 namespace {
@@ -34,13 +36,6 @@ size_t skip_gap(std::string_view b, size_t i) {
 
 bool all_ws(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return is_ws(c); });
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 // Per-parser seed for call ids. random_device may be unavailable in odd sandboxes; a clock-based
@@ -168,7 +163,7 @@ Match match_invoke_open(std::string_view b, size_t i, bool at_end, size_t* end) 
   return is_ws(b[*end]) ? kFull : kNone;
 }
 
-// NS<tool_call>, or the tolerated degenerate opener (SERVING.md §3.4): a bare <tool_call> followed by
+// NS<tool_call>, or the tolerated degenerate opener (docs/SERVING_FORMAT.md §3.4): a bare <tool_call> followed by
 // a prefixed invoke. *len = the opener's length (the lookahead is not consumed).
 Match match_tool_open(std::string_view b, size_t i, bool at_end, size_t* len) {
   size_t end = 0;
@@ -233,7 +228,7 @@ bool M3OutputParser::step_text(ParsedDelta& out, bool at_end) {
         emit_text(out, b.substr(0, i));
         pending_raw_.assign(b.substr(i, len));
         block_from_reasoning_ = phase_ == Phase::kReasoning;
-        // Tool markup inside reasoning ends the reasoning implicitly (SERVING.md §3.4); if the block
+        // Tool markup inside reasoning ends the reasoning implicitly (docs/SERVING_FORMAT.md §3.4); if the block
         // fails without a committed call, abandon_block() puts it back into reasoning.
         if (block_from_reasoning_) phase_ = Phase::kBeforeThink;
         block_commits_ = 0;

@@ -6,7 +6,7 @@
 // template fails when the server loads it rather than on the first request.
 #include <set>
 
-#include "text/jinja_internal.h"
+#include "text/jinja/jinja_internal.h"
 
 namespace m3::jinja {
 

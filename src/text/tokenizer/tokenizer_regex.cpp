@@ -6,13 +6,13 @@
 #include <utility>
 
 #include "base/error.h"
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace m3::tok {
 
 namespace {
 
-#include "text/tokenizer_unicode_delta.inc"
+#include "text/tokenizer/tokenizer_unicode_delta.inc"
 
 // Class items that bring PCRE2's \p{name} up to the Unicode version of HF's Oniguruma ("" if none).
 const char* unicode_delta(std::string_view name) {

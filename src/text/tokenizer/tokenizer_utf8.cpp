@@ -1,7 +1,7 @@
 // UTF-8 helpers and the ByteLevel byte<->char table shared by the tokenizer components.
 #include <utf8proc.h>
 
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace m3::tok {
 

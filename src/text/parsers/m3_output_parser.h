@@ -1,5 +1,5 @@
 // MiniMax-M3 output parser: splits generated TEXT into reasoning, content and OpenAI tool calls,
-// streaming or all at once (SERVING.md §3.2–3.4, chunk shapes §2.3). Markers are matched as text,
+// streaming or all at once (docs/SERVING_FORMAT.md §3.2–3.4, chunk shapes §2.3). Markers are matched as text,
 // never as token ids, so it works whether the model emitted them as special tokens or as pieces.
 //
 //   <mm:think>reasoning</mm:think>answer  NS<tool_call>NS<invoke name="f">…NS</invoke>NS</tool_call>
@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "text/tool_parser.h"
+#include "text/parsers/tool_parser.h"
 
 namespace m3 {
 

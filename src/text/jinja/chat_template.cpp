@@ -1,4 +1,4 @@
-#include "text/chat_template.h"
+#include "text/jinja/chat_template.h"
 
 #include <filesystem>
 #include <fstream>

@@ -4,7 +4,7 @@
 #include <utf8proc.h>
 
 #include "base/error.h"
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace m3::tok {
 

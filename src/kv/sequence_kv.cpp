@@ -1,4 +1,4 @@
-#include "engine/sequence.h"
+#include "kv/sequence_kv.h"
 
 #include "base/error.h"
 

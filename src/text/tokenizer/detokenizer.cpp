@@ -1,9 +1,9 @@
 // Streaming detokenizer. Full decode cuts the ids into chunks at (non-skipped) added tokens, runs each
 // chunk of model tokens through the decoder and inserts added tokens verbatim; the stream does the same
 // incrementally and only holds back text that a later id could still change.
-#include "text/detokenizer.h"
+#include "text/tokenizer/detokenizer.h"
 
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace m3 {
 

@@ -7,7 +7,7 @@
 
 #include <utf8proc.h>
 
-#include "text/jinja_internal.h"
+#include "text/jinja/jinja_internal.h"
 
 namespace m3::jinja {
 

@@ -1,6 +1,6 @@
 // Decoders of tokenizer.json (HF decode_chain semantics): token strings in, token strings out.
 #include "base/error.h"
-#include "text/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_impl.h"
 
 namespace m3::tok {
 
