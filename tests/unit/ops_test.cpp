@@ -80,6 +80,11 @@ TEST(SwigluOai, ClampsGateAboveOnlyAndUpBothWaysPlusOne) {
   EXPECT_NEAR(a[0], -42.0f, 0.01f);
   // g = −3 is not clamped from below.
   EXPECT_NEAR(a[1], -3.f / (1 + std::exp(1.702f * 3.f)) * 1.5f, 1e-6);
+  // Both inputs above +7: g = 8 → 7 and u = 12 → 7, so 7·σ(11.914)·8 ≈ 56.0 (unclamped u would give 104).
+  std::vector<float> hi = {8.f, 1.f, 12.f, 7.5f}, b(2);
+  swiglu_oai(hi.data(), 1, 2, 1.702f, 7.f, b.data());
+  EXPECT_NEAR(b[0], 7.f / (1 + std::exp(-1.702f * 7.f)) * 8.f, 1e-4);
+  EXPECT_NEAR(b[1], 1.f / (1 + std::exp(-1.702f)) * 8.f, 1e-5);
 }
 
 TEST(MoeRoute, WeightsAreUnbiasedSigmoidRenormalisedAndScaled) {
