@@ -55,6 +55,14 @@ TEST(RmsNorm, GemmaStyleMultipliesByOnePlusWeight) {
   EXPECT_NEAR(y[3], 4 * inv * 2.0f, 1e-6);
 }
 
+TEST(RmsNorm, EpsIsAddedToTheMeanSquareInsideTheRoot) {
+  // Tiny activations make eps matter: mean square 1e-6 + eps 1e-6 → 1 / sqrt(2e-6); eps added after the root
+  // would give 1 / (1e-3 + 1e-6), 41 % larger.
+  std::vector<float> x(8, 1e-3f), w(8, 0.f), y(8);
+  rms_norm_gemma(x.data(), 1, 8, w.data(), 1e-6f, y.data());
+  for (float v : y) EXPECT_NEAR(v, 1e-3 / std::sqrt(2e-6), 1e-5);
+}
+
 TEST(Rope, PartialNeoxPairsChannelIWithIPlusHalfOfRotarySlice) {
   // head_dim 128, rotary 64: channel 5 pairs with 37, channel 70 is never rotated.
   const int D = 128, R = 64;
