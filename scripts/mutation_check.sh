@@ -149,9 +149,15 @@ want() {
 }
 
 # Scratch copy: tracked + untracked-but-not-ignored files of this tree as they are now (uncommitted edits included).
-tree="$work/tree" build="$work/build"
-mkdir -p "$tree"
-(cd "$root" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | (cd "$tree" && tar -xf -)
+# Only files whose content differs are copied, with a fresh mtime: the scratch build stays incremental and never
+# keeps an object compiled from a mutant of an earlier, interrupted run.
+tree="$work/tree" build="$work/build" incoming="$work/incoming"
+rm -rf "$incoming"
+mkdir -p "$tree" "$incoming"
+(cd "$root" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | (cd "$incoming" && tar -xf -)
+(cd "$incoming" && find . -type f -print0) | while IFS= read -r -d '' f; do
+  cmp -s "$incoming/$f" "$tree/$f" || { mkdir -p "$(dirname "$tree/$f")" && cp "$incoming/$f" "$tree/$f"; }
+done
 [ -e "$tree/tests/npm/node_modules" ] || ln -s "$root/tests/npm/node_modules" "$tree/tests/npm/node_modules"
 cmake -S "$tree" -B "$build" -DCMAKE_BUILD_TYPE=Release -DM3_BUILD_TESTS=ON >/dev/null || exit 2
 
