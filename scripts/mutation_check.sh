@@ -131,6 +131,9 @@ mut stop-string-search-starts-late src/server/choice_stream.cpp \
   "tests/server/server_choice_stream_test"
 mut invoke-scan-restarts-each-push src/text/m3_output_parser.cpp \
   'size_t from = invoke_scan_;' 'size_t from = 0;' "tests/text/tool_parser_stream_test:*Linear*"
+mut invoke-scan-rescans-the-whole-body src/text/m3_output_parser.cpp \
+  'invoke_scan_ = std::max(from, buf_.size() > keep ? buf_.size() - keep : size_t{0});' 'invoke_scan_ = from;' \
+  "tests/text/tool_parser_stream_test:*Linear*"
 # Request validation (src/server/request_parse.cpp)
 mut min-tokens-above-max-accepted src/server/request_parse.cpp \
   'if (r.max_tokens && *m > *r.max_tokens)' 'if (false)' "tests/server/server_request_parse_test"
