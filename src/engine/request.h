@@ -24,7 +24,9 @@ struct GenerationParams {
   float frequency_penalty = 0.f;     // [-2, 2]
   float repetition_penalty = 1.f;    // (0, 2], HF/vLLM semantics (on prompt + generated tokens)
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to logits before sampling
-  int top_logprobs = -1;             // −1: no logprobs; 0..20: logprob of the chosen token + that many top ones
+  // −1: no logprobs; 0..20: logprob of the chosen token + that many top ones, from the raw logits (before
+  // penalties, bias and temperature, like vLLM's default)
+  int top_logprobs = -1;
   uint64_t choice_index = 0;         // for n > 1: keys the RNG stream with the seed
 
   // Throws m3::Error naming the field when out of range (vocab_size bounds token ids).

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <span>
 
 #include "base/dtype.h"
 #include "engine/engine.h"
@@ -48,20 +49,42 @@ Loaded load_weights(bool round_bf16) {
   return l;
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0, r = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    m = std::max(m, double(std::fabs(a[i] - b[i])));
-    r = std::max(r, double(std::fabs(b[i])));
+// What one scripted run measured. Errors are per logits row: max |gpu − cpu| over the row / max |cpu| over the row,
+// so a bug confined to a few rows is not diluted by the rest of the step.
+struct RunStats {
+  int selection_rows = 0;
+  int selection_flips = 0;   // rows whose GPU selection differs from the CPU's
+  int untied_flips = 0;      // of those, flips where a swapped block was not a near-tie of the k-th CPU score
+  int argmax_agree = 0, rows = 0;
+  int flipped_rows = 0;      // logits rows of a token whose selection flipped in some layer (exempt from row_errs)
+  std::vector<double> row_errs;  // rows without a flip
+  double worst_row = 0;          // max of row_errs
+};
+
+// A selection row differs: accepted only when every block in the symmetric difference scored (on the CPU) within
+// tol·max(1, |s_k|) of s_k, the k-th best history score — i.e. the CPU itself was at a near-tie there.
+bool flip_is_near_tie(std::span<const int32_t> cpu_sel, std::span<const int32_t> gpu_sel, std::span<const float> scores,
+                      double tol) {
+  const size_t K = cpu_sel.size();
+  float kth = INFINITY;
+  for (size_t j = 0; j + 1 < K; ++j)  // history blocks (local last); −1 pads rows with fewer blocks than K
+    if (cpu_sel[j] >= 0 && size_t(cpu_sel[j]) < scores.size()) kth = std::min(kth, scores[size_t(cpu_sel[j])]);
+  if (cpu_sel[K - 1] != gpu_sel[K - 1]) return false;  // the local block is always selected, last
+  auto tied = [&](int32_t b) {
+    return b >= 0 && size_t(b) < scores.size() && size_t(b) != size_t(cpu_sel[K - 1]) &&
+           std::fabs(double(scores[size_t(b)]) - kth) <= tol * std::max(1.0, std::fabs(double(kth)));
+  };
+  for (size_t j = 0; j + 1 < K; ++j) {
+    const bool in_gpu = std::find(gpu_sel.begin(), gpu_sel.end() - 1, cpu_sel[j]) != gpu_sel.end() - 1;
+    const bool in_cpu = std::find(cpu_sel.begin(), cpu_sel.end() - 1, gpu_sel[j]) != cpu_sel.end() - 1;
+    if ((!in_gpu && !tied(cpu_sel[j])) || (!in_cpu && !tied(gpu_sel[j]))) return false;
   }
-  return m / r;
+  return true;
 }
 
-// Runs the same scripted steps on the CPU model and the GPU executor; returns the worst logits error.
+// Runs the same scripted steps on the CPU model and the GPU executor.
 // Steps: A prefill 0..199 (all logits) → A prefill 200..319 → A decode ×3 → [A decode + B prefill 150] → A decode ×4.
-double run_script(const Loaded& l, bool bf16, int* selection_rows, int* selection_mismatch, int* argmax_agree,
-                  int* argmax_total, std::vector<double>* row_errs) {
+RunStats run_script(const Loaded& l, bool bf16, double tie_tol) {
   const M3Config& c = l.cfg;
   const int32_t P = 64;
   M3Model cpu(c, l.w);
@@ -74,97 +97,117 @@ double run_script(const Loaded& l, bool bf16, int* selection_rows, int* selectio
   std::vector<int32_t> perm(P);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), g);
-  const int B = c.sparse_block_size;
   std::vector<int32_t> pt_a(perm.begin(), perm.begin() + 32), pt_b(perm.begin() + 32, perm.begin() + 44);
   std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
   std::vector<int32_t> a(320), b(150);
   for (auto& x : a) x = tok(g);
   for (auto& x : b) x = tok(g);
-  double worst = 0;
-  *selection_rows = *selection_mismatch = *argmax_agree = *argmax_total = 0;
-  auto step = [&](std::vector<SeqInput> in, bool trace_sel) {
+  RunStats st;
+  const size_t V = static_cast<size_t>(c.vocab_size);
+  auto step = [&](std::vector<SeqInput> in) {
     ForwardTrace tc, tg;
-    tc.capture_selection = tg.capture_selection = trace_sel;
+    tc.capture_selection = tg.capture_selection = true;
+    tc.capture_block_scores = true;
     auto lc = cpu.forward(in, cache, &tc);
     auto lg = gpu.forward(in, &tg);
-    for (size_t s = 0; s < in.size(); ++s) {
-      const double e = rel_err(lg[s], lc[s]);
-      std::printf("[gpu-model] %s seq %zu start %lld n %zu rows %zu: logits rel err %.3e\n", bf16 ? "bf16" : "fp32", s,
-                  (long long)in[s].start_pos, in[s].tokens.size(), lc[s].size() / static_cast<size_t>(c.vocab_size), e);
-      worst = std::max(worst, e);
-      for (size_t r = 0; r < lc[s].size() / static_cast<size_t>(c.vocab_size); ++r) {
-        std::span<const float> rc(&lc[s][r * c.vocab_size], static_cast<size_t>(c.vocab_size)), rg(&lg[s][r * c.vocab_size], static_cast<size_t>(c.vocab_size));
-        *argmax_agree += argmax(rc) == argmax(rg);
-        double m = 0, ref = 0;
-        for (size_t i = 0; i < rc.size(); ++i) {
-          m = std::max(m, double(std::fabs(rc[i] - rg[i])));
-          ref = std::max(ref, double(std::fabs(rc[i])));
-        }
-        row_errs->push_back(std::isfinite(m) ? m / ref : INFINITY);
-        ++*argmax_total;
-      }
-    }
-    if (trace_sel)
-      for (size_t l2 = 0; l2 < tc.selection.size(); ++l2)
-        for (size_t s = 0; s < tc.selection[l2].size(); ++s) {
-          const auto& x = tc.selection[l2][s];
-          const auto& y = tg.selection[l2][s];
-          EXPECT_EQ(x.size(), y.size());
-          const int K = c.sparse_topk_blocks;
-          for (size_t r = 0; r + K <= std::min(x.size(), y.size()); r += K) {
-            ++*selection_rows;
-            *selection_mismatch += !std::equal(x.begin() + r, x.begin() + r + K, y.begin() + r);
+    // Selections: [Hidx, n, K] per sequence; CPU scores [Hidx, n, max_blocks].
+    std::vector<std::vector<bool>> flipped(in.size());
+    const size_t K = size_t(c.sparse_topk_blocks);
+    for (size_t s = 0; s < in.size(); ++s) flipped[s].assign(in[s].tokens.size(), false);
+    for (size_t l2 = 0; l2 < tc.selection.size(); ++l2)
+      for (size_t s = 0; s < tc.selection[l2].size(); ++s) {
+        const auto& x = tc.selection[l2][s];
+        const auto& y = tg.selection[l2][s];
+        EXPECT_EQ(x.size(), y.size());
+        const size_t n = in[s].tokens.size(), cols = size_t(tc.block_scores_cols[s]);
+        for (size_t r = 0; (r + 1) * K <= std::min(x.size(), y.size()); ++r) {
+          ++st.selection_rows;
+          std::span<const int32_t> xs(x.data() + r * K, K), ys(y.data() + r * K, K);
+          if (std::equal(xs.begin(), xs.end(), ys.begin())) continue;
+          ++st.selection_flips;
+          flipped[s][r % n] = true;
+          std::span<const float> sc(tc.block_scores[l2][s].data() + r * cols, cols);
+          if (!flip_is_near_tie(xs, ys, sc, tie_tol)) {
+            ++st.untied_flips;
+            ADD_FAILURE() << "layer " << l2 << " seq " << s << " token " << r % n << " head " << r / n
+                          << ": the GPU selected other blocks than the CPU without a near-tie";
           }
         }
+      }
+    for (size_t s = 0; s < in.size(); ++s) {
+      const size_t rows = lc[s].size() / V, n = in[s].tokens.size();
+      double step_worst = 0;
+      for (size_t r = 0; r < rows; ++r) {
+        std::span<const float> rc(&lc[s][r * V], V), rg(&lg[s][r * V], V);
+        st.argmax_agree += argmax(rc) == argmax(rg);
+        ++st.rows;
+        double m = 0, ref = 0;
+        for (size_t i = 0; i < V; ++i) {
+          m = std::max(m, std::isfinite(rg[i]) ? double(std::fabs(rc[i] - rg[i])) : INFINITY);
+          ref = std::max(ref, double(std::fabs(rc[i])));
+        }
+        const double e = m / ref;
+        const size_t token = rows == n ? r : n - 1;  // all_logits rows, else only the last token's
+        if (flipped[s][token]) {
+          ++st.flipped_rows;
+          continue;
+        }
+        st.row_errs.push_back(e);
+        st.worst_row = std::max(st.worst_row, e);
+        step_worst = std::max(step_worst, e);
+      }
+      std::printf("[gpu-model] %s seq %zu start %lld n %zu rows %zu: worst row rel err %.3e\n", bf16 ? "bf16" : "fp32",
+                  s, (long long)in[s].start_pos, n, rows, step_worst);
+    }
     return lc;
   };
   auto seq = [](const std::vector<int32_t>& ids, int64_t s, int64_t n, const std::vector<int32_t>& pt, bool all) {
     return SeqInput{std::span<const int32_t>(ids.data() + s, static_cast<size_t>(n)), s, pt, all};
   };
-  step({seq(a, 0, 200, pt_a, true)}, true);
-  auto lc = step({seq(a, 200, 120, pt_a, true)}, true);
+  step({seq(a, 0, 200, pt_a, true)});
+  auto lc = step({seq(a, 200, 120, pt_a, true)});
   std::vector<int32_t> gen = a;
-  int32_t next = argmax(std::span<const float>(&lc[0][static_cast<size_t>(119) * c.vocab_size], static_cast<size_t>(c.vocab_size)));
+  int32_t next = argmax(std::span<const float>(&lc[0][static_cast<size_t>(119) * V], V));
   for (int i = 0; i < 8; ++i) {
     gen.push_back(next);
     std::vector<SeqInput> in{seq(gen, int64_t(gen.size()) - 1, 1, pt_a, false)};
     if (i == 3) in.push_back(seq(b, 0, 150, pt_b, true));
-    lc = step(in, true);
+    lc = step(in);
     next = argmax(lc[0]);
   }
-  (void)B;
-  return worst;
+  std::printf("[gpu-model] %s: selection rows differing %d of %d (%d not near-ties); %d logits rows exempt after a "
+              "flip; worst row rel err %.3e; argmax agree %d/%d\n", bf16 ? "bf16" : "fp32", st.selection_flips,
+              st.selection_rows, st.untied_flips, st.flipped_rows, st.worst_row, st.argmax_agree, st.rows);
+  return st;
 }
 
 TEST(GpuModel, TinySparseModelMatchesCpuLogitsAndSelectionsInFp32) {
   SKIP_WITHOUT_GPU();
   const Loaded l = load_weights(false);
-  int rows, mism, agree, total;
-  std::vector<double> errs;
-  const double worst = run_script(l, false, &rows, &mism, &agree, &total, &errs);
-  std::printf("[gpu-model] fp32: worst logits rel err %.3e; selection rows differing %d of %d; argmax agree %d/%d\n",
-              worst, mism, rows, agree, total);
-  EXPECT_LT(worst, 1e-3);
-  EXPECT_LE(mism, rows / 100);  // only near-ties may differ
-  EXPECT_GE(agree, total - total / 100);
+  // Measured (docs/KERNELS.md): worst row 1.6e-6, no selection differs. Any flip must be a near-tie in fp32.
+  const RunStats st = run_script(l, false, /*tie_tol=*/1e-4);
+  EXPECT_EQ(st.untied_flips, 0);
+  EXPECT_LE(st.flipped_rows, st.rows / 100);
+  EXPECT_LT(st.worst_row, 1e-4);  // every row without a flip, each against its own max |logit|
+  EXPECT_GE(st.argmax_agree, st.rows - st.flipped_rows);
 }
 
 TEST(GpuModel, TinySparseModelWithBf16WeightsStaysCloseToCpuOnRoundedWeights) {
   SKIP_WITHOUT_GPU();
   const Loaded l = load_weights(true);
-  int rows, mism, agree, total;
-  std::vector<double> errs;
-  const double worst = run_script(l, true, &rows, &mism, &agree, &total, &errs);
-  // bf16 activations perturb the index scores, so a few near-tie selections flip and those rows' attention (hence
-  // logits) legitimately differ a lot; judge the distribution of per-row errors, not only the worst row.
-  std::sort(errs.begin(), errs.end());
-  const double p50 = errs[errs.size() / 2], p90 = errs[errs.size() * 9 / 10];
-  std::printf("[gpu-model] bf16: per-row logits rel err p50 %.3e p90 %.3e max %.3e; selection rows differing %d of %d; "
-              "argmax agree %d/%d\n", p50, p90, worst, mism, rows, agree, total);
+  // bf16 activations perturb the index scores, so near-tie selections flip (tolerance: 5 % of the k-th score) and
+  // those tokens' logits legitimately differ a lot; every other row must stay within its own bound.
+  RunStats st = run_script(l, true, /*tie_tol=*/5e-2);
+  std::sort(st.row_errs.begin(), st.row_errs.end());
+  const double p50 = st.row_errs[st.row_errs.size() / 2], p90 = st.row_errs[st.row_errs.size() * 9 / 10];
+  std::printf("[gpu-model] bf16: per-row logits rel err p50 %.3e p90 %.3e max %.3e (rows without a flip)\n", p50, p90,
+              st.worst_row);
+  EXPECT_EQ(st.untied_flips, 0);
+  EXPECT_LE(st.selection_flips, st.selection_rows / 10);
   EXPECT_LT(p50, 2e-2);
   EXPECT_LT(p90, 5e-2);
-  EXPECT_LE(mism, rows / 10);
-  EXPECT_GE(agree, total * 9 / 10);
+  EXPECT_LT(st.worst_row, 0.15);
+  EXPECT_GE(st.argmax_agree, st.rows * 9 / 10);
 }
 
 TEST(GpuModel, EngineOnTheCudaExecutorGeneratesTheCpuEnginesGreedyTokens) {

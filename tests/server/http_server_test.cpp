@@ -51,7 +51,7 @@ Reply request(uint16_t port, http::verb verb, const std::string& target, const s
 class HttpServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!test::qwen_tokenizer()) GTEST_SKIP() << "run scripts/fetch_test_deps.sh first";
+    M3_REQUIRE_TOKENIZER();
     service_ = std::make_unique<OpenAIService>(test::service_config());
     backend_ = std::make_unique<test::FakeBackend>(test::qwen_tokenizer()->encode(" one two three four", false),
                                                     std::chrono::microseconds(2000));
@@ -272,7 +272,7 @@ TEST_F(HttpServerTest, OversizedContentLengthIs413WithoutReadingTheBody) {
 
 
 TEST(HttpServerKeepAlive, SilentStreamsGetSseCommentLines) {
-  if (!test::qwen_tokenizer()) GTEST_SKIP() << "run scripts/fetch_test_deps.sh first";
+  M3_REQUIRE_TOKENIZER();
   OpenAIService service(test::service_config());
   // 150 ms between tokens, keep-alive every 30 ms: comments must appear between the data events.
   auto backend = std::make_unique<test::FakeBackend>(test::qwen_tokenizer()->encode(" a b", false),

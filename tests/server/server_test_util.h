@@ -34,9 +34,11 @@ inline std::shared_ptr<const Tokenizer> qwen_tokenizer() {
   return tok;
 }
 
-#define M3_REQUIRE_TOKENIZER()                                                                      \
-  if (!::m3::server::test::qwen_tokenizer()) GTEST_SKIP() << "run scripts/fetch_test_deps.sh first (" \
-                                                          << ::m3::server::test::kQwenTokenizer << ")"
+// A missing fixture is a failure, not a skip: scripts/test.sh and .ci/run fetch it before the tests run, so a
+// silent skip would only hide a broken setup.
+#define M3_REQUIRE_TOKENIZER()                                                                                 \
+  ASSERT_TRUE(::m3::server::test::qwen_tokenizer()) << "missing test fixture " << ::m3::server::test::kQwenTokenizer \
+                                                    << ": run scripts/fetch_test_deps.sh"
 
 // M3-like: the generation prompt opens <mm:think> when thinking_mode == "enabled".
 inline std::shared_ptr<const ChatTemplate> tiny_template() {

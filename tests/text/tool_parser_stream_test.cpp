@@ -228,6 +228,10 @@ TEST(ToolCallStreaming, LongArgumentStreamedInTinyChunksStaysLinear) {
   m.append(p.finish());
   ASSERT_EQ(m.tool_calls.size(), 1u);
   EXPECT_EQ(m.tool_calls[0].arguments_json.size(), big.size() + 9);
+  // Each push may re-examine only the few bytes a marker could straddle (kM3Namespace is < 16 bytes); a rescan
+  // of the whole invoke per push would examine ~200 KB × 67 000 pushes.
+  EXPECT_GT(p.invoke_bytes_scanned(), big.size());
+  EXPECT_LT(p.invoke_bytes_scanned(), 8 * text.size());
 }
 
 TEST(ToolCallStreaming, RandomMarkupSoupStreamsLikeOneShot) {

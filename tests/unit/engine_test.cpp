@@ -3,7 +3,9 @@
 // docs/KV_CACHE.md (every page returns however a request ends).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -21,6 +23,7 @@ struct Collected {
   FinishReason finish = FinishReason::None;
   int cached = -1;
   int events = 0;
+  std::vector<float> logprobs;  // of the chosen tokens, when requested
 };
 
 class EngineTest : public ::testing::Test {
@@ -41,6 +44,7 @@ class EngineTest : public ::testing::Test {
       std::lock_guard<std::mutex> lk(mu_);
       auto& c = out_[id];
       c.tokens.insert(c.tokens.end(), o.tokens.begin(), o.tokens.end());
+      for (const auto& lp : o.logprobs) c.logprobs.push_back(lp.logprob);
       c.events++;
       if (o.finish != FinishReason::None) {
         c.finish = o.finish;
@@ -61,7 +65,9 @@ class EngineTest : public ::testing::Test {
     }
   }
   // Greedy generation straight through the model (no engine), the reference for the engine's outputs.
-  static std::vector<int32_t> direct_greedy(const std::vector<int32_t>& prompt, int n) {
+  // When `logits` is given it receives the raw logits [V] of every step.
+  static std::vector<int32_t> direct_greedy(const std::vector<int32_t>& prompt, int n,
+                                            std::vector<std::vector<float>>* logits = nullptr) {
     const M3Config& c = model_->config();
     KVCache cache(c, 64);
     SequenceKV seq(cache);
@@ -70,6 +76,7 @@ class EngineTest : public ::testing::Test {
     SeqInput in{toks, 0, seq.pages(), false};
     auto lg = model_->forward(std::span<const SeqInput>(&in, 1), cache)[0];
     for (int i = 0; i < n; ++i) {
+      if (logits) logits->push_back(lg);
       int32_t t = argmax(lg);
       out.push_back(t);
       toks.push_back(t);
@@ -136,6 +143,88 @@ TEST_F(EngineTest, RepeatedPrefixIsServedFromTheCacheWithIdenticalOutput) {
   EXPECT_EQ(m.prefix_hit_tokens, 128u);
 }
 
+TEST_F(EngineTest, RepeatedContentGivesTheSameOutputColdAndCached) {
+  // A prompt made of one page repeated four times: each repetition is its own cache entry, so the cached run reuses
+  // all four pages and must produce the cold run's tokens and logprobs.
+  const int V = model_->config().vocab_size;
+  auto page = test::random_ids(16, V, 21);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), page.begin(), page.end());
+  prompt.push_back(3);
+  Engine e(*model_, EngineConfig{.num_pages = 32});
+  for (const char* id : {"cold", "warm"}) {
+    EngineRequest r = request(id, prompt, 8);
+    r.params.top_logprobs = 0;
+    e.submit(r, sink(id));
+    run_until_idle(e);
+  }
+  EXPECT_EQ(out_["cold"].cached, 0);
+  EXPECT_EQ(out_["warm"].cached, 64);
+  EXPECT_EQ(out_["warm"].tokens, out_["cold"].tokens);
+  ASSERT_EQ(out_["warm"].logprobs.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(out_["warm"].logprobs[i], out_["cold"].logprobs[i], 1e-4) << i;
+}
+
+TEST_F(EngineTest, EqualPagesAfterDifferentPrefixesAreNotShared) {
+  // Pages A B X and C B D are cached; A B D must reuse only A B (D's cached KV was computed after C B), and its
+  // output must equal a cold run without any cache.
+  const int V = model_->config().vocab_size;
+  auto blk = [&](uint64_t seed) { return test::random_ids(16, V, seed); };
+  auto cat = [](std::initializer_list<std::vector<int32_t>> parts) {
+    std::vector<int32_t> v;
+    for (const auto& p : parts) v.insert(v.end(), p.begin(), p.end());
+    v.push_back(5);
+    return v;
+  };
+  const auto A = blk(31), B = blk(32), C = blk(33), D = blk(34), X = blk(35);
+  Engine e(*model_, EngineConfig{.num_pages = 48});
+  e.submit(request("abx", cat({A, B, X}), 1), sink("abx"));
+  run_until_idle(e);
+  e.submit(request("cbd", cat({C, B, D}), 1), sink("cbd"));
+  run_until_idle(e);
+  // Repeated content behind another prefix: B B B after C B D.
+  for (auto [id, prompt] : {std::pair{"abd", cat({A, B, D})}, std::pair{"bbb", cat({B, B, B})}}) {
+    EngineRequest r = request(id, prompt, 6);
+    r.params.top_logprobs = 0;
+    e.submit(r, sink(id));
+    run_until_idle(e);
+    Engine fresh(*model_, EngineConfig{.num_pages = 48, .enable_prefix_caching = false});
+    const std::string ref = std::string(id) + "-ref";
+    fresh.submit(r, sink(ref));
+    run_until_idle(fresh);
+    EXPECT_EQ(out_[id].tokens, out_[ref].tokens) << id;
+    ASSERT_EQ(out_[id].logprobs.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(out_[id].logprobs[i], out_[ref].logprobs[i], 1e-4) << id << i;
+  }
+  EXPECT_EQ(out_["abd"].cached, 32);
+  EXPECT_EQ(out_["bbb"].cached, 0);
+}
+
+TEST_F(EngineTest, LogprobsAreLogSoftmaxOfTheModelLogits) {
+  Engine e(*model_, EngineConfig{.num_pages = 32});
+  auto prompt = test::random_ids(25, model_->config().vocab_size, 12);
+  EngineRequest r = request("lp", prompt, 5);
+  r.params.top_logprobs = 3;
+  std::vector<TokenLogprob> got;
+  e.submit(r, [&](const EngineOutput& o) { got.insert(got.end(), o.logprobs.begin(), o.logprobs.end()); });
+  run_until_idle(e);
+  std::vector<std::vector<float>> logits;
+  auto ref = direct_greedy(prompt, 5, &logits);
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const auto& lg = logits[i];
+    double m = *std::max_element(lg.begin(), lg.end()), z = 0;
+    for (float x : lg) z += std::exp(double(x) - m);
+    auto lsm = [&](int32_t t) { return double(lg[size_t(t)]) - m - std::log(z); };
+    EXPECT_EQ(got[i].id, ref[i]);
+    EXPECT_NEAR(got[i].logprob, lsm(ref[i]), 1e-4) << i;
+    ASSERT_EQ(got[i].top.size(), 3u);
+    EXPECT_EQ(got[i].top[0].first, ref[i]);
+    for (auto [t, lp] : got[i].top) EXPECT_NEAR(lp, lsm(t), 1e-4) << i;
+    EXPECT_GE(got[i].top[1].second, got[i].top[2].second);
+  }
+}
+
 TEST_F(EngineTest, PrefixCachingOffNeverReportsHits) {
   Engine e(*model_, EngineConfig{.num_pages = 32, .enable_prefix_caching = false});
   auto prompt = test::random_ids(60, model_->config().vocab_size, 6);
@@ -162,15 +251,29 @@ TEST_F(EngineTest, StopTokenEndsWithStopAndMinTokensDefersIt) {
   Engine e(*model_, EngineConfig{.num_pages = 32});
   auto prompt = test::random_ids(30, model_->config().vocab_size, 8);
   auto ref = direct_greedy(prompt, 10);
+  const int32_t stop = ref[3];
+  const size_t first_stop = size_t(std::find(ref.begin(), ref.end(), stop) - ref.begin());
   EngineRequest r = request("s", prompt, 10);
-  r.params.stop_token_ids = {ref[3]};
+  r.params.stop_token_ids = {stop};
   e.submit(r, sink("s"));
   run_until_idle(e);
   EXPECT_EQ(out_["s"].finish, FinishReason::Stop);
-  const auto& got = out_["s"].tokens;
-  ASSERT_FALSE(got.empty());
-  EXPECT_EQ(got.back(), ref[3]);
-  EXPECT_LE(got.size(), 4u);
+  EXPECT_EQ(out_["s"].tokens, std::vector<int32_t>(ref.begin(), ref.begin() + long(first_stop) + 1));
+  // min_tokens 6: the stop id is masked for the first six tokens (the greedy path diverges where it was drawn).
+  r.id = "m";
+  r.params.min_tokens = 6;
+  e.submit(r, sink("m"));
+  run_until_idle(e);
+  const auto& got = out_["m"].tokens;
+  ASSERT_GE(got.size(), 6u);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + long(first_stop)),
+            std::vector<int32_t>(ref.begin(), ref.begin() + long(first_stop)));
+  EXPECT_EQ(std::count(got.begin(), got.begin() + 6, stop), 0);
+  if (out_["m"].finish == FinishReason::Stop) {
+    EXPECT_EQ(got.back(), stop);
+  } else {
+    EXPECT_EQ(got.size(), 10u);
+  }
 }
 
 TEST_F(EngineTest, SameSeedSameTokensDifferentSeedDifferentTokens) {

@@ -55,6 +55,14 @@ TEST(RmsNorm, GemmaStyleMultipliesByOnePlusWeight) {
   EXPECT_NEAR(y[3], 4 * inv * 2.0f, 1e-6);
 }
 
+TEST(RmsNorm, EpsIsAddedToTheMeanSquareInsideTheRoot) {
+  // Tiny activations make eps matter: mean square 1e-6 + eps 1e-6 → 1 / sqrt(2e-6); eps added after the root
+  // would give 1 / (1e-3 + 1e-6), 41 % larger.
+  std::vector<float> x(8, 1e-3f), w(8, 0.f), y(8);
+  rms_norm_gemma(x.data(), 1, 8, w.data(), 1e-6f, y.data());
+  for (float v : y) EXPECT_NEAR(v, 1e-3 / std::sqrt(2e-6), 1e-5);
+}
+
 TEST(Rope, PartialNeoxPairsChannelIWithIPlusHalfOfRotarySlice) {
   // head_dim 128, rotary 64: channel 5 pairs with 37, channel 70 is never rotated.
   const int D = 128, R = 64;
@@ -80,6 +88,11 @@ TEST(SwigluOai, ClampsGateAboveOnlyAndUpBothWaysPlusOne) {
   EXPECT_NEAR(a[0], -42.0f, 0.01f);
   // g = −3 is not clamped from below.
   EXPECT_NEAR(a[1], -3.f / (1 + std::exp(1.702f * 3.f)) * 1.5f, 1e-6);
+  // Both inputs above +7: g = 8 → 7 and u = 12 → 7, so 7·σ(11.914)·8 ≈ 56.0 (unclamped u would give 104).
+  std::vector<float> hi = {8.f, 1.f, 12.f, 7.5f}, b(2);
+  swiglu_oai(hi.data(), 1, 2, 1.702f, 7.f, b.data());
+  EXPECT_NEAR(b[0], 7.f / (1 + std::exp(-1.702f * 7.f)) * 8.f, 1e-4);
+  EXPECT_NEAR(b[1], 1.f / (1 + std::exp(-1.702f)) * 8.f, 1e-5);
 }
 
 TEST(MoeRoute, WeightsAreUnbiasedSigmoidRenormalisedAndScaled) {

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
+#include <span>
 
 #include "base/error.h"
 #include "engine/sampler.h"
@@ -15,6 +17,14 @@ TEST(Sampler, GreedyPicksTheArgmax) {
   p.temperature = 0;
   Sampler s(p);
   EXPECT_EQ(s.sample(logits()), 1);
+}
+
+TEST(Sampler, GreedyTiesGoToTheLowerId) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p);
+  EXPECT_EQ(s.sample(std::vector<float>{0.5f, 2.0f, -1.0f, 2.0f}), 1);
+  EXPECT_EQ(argmax(std::vector<float>{3.0f, 3.0f}), 0);
 }
 
 TEST(Sampler, SameSeedGivesTheSameTokens) {
@@ -76,6 +86,82 @@ TEST(Sampler, OutOfRangeValuesAreRejectedWithTheFieldName) {
   bad([](SamplingParams& p) { p.top_p = 1.5f; }, "top_p");
   bad([](SamplingParams& p) { p.top_k = -5; }, "top_k");
   bad([](SamplingParams& p) { p.min_p = 2; }, "min_p");
+}
+
+// Draw frequencies of a seeded sampler against the distribution it must draw from: softmax(l / T) over the kept
+// candidates, renormalised. Pearson's chi-square with a fixed seed (deterministic, so never flaky); the bound is
+// the 0.1 % critical value, far below what a wrong temperature or a wrong cut produces.
+double chi_square(Sampler& s, std::span<const float> lg, const std::vector<double>& expect, int draws) {
+  std::vector<int> n(lg.size());
+  for (int i = 0; i < draws; ++i) n[size_t(s.sample(lg))]++;
+  double chi = 0;
+  for (size_t t = 0; t < lg.size(); ++t) {
+    if (expect[t] == 0) {
+      EXPECT_EQ(n[t], 0) << "token " << t << " is outside the kept set";
+      continue;
+    }
+    const double e = expect[t] * draws;
+    chi += (n[t] - e) * (n[t] - e) / e;
+  }
+  return chi;
+}
+
+// softmax(l / T) restricted to `keep` (all when empty).
+std::vector<double> softmax_over(std::span<const float> lg, float T, std::vector<int> keep = {}) {
+  if (keep.empty())
+    for (size_t t = 0; t < lg.size(); ++t) keep.push_back(int(t));
+  std::vector<double> p(lg.size(), 0.0);
+  double z = 0;
+  for (int t : keep) z += p[size_t(t)] = std::exp(double(lg[size_t(t)]) / T);
+  for (auto& x : p) x /= z;
+  return p;
+}
+
+// Critical chi-square values at p = 0.001 by degrees of freedom.
+constexpr double kChi999[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52};
+
+TEST(SamplerDistribution, DrawsFollowSoftmaxOfLogitsOverTemperature) {
+  const std::vector<float> lg = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -1.5f};
+  for (float T : {0.6f, 1.7f}) {
+    SamplingParams p;
+    p.temperature = T;
+    p.seed = 11;
+    Sampler s(p);
+    EXPECT_LT(chi_square(s, lg, softmax_over(lg, T), 20000), kChi999[5]) << "T = " << T;
+  }
+}
+
+TEST(SamplerDistribution, TopPKeepsTheSmallestPrefixReachingTheMassAndRenormalises) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 (T = 1). top_p 0.75 keeps {0, 1} (0.5 < 0.75 ≤ 0.8); 0.85 keeps {0, 1, 2};
+  // 0.45 keeps {0}.
+  const std::vector<float> lg = {std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)};
+  struct Case {
+    float top_p;
+    std::vector<int> keep;
+  };
+  for (const Case& c : {Case{0.75f, {1, 3}}, Case{0.85f, {1, 3, 0}}, Case{0.45f, {1}}, Case{1.0f, {}}}) {
+    SamplingParams p;
+    p.top_p = c.top_p;
+    p.seed = 12;
+    Sampler s(p);
+    const double chi = chi_square(s, lg, softmax_over(lg, 1.f, c.keep), 20000);
+    const size_t df = c.keep.empty() ? lg.size() - 1 : c.keep.size() - 1;
+    if (df > 0) {
+      EXPECT_LT(chi, kChi999[df]) << "top_p = " << c.top_p;
+    }
+  }
+}
+
+TEST(SamplerDistribution, TopPCutUsesTheTemperedDistribution) {
+  // At T = 0.5 the probabilities of logits (log 0.5, log 0.3, log 0.2) become ∝ 0.25, 0.09, 0.04 → 0.658, 0.237,
+  // 0.105: top_p 0.85 keeps two tokens (at T = 1 it would keep all three).
+  const std::vector<float> lg = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  SamplingParams p;
+  p.temperature = 0.5f;
+  p.top_p = 0.85f;
+  p.seed = 13;
+  Sampler s(p);
+  EXPECT_LT(chi_square(s, lg, softmax_over(lg, 0.5f, {0, 1}), 20000), kChi999[1]);
 }
 
 }  // namespace

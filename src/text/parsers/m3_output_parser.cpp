@@ -302,6 +302,7 @@ bool M3OutputParser::step_invoke(ParsedDelta& out, bool at_end) {
   size_t from = invoke_scan_;
   for (;;) {
     size_t p = buf_.find(kM3Namespace, from);
+    invoke_scanned_ += (p == std::string::npos ? buf_.size() : p + 1) - std::min(from, buf_.size());
     if (p == std::string::npos) {
       if (at_end) {
         abandon_block(out, buf_.size());

@@ -83,6 +83,9 @@ class M3OutputParser {
   int num_tool_calls() const { return num_calls_; }
   // Bytes currently held back (not yet emitted); for diagnostics and stop-string bookkeeping.
   size_t held_bytes() const { return buf_.size() + pending_raw_.size(); }
+  // Bytes the search for an invoke's end has examined so far, rescans included: streaming must keep this linear
+  // in the text length however small the chunks (tests bound it).
+  uint64_t invoke_bytes_scanned() const { return invoke_scanned_; }
 
  private:
   // Where we are with respect to the think block: before any (content; <mm:think> may still open
@@ -113,6 +116,7 @@ class M3OutputParser {
   int block_commits_ = 0;
   size_t invoke_scan_ = 0;   // in kInvoke: buf_ offset from which the search for the end resumes
   int num_calls_ = 0;
+  uint64_t invoke_scanned_ = 0;
 };
 
 }  // namespace m3
