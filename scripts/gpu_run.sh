@@ -54,7 +54,7 @@ export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
 
 # ---- build --------------------------------------------------------------------------------------------------------
 tb=$(date +%s)
-targets=(gpu_ops_test gpu_model_test)
+targets=(gpu_ops_test gpu_model_test gpu_hopper_test gpu_msa_prefill_tc_test gpu_decode_test)
 [ "${M3_SKIP_BENCH:-0}" = 1 ] || targets+=(bench_msa)
 if cmake -S "$root" -B "$build" -DM3_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${cmake_extra[@]}" >"$out/build.log" 2>&1 &&
    cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$out/build.log" 2>&1; then
