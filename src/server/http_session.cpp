@@ -83,7 +83,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   void do_read() {
     if (closed_ || closing_) return;
     release_body();
-    if (srv_.draining() && buf_.size() == 0) return close();
+    if (srv_.draining() && buf_.size() == 0 && !bytes_waiting()) return close();
     if (monitoring_) {  // the disconnect monitor's read is still pending: cancel it; its handler resumes here
       want_read_ = true;
       beast::error_code ec;
@@ -114,7 +114,10 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
 
   void on_first_bytes(beast::error_code ec, size_t n) {
     waiting_idle_ = false;
-    if (ec) return close();
+    // Cancelled by on_drain: close, unless a request started arriving meanwhile (it is read and answered 503).
+    // A read that completed before the cancel goes on the same way.
+    if (ec == net::error::operation_aborted && !closed_ && bytes_waiting()) return do_read();
+    if (ec || closed_) return close();
     buf_.commit(n);
     read_header();
   }
@@ -128,6 +131,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   // answer "Expect: 100-continue" (curl sends it for bodies over 1 KB and would otherwise wait a second), then
   // read the body. A Content-Length over the limit already failed in the header read.
   void on_header(beast::error_code ec, size_t n) {
+    if (closed_) return;
     if (ec) return on_read(ec, n);
     first_request_ = false;
     t0_ = std::chrono::steady_clock::now();
@@ -170,6 +174,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   }
 
   void on_read(beast::error_code ec, size_t) {
+    if (closed_) return;
     if (budget_refused_) return refuse_budget();
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
         ec == net::error::operation_aborted || ec == net::error::connection_reset) {
@@ -304,7 +309,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
     std::string head = fmt::format("HTTP/{}.{} {} {}\r\n", reply_version() / 10, reply_version() % 10, status,
                                    std::string(http::obsolete_reason(http::int_to_status(unsigned(status)))));
     head += common_headers();
-    head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
+    if (status != 204) head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
     if (retry_after) head += "Retry-After: 1\r\n";
     head += keep_alive ? (reply_version() == 10 ? "Connection: keep-alive\r\n\r\n" : "\r\n") : "Connection: close\r\n\r\n";
     auto bytes = std::make_shared<std::string>(std::move(head));
@@ -520,10 +525,20 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   }
 
   // ---- shutdown -------------------------------------------------------------------------------------------
+  // An idle connection (waiting for a request's first byte) is closed — by cancelling its read, not by closing
+  // the socket here: that read may already have completed with the start of a request, which then goes on and
+  // is answered 503. Connections busy with a request finish it and close (send() drops keep-alive).
   void on_drain() {
-    if (closed_) return;
-    const bool idle = waiting_idle_ || (monitoring_ && !job_ && !writing_ && !sending_);
-    if (idle) close();
+    if (closed_ || !waiting_idle_) return;
+    beast::error_code ec;
+    stream_.socket().cancel(ec);
+  }
+
+  // Bytes already in the kernel's buffer are a request on its way: while draining it is read and answered (503)
+  // rather than cut off.
+  bool bytes_waiting() {
+    beast::error_code ec;
+    return stream_.socket().available(ec) > 0;
   }
 
   void on_end_now() {
@@ -558,6 +573,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   void close() {
     if (closed_) return;
     closed_ = true;
+    release_body();
     uncount();
     if (closing_) srv_.counters().connections_closing.fetch_sub(1);
     keepalive_.cancel();
@@ -571,6 +587,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   // answer it with a reset before the client read our response.
   void graceful_close() {
     if (closed_ || closing_) return;
+    release_body();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.expires_after(std::chrono::seconds(2));

@@ -121,7 +121,7 @@ TEST(HttpShutdown, ARequestOnAnOpenConnectionDuringDrainGets503) {
   ASSERT_TRUE(eventually([&] { return h.server().draining(); }));
   other.send("els HTTP/1.1\r\nHost: x\r\n\r\n");
   ASSERT_TRUE(other.read_to_close(2s));
-  EXPECT_EQ(other.received().rfind("HTTP/1.1 503", 0), 0u) << other.received();
+  EXPECT_EQ(other.received().rfind("HTTP/1.1 503", 0), 0u) << other.received() << ::testing::PrintToString(h.log_lines());
   EXPECT_NE(other.received().find("Retry-After: 1"), std::string::npos);
   done.get();
 }
