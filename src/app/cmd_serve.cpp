@@ -1,7 +1,11 @@
 // m3serve serve: load a model directory, start the engine thread and the OpenAI-compatible HTTP server.
 // Flags follow `vllm serve` where they apply (--host, --port, --served-model-name, --max-model-len,
-// --max-num-seqs, --max-num-batched-tokens, --enable-prefix-caching); --kv-cache-memory sizes the KV pool.
+// --max-num-seqs, --max-num-batched-tokens, --enable-prefix-caching, --api-key, --allowed-origins); --kv-cache-memory
+// sizes the KV pool. Hardening flags (deadlines, budgets, shutdown) are described in docs/SERVER.md.
 #include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
 
 #include <atomic>
 #include <chrono>
@@ -19,6 +23,7 @@
 #include "base/error.h"
 #include "engine/engine.h"
 #include "model/executor_factory.h"
+#include "server/crash_handler.h"
 #include "server/http_server.h"
 #include "server/openai_service.h"
 
@@ -38,6 +43,12 @@ struct ServeOptions {
   std::string kv_cache_memory;
   std::string max_body_bytes = "32MiB";
   int max_connections = 1024;
+  int reserved_connections = 32;
+  std::string max_buffered_body_bytes = "512MiB";
+  double header_timeout = 10, body_timeout = 60, keep_alive_timeout = 60, shutdown_timeout = 5;
+  std::string api_key;
+  std::vector<std::string> allowed_origins;
+  bool log_requests = true;
   int io_threads = 2;
   std::string default_thinking_mode;
   std::string device = "auto";
@@ -189,12 +200,43 @@ CommandRun register_serve(CLI::App& app) {
   cmd->add_option("--max-connections", o->max_connections, "Concurrent connections; more get 429 + Retry-After")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  cmd->add_option("--reserved-connections", o->reserved_connections,
+                  "Connections beyond --max-connections still read for GET /health and /metrics only")
+      ->check(CLI::Range(0, 1 << 16))
+      ->capture_default_str();
+  cmd->add_option("--max-buffered-body-bytes", o->max_buffered_body_bytes,
+                  "Request body bytes being received, all connections together; more get 503")
+      ->capture_default_str();
+  auto seconds = CLI::Range(0.001, 86400.0);
+  cmd->add_option("--header-timeout", o->header_timeout, "Seconds for a request's headers to arrive")
+      ->check(seconds)
+      ->capture_default_str();
+  cmd->add_option("--body-timeout", o->body_timeout, "Seconds for a request's body to arrive after its headers")
+      ->check(seconds)
+      ->capture_default_str();
+  cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout, "Seconds an idle keep-alive connection stays open")
+      ->check(seconds)
+      ->capture_default_str();
+  cmd->add_option("--shutdown-timeout", o->shutdown_timeout,
+                  "Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on every /v1 route (default: $M3SERVE_API_KEY)");
+  cmd->add_option("--allowed-origins", o->allowed_origins,
+                  "CORS: origins allowed to call the API from a browser (exact, or '*'); default none")
+      ->delimiter(',');
+  cmd->add_flag("--enable-log-requests,!--disable-log-requests,!--quiet", o->log_requests,
+                "One access-log line per request on stderr (default on; --quiet / --disable-log-requests: off)");
   cmd->add_option("--io-threads", o->io_threads, "HTTP io threads")->check(CLI::Range(1, 256))->capture_default_str();
   cmd->add_option("--default-thinking-mode", o->default_thinking_mode,
                   "chat_template_kwargs.thinking_mode when a request sets none")
       ->check(CLI::IsMember({"enabled", "disabled", "adaptive"}));
 
   return [o]() -> int {
+    server::install_crash_handler();
+    if (o->api_key.empty())
+      if (const char* env = std::getenv("M3SERVE_API_KEY")) o->api_key = env;
     M3_CHECK(fs::is_directory(o->model), "--model '{}' is not a directory", o->model);
     const std::string tok_path = o->tokenizer.empty() ? (fs::path(o->model) / "tokenizer.json").string() : o->tokenizer;
     M3_CHECK(fs::exists(tok_path), "no tokenizer: '{}' does not exist (pass --tokenizer FILE)", tok_path);
@@ -215,6 +257,7 @@ CommandRun register_serve(CLI::App& app) {
       tmpl = std::make_shared<const ChatTemplate>(std::move(*t));
     }
     const int64_t max_body = parse_bytes(o->max_body_bytes, "--max-body-bytes");
+    const int64_t max_buffered = parse_bytes(o->max_buffered_body_bytes, "--max-buffered-body-bytes");
 
     EngineConfig ec;
     ec.max_num_seqs = o->max_num_seqs;
@@ -256,6 +299,15 @@ CommandRun register_serve(CLI::App& app) {
     hc.io_threads = o->io_threads;
     hc.max_body_bytes = size_t(max_body);
     hc.max_connections = o->max_connections;
+    hc.reserved_connections = o->reserved_connections;
+    hc.max_buffered_body_bytes = size_t(max_buffered);
+    auto ms = [](double s) { return std::chrono::milliseconds(int64_t(std::llround(s * 1000))); };
+    hc.header_timeout = ms(o->header_timeout);
+    hc.body_timeout = ms(o->body_timeout);
+    hc.idle_timeout = ms(o->keep_alive_timeout);
+    hc.api_key = o->api_key;
+    hc.allowed_origins = o->allowed_origins;
+    hc.log_requests = o->log_requests;
     server::HttpServer http(hc, service, backend);
     http.start();
 
@@ -268,11 +320,17 @@ CommandRun register_serve(CLI::App& app) {
                  rc.enable_prefix_caching ? "on" : "off", tmpl ? "yes" : "none", o->host.c_str(), http.port());
     std::fflush(stdout);
 
-    http.wait_for_signal();
-    std::fprintf(stderr, "m3serve: shutting down\n");
-    engine.stop();  // in-flight requests finish with "abort"
+    const int sig = http.wait_for_signal();
+    std::fprintf(stderr, "m3serve: %s received, shutting down (in-flight requests get up to %.1f s)\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", o->shutdown_timeout);
+    // New connections are refused from here; what is in flight finishes or, after the grace period, ends as
+    // aborted with a complete HTTP answer (HttpServer::shutdown). Then the engine and the io threads stop.
+    const bool clean = http.shutdown(ms(o->shutdown_timeout));
+    engine.stop();
     http.stop();
     engine_ptr.reset();
+    std::fprintf(stderr, "m3serve: stopped (%s)\n",
+                 clean ? "every request finished" : "requests still running at the deadline were aborted");
     return 0;
   };
 }

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "base/error.h"
 
@@ -46,7 +47,13 @@ std::string OpenAIService::render_chat(const ParsedRequest& r) const {
   try {
     return cfg_.chat_template->apply(in);
   } catch (const m3::Error& e) {
-    throw ApiError(400, std::string("The chat template could not render these messages: ") + e.what(), "messages");
+    // Errors start with the template's name, which is its path on the server: show only the file name.
+    std::string msg = e.what();
+    const std::string& name = cfg_.chat_template->name();
+    const std::string shown = std::filesystem::path(name).filename().string();
+    for (size_t pos = 0; !name.empty() && (pos = msg.find(name, pos)) != std::string::npos; pos += shown.size())
+      msg.replace(pos, name.size(), shown);
+    throw ApiError(400, "The chat template could not render these messages: " + msg, "messages");
   }
 }
 
@@ -385,6 +392,11 @@ std::pair<int, std::string> Job::final_response() const {
                 {"choices", choices},
                 {"usage", usage_json()}};
   return {200, dump(body)};
+}
+
+std::pair<int, int> Job::token_usage() const {
+  const OJson u = usage_json();
+  return {u["prompt_tokens"].get<int>(), u["completion_tokens"].get<int>()};
 }
 
 std::vector<std::string> Job::unfinished_ids() const {

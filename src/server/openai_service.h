@@ -86,6 +86,9 @@ class Job {
   // Engine ids of choices that have not finished (to abort on disconnect).
   std::vector<std::string> unfinished_ids() const;
 
+  // {prompt_tokens, completion_tokens} as in the usage block, so far (for the access log).
+  std::pair<int, int> token_usage() const;
+
  private:
   struct Choice {
     std::unique_ptr<ChoiceStream> stream;

@@ -440,6 +440,12 @@ ParsedRequest parse_chat_request(std::string_view body, const ApiLimits& lim) {
   if (r.logprobs) r.gen.top_logprobs = r.top_logprobs;
   if (const OJson* kw = field(b, "chat_template_kwargs")) {
     if (!kw->is_object()) bad_field("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    // The template context's own variables are validated (or set by the server); a kwarg must not replace them.
+    for (const char* reserved : kReservedTemplateVariables)
+      if (kw->contains(reserved))
+        bad_field("chat_template_kwargs",
+                  "'chat_template_kwargs.{}' is not allowed: it would replace a template variable the server sets",
+                  reserved);
     r.chat_template_kwargs = *kw;
   }
   if (!r.chat_template_kwargs.contains("thinking_mode") && !lim.default_thinking_mode.empty())

@@ -23,6 +23,12 @@ namespace m3::server {
 
 using OJson = nlohmann::ordered_json;
 
+// Variables the chat template context takes from the validated request or the model (chat_template_context in
+// src/text/chat_template.cpp); chat_template_kwargs naming one of them is refused with 400, so a client cannot
+// swap validated messages or tools for unchecked ones, or forge the special tokens.
+inline constexpr const char* kReservedTemplateVariables[] = {"messages",  "tools",     "documents",
+                                                              "add_generation_prompt", "bos_token", "eos_token"};
+
 struct ApiLimits {
   std::string model_name = "m3";        // served model name; requests naming another model get 404
   int64_t max_model_len = 4096;         // prompt + generated tokens

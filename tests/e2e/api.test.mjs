@@ -236,7 +236,7 @@ test('hard inputs get OpenAI errors and the server keeps serving', async () => {
   assert.equal((await fetch(`${srv.baseURL}/health`)).status, 200);
 });
 
-test('too many connections get 429 with Retry-After, then the server recovers', async () => {
+test('too many connections get 429 with Retry-After (health still answers), then the server recovers', async () => {
   const sockets = [];
   for (let i = 0; i < 48; i++) {
     sockets.push(await new Promise((resolve, reject) => {
@@ -245,15 +245,18 @@ test('too many connections get 429 with Retry-After, then the server recovers', 
     }));
   }
   await new Promise((r) => setTimeout(r, 200));
-  // A fresh connection (fetch could reuse a pooled one) asking for /health.
-  const reply = await new Promise((resolve, reject) => {
-    const s = net.connect(srv.port, '127.0.0.1', () => s.write('GET /health HTTP/1.1\r\nHost: x\r\n\r\n'));
+  // Fresh connections (fetch could reuse a pooled one): /v1/models is refused, the health check still answers
+  // from the reserve over the cap.
+  const ask = (path) => new Promise((resolve, reject) => {
+    const s = net.connect(srv.port, '127.0.0.1', () => s.write(`GET ${path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
     let data = '';
     s.on('data', (d) => { data += d.toString(); });
     s.on('end', () => resolve(data));
     s.on('close', () => resolve(data));
     s.on('error', reject);
   });
+  const reply = await ask('/v1/models');
+  assert.match(await ask('/health'), /^HTTP\/1\.1 200/);
   assert.match(reply, /^HTTP\/1\.1 429/);
   assert.match(reply, /Retry-After: 1/i);
   assert.match(reply, /Too many concurrent connections/);

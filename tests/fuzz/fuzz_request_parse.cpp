@@ -1,8 +1,14 @@
 // m3-fuzz-libs: m3_server
-// libFuzzer target for the server's validation layer: arbitrary bytes as a /v1/chat/completions or
-// /v1/completions body. The parser must either return a request whose every field is in range or throw an
-// ApiError with a 4xx status whose error body is valid JSON — never crash, hang or throw anything else.
-// A second mode checks the stop-string matcher: without a match, everything pushed comes back out, in order.
+// libFuzzer target for the server's input side. The first byte picks a mode:
+//   0/1  arbitrary bytes as a /v1/chat/completions or /v1/completions body. The parser must either return a
+//        request whose every field is in range or throw an ApiError with a 4xx status whose error body is valid
+//        JSON — never crash, hang or throw anything else.
+//   2    the stop-string matcher: without a match, everything pushed comes back out, in order.
+//   3    HTTP framing: the bytes as what a client sent on one connection (pipelined requests), framed with the
+//        server's own parser limits and RFC 9112 checks (server/http_framing.h); every complete request's
+//        body then goes through mode 0 or 1 by its target.
+//   4    deep nesting: a short input expands to a body nested thousands of levels deep at a chosen spot; it
+//        must be refused with a 400 when deeper than the limit, never overflow the stack.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +20,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_depth.h"
 #include "server/choice_stream.h"
+#include "server/http_framing.h"
 #include "server/request_parse.h"
 
 using namespace m3::server;
@@ -97,27 +105,87 @@ void fuzz_stop_matcher(std::string_view data) {
   }
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size == 0) return 0;
-  const char mode = char(data[0] % 3);
-  std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
-  if (mode == 2) {
-    fuzz_stop_matcher(body);
-    return 0;
-  }
+ApiLimits limits() {
   ApiLimits lim;
   lim.model_name = "m3";
   lim.max_model_len = 4096;
   lim.vocab_size = 1000;
+  return lim;
+}
+
+// Returns the status of the ApiError thrown, or 0 when the body was accepted.
+int fuzz_body(bool chat, std::string_view body) {
+  const ApiLimits lim = limits();
   try {
-    ParsedRequest r = mode == 0 ? parse_chat_request(body, lim) : parse_completion_request(body, lim);
+    ParsedRequest r = chat ? parse_chat_request(body, lim) : parse_completion_request(body, lim);
     check_request(r, lim);
+    return 0;
   } catch (const ApiError& e) {
     check(e.status >= 400 && e.status < 500);
     auto j = nlohmann::json::parse(error_body(e));
     check(j["error"]["message"].is_string());
+    return e.status;
+  }
+}
+
+void fuzz_framing(std::string_view wire) {
+  constexpr size_t kMaxBody = 2048;
+  for (int n = 0; !wire.empty() && n < 64; ++n) {
+    FramedRequest r = frame_request(wire, kMaxBody);
+    if (r.state == FramedRequest::State::Incomplete) return;
+    if (r.state == FramedRequest::State::Error) {
+      // The connection answers this and closes: nothing after it is read.
+      check(r.error_status == 400 || r.error_status == 413 || r.error_status == 431 || r.error_status == 501);
+      return;
+    }
+    check(r.consumed > 0 && r.consumed <= wire.size());
+    check(r.body.size() <= kMaxBody);
+    // Same bytes, same framing: the request boundary is a function of the bytes alone.
+    check(frame_request(wire.substr(0, r.consumed), kMaxBody).consumed == r.consumed);
+    if (r.method == "POST") fuzz_body(r.target.find("chat") != std::string::npos, r.body);
+    wire.remove_prefix(r.consumed);
+  }
+}
+
+void fuzz_deep_nesting(std::string_view data) {
+  // Layout: depth (2 bytes) | opener kind (1 byte) | body template, where '@' marks where the nesting goes.
+  if (data.size() < 3) return;
+  const size_t depth = (size_t(uint8_t(data[0])) << 8 | uint8_t(data[1])) % 20000;
+  static const char* kOpen[] = {"[", "{\"a\":", "[1,", "{\"a\":[", "[\"x\",{\"b\":"};
+  static const char* kClose[] = {"]", "}", "]", "]}", "}]"};
+  const size_t k = uint8_t(data[2]) % 5;
+  std::string_view tmpl = data.substr(3);
+  const size_t at = tmpl.find('@');
+  std::string body;
+  body.reserve(tmpl.size() + depth * 12);
+  body.append(tmpl.substr(0, at == std::string_view::npos ? tmpl.size() : at));
+  for (size_t i = 0; i < depth; ++i) body += kOpen[k];
+  body += "0";
+  for (size_t i = 0; i < depth; ++i) body += kClose[k];
+  if (at != std::string_view::npos) body.append(tmpl.substr(at + 1));
+  const int status = fuzz_body(depth % 2 == 0, body);
+  // Brackets outside strings nested past the limit: refused before parsing, never recursed into.
+  if (m3::json_too_deep(body)) check(status == 400);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const int mode = data[0] % 5;
+  std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  switch (mode) {
+    case 2:
+      fuzz_stop_matcher(body);
+      break;
+    case 3:
+      fuzz_framing(body);
+      break;
+    case 4:
+      fuzz_deep_nesting(body);
+      break;
+    default:
+      fuzz_body(mode == 0, body);
   }
   return 0;
 }

@@ -127,7 +127,7 @@ TEST_F(HttpServerTest, OversizedBodyIs413) {
   expect_healthy();
 }
 
-TEST_F(HttpServerTest, TooManyConnectionsGet429WithRetryAfter) {
+TEST_F(HttpServerTest, TooManyConnectionsGet429WithRetryAfterButHealthStillAnswers) {
   net::io_context ioc;
   std::vector<std::unique_ptr<tcp::socket>> held;
   for (int i = 0; i < 8; ++i) {
@@ -137,10 +137,13 @@ TEST_F(HttpServerTest, TooManyConnectionsGet429WithRetryAfter) {
   // The server counts a connection when it accepts it; give it a moment to accept all eight.
   for (int i = 0; i < 100 && server_->counters().connections_active.load() < 8; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  Reply r = request(port_, http::verb::get, "/health");
+  Reply r = request(port_, http::verb::get, "/v1/models");
   EXPECT_EQ(r.status, 429);
   EXPECT_EQ(std::string(r.headers["Retry-After"]), "1");
   EXPECT_NE(r.body.find("Too many concurrent connections"), std::string::npos);
+  // The reserve over the cap still answers health checks and metrics.
+  EXPECT_EQ(request(port_, http::verb::get, "/health").status, 200);
+  EXPECT_EQ(request(port_, http::verb::get, "/metrics").status, 200);
   held.clear();
   for (int i = 0; i < 200 && server_->counters().connections_active.load() > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
