@@ -32,6 +32,7 @@ class ConstLogitsExecutor final : public ModelExecutor {
     return std::vector<std::vector<float>>(seqs.size(), logits_);
   }
   std::string describe() const override { return "const logits"; }
+  int64_t page_bytes() const override { return 0; }  // no KV cache behind the pages
 
  private:
   std::vector<float> logits_;
