@@ -120,6 +120,25 @@ TEST(Scheduler, PutsDecodeRowsBeforeNewPrefills) {
   EXPECT_EQ(p2.rows[1].num_tokens, 6);
 }
 
+// A running chunked prefill that could fill the whole budget still leaves one token for every decoding sequence:
+// decodes are scheduled before prefill chunks, so a long prompt never stalls streams that are already generating.
+TEST(Scheduler, ARunningChunkedPrefillDoesNotStarveDecodeRows) {
+  PagePool pool(64);
+  Scheduler s(pool, config(8));
+  s.add(seq("short", 2, 5, 0));
+  s.add(seq("long", 20, 5, 1, 100));
+  StepPlan p1 = s.schedule();  // short: its 2 prompt tokens (samples); long: the first 6-token chunk
+  ASSERT_EQ(p1.rows.size(), 2u);
+  std::vector<int32_t> t1{7};
+  s.update(p1, t1);
+  StepPlan p2 = s.schedule();
+  ASSERT_EQ(p2.rows.size(), 2u);
+  EXPECT_EQ(p2.rows[0].seq->req.id, "short");
+  EXPECT_EQ(p2.rows[0].num_tokens, 1);
+  EXPECT_EQ(p2.rows[1].seq->req.id, "long");
+  EXPECT_EQ(p2.rows[1].num_tokens, 7);
+}
+
 TEST(Scheduler, RespectsMaxNumSeqs) {
   PagePool pool(64);
   Scheduler s(pool, config(100, /*max_seqs=*/2));
@@ -214,6 +233,32 @@ TEST(Scheduler, AbortInEveryStateReturnsEveryPage) {
   }
   EXPECT_FALSE(s.has_work());
   // Only the prefix cache still holds pages, and none is referenced by anyone else.
+  EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached());
+  EXPECT_EQ(s.prefix_cache().num_evictable(), s.prefix_cache().num_cached());
+}
+
+// Engine shutdown aborts everything at once: running and waiting sequences all come back marked Abort, and only
+// the prefix cache (unreferenced) still holds pages.
+TEST(Scheduler, AbortAllReturnsEveryPageOfRunningAndWaitingSequences) {
+  PagePool pool(64);
+  Scheduler s(pool, config(8, /*max_seqs=*/2));
+  s.add(seq("decoding", 3, 50, 0));
+  s.add(seq("prefilling", 30, 5, 1, 200));
+  s.add(seq("waiting", 4, 5, 2, 400));
+  for (int i = 0; i < 2; ++i) {
+    StepPlan plan = s.schedule();
+    std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
+    s.update(plan, toks);
+  }
+  ASSERT_EQ(s.num_running(), 2);
+  ASSERT_EQ(s.num_waiting(), 1);
+  auto out = s.abort_all();
+  ASSERT_EQ(out.size(), 3u);
+  for (auto& q : out) {
+    EXPECT_EQ(q->finish, FinishReason::Abort);
+    EXPECT_TRUE(q->pages.empty());
+  }
+  EXPECT_FALSE(s.has_work());
   EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached());
   EXPECT_EQ(s.prefix_cache().num_evictable(), s.prefix_cache().num_cached());
 }
