@@ -91,10 +91,8 @@ mut page-release-never-frees src/kv/page_pool.cpp \
   'if (--refcount_[page] == 0) free_.push_back(page);' '--refcount_[page];' "$U/kv_test $U/engine_test"
 # Scheduler (src/engine/scheduler.cpp): step order, token budget, stop checks, pages back on every ending
 E=tests/engine
-IFS= read -r -d '' decode_then_prefill <<'END'
-  for (auto& r : running_)
-    if (decoding(*r) && budget > 0) take(*r, 1);
-
+decode_rows=$'  for (auto& r : running_)\n    if (decoding(*r) && budget > 0) take(*r, 1);\n'
+IFS= read -r -d '' prefill_chunks <<'END'
   // 2. Continue chunked prefills of running sequences.
   for (auto& r : running_) {
     if (budget <= 0) break;
@@ -104,22 +102,9 @@ IFS= read -r -d '' decode_then_prefill <<'END'
     if (!ensure_pages(s, s.computed + n)) continue;  // try again next step (decodes may finish)
     take(s, n);
   }
-END
-IFS= read -r -d '' prefill_then_decode <<'END'
-  // 2. Continue chunked prefills of running sequences.
-  for (auto& r : running_) {
-    if (budget <= 0) break;
-    Sequence& s = *r;
-    if (s.pending() <= 1) continue;
-    const int64_t n = std::min(s.pending(), budget);
-    if (!ensure_pages(s, s.computed + n)) continue;  // try again next step (decodes may finish)
-    take(s, n);
-  }
-  for (auto& r : running_)
-    if (decoding(*r) && budget > 0) take(*r, 1);
 END
 mut scheduler-chunked-prefill-before-decode-rows src/engine/scheduler.cpp \
-  "$decode_then_prefill" "$prefill_then_decode" "$E/scheduler_test"
+  "$decode_rows"$'\n'"$prefill_chunks" "$prefill_chunks$decode_rows" "$E/scheduler_test"
 mut scheduler-admission-exceeds-token-budget-by-one src/engine/scheduler.cpp \
   $'const int64_t n = std::min(s.pending(), budget);\n    if (!ensure_pages(s, s.computed + n)) {' \
   $'const int64_t n = std::min(s.pending(), budget + 1);\n    if (!ensure_pages(s, s.computed + n)) {' \

@@ -71,6 +71,28 @@ RunResult run_to_end(Scheduler& s, const PagePool& pool) {
   return out;
 }
 
+// Runs `n` steps, sampling token 7 for every sampling row.
+void run_steps(Scheduler& s, int n) {
+  for (int i = 0; i < n; ++i) {
+    StepPlan plan = s.schedule();
+    std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
+    s.update(plan, toks);
+  }
+}
+
+// After an abort: every sequence is marked Abort and holds no page, nothing is left to schedule, and only the
+// prefix cache still holds pages, none referenced by anyone else.
+void expect_aborted_with_pages_back(const std::vector<std::unique_ptr<Sequence>>& out, const Scheduler& s,
+                                    const PagePool& pool) {
+  for (auto& q : out) {
+    EXPECT_EQ(q->finish, FinishReason::Abort) << q->req.id;
+    EXPECT_TRUE(q->pages.empty()) << q->req.id;
+  }
+  EXPECT_FALSE(s.has_work());
+  EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached());
+  EXPECT_EQ(s.prefix_cache().num_evictable(), s.prefix_cache().num_cached());
+}
+
 TEST(Scheduler, AdmitsInPriorityThenArrivalOrder) {
   PagePool pool(64);
   Scheduler s(pool, config(100));
@@ -219,22 +241,11 @@ TEST(Scheduler, AbortInEveryStateReturnsEveryPage) {
   s.add(seq("prefilling", 30, 5, 1, 200));
   s.add(seq("admitted_later", 4, 5, 2, 400));
   s.add(seq("waiting", 4, 5, 3, 600));
-  for (int i = 0; i < 2; ++i) {
-    StepPlan plan = s.schedule();
-    std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
-    s.update(plan, toks);
-  }
+  run_steps(s, 2);
   ASSERT_EQ(s.num_running(), 2);  // decoding + prefilling (its chunks use the budget)
   auto out = s.abort({"decoding", "prefilling", "waiting", "admitted_later", "unknown"});
   ASSERT_EQ(out.size(), 4u);
-  for (auto& q : out) {
-    EXPECT_EQ(q->finish, FinishReason::Abort);
-    EXPECT_TRUE(q->pages.empty());
-  }
-  EXPECT_FALSE(s.has_work());
-  // Only the prefix cache still holds pages, and none is referenced by anyone else.
-  EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached());
-  EXPECT_EQ(s.prefix_cache().num_evictable(), s.prefix_cache().num_cached());
+  expect_aborted_with_pages_back(out, s, pool);
 }
 
 // Engine shutdown aborts everything at once: running and waiting sequences all come back marked Abort, and only
@@ -245,22 +256,12 @@ TEST(Scheduler, AbortAllReturnsEveryPageOfRunningAndWaitingSequences) {
   s.add(seq("decoding", 3, 50, 0));
   s.add(seq("prefilling", 30, 5, 1, 200));
   s.add(seq("waiting", 4, 5, 2, 400));
-  for (int i = 0; i < 2; ++i) {
-    StepPlan plan = s.schedule();
-    std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
-    s.update(plan, toks);
-  }
+  run_steps(s, 2);
   ASSERT_EQ(s.num_running(), 2);
   ASSERT_EQ(s.num_waiting(), 1);
   auto out = s.abort_all();
   ASSERT_EQ(out.size(), 3u);
-  for (auto& q : out) {
-    EXPECT_EQ(q->finish, FinishReason::Abort);
-    EXPECT_TRUE(q->pages.empty());
-  }
-  EXPECT_FALSE(s.has_work());
-  EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached());
-  EXPECT_EQ(s.prefix_cache().num_evictable(), s.prefix_cache().num_cached());
+  expect_aborted_with_pages_back(out, s, pool);
 }
 
 TEST(Scheduler, AbortOfAPreemptedSequenceAndFailureOfRunningOnesReturnPages) {
