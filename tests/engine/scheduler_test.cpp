@@ -213,7 +213,9 @@ TEST(Scheduler, APreemptedSequenceKeepsItsTokensAndRecomputesFromTheCache) {
   const Sequence* victim = nullptr;
   bool preempted = false;
   int64_t resumed_at = -1;
+  int steps = 0;
   while (s.has_work()) {
+    ASSERT_LT(++steps, 1000) << "no progress";
     StepPlan plan = s.schedule();
     for (auto& r : plan.rows)
       if (r.seq->req.id == "new") {
@@ -271,7 +273,9 @@ TEST(Scheduler, AbortOfAPreemptedSequenceAndFailureOfRunningOnesReturnPages) {
   Scheduler s(pool, c);
   s.add(seq("old", 4, 12, 0));
   s.add(seq("new", 4, 12, 1, 100));
+  int steps = 0;
   do {
+    ASSERT_LT(++steps, 1000) << "no preemption";
     StepPlan plan = s.schedule();
     std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
     s.update(plan, toks);
