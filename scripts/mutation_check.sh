@@ -29,48 +29,46 @@ mut() {
 U=tests/unit
 # Sampler (src/engine/sampler.cpp)
 mut sampler-temperature-multiplies src/engine/sampler.cpp \
-  '(double(logits[idx[i]]) - m) / double(p_.temperature)' '(double(logits[idx[i]]) - m) * double(p_.temperature)' \
+  '(double(logits[idx[i]]) - m) / double(p.temperature)' '(double(logits[idx[i]]) - m) * double(p.temperature)' \
   "$U/sampler_test:SamplerDistribution.*"
 mut sampler-top-p-drops-crossing-token src/engine/sampler.cpp \
   'cut = i + 1;' 'cut = std::max<size_t>(i, 1);' "$U/sampler_test:SamplerDistribution.*:Sampler.TopP*"
 mut sampler-top-p-not-renormalised src/engine/sampler.cpp \
-  'std::uniform_real_distribution<double> u(0.0, total);' 'std::uniform_real_distribution<double> u(0.0, 1.0);' \
+  'const double r = u * total;' 'const double r = u;' \
   "$U/sampler_test:SamplerDistribution.*"
 mut sampler-min-p-absolute src/engine/sampler.cpp \
-  'const double floor = p_.min_p * prob[0];' 'const double floor = p_.min_p;' "$U/sampler_test:Sampler.MinP*"
+  'const double floor = p.min_p * prob[0];' 'const double floor = p.min_p;' "$U/sampler_test:Sampler.MinP*"
 mut sampler-greedy-tie-to-higher-id src/engine/sampler.cpp \
   'if (logits[i] > logits[best]) best = int32_t(i);' 'if (logits[i] >= logits[best]) best = int32_t(i);' \
   "$U/sampler_test:Sampler.Greedy*"
-# Logit processing (src/engine/engine.cpp: penalties, bias, min_tokens, logprobs)
-mut penalty-sign-flipped src/engine/engine.cpp \
+# Logit processing (src/engine/sampler.cpp: penalties, bias, min_tokens, logprobs)
+mut penalty-sign-flipped src/engine/sampler.cpp \
   'lg[t] -= p.presence_penalty + p.frequency_penalty * float(n);' \
   'lg[t] += p.presence_penalty + p.frequency_penalty * float(n);' "$U/engine_logits_test"
-mut presence-penalty-counts-prompt src/engine/engine.cpp \
-  'for (size_t i = size_t(prompt_len); i < tokens.size(); ++i) ++counts[tokens[i]];' \
-  'for (size_t i = 0; i < tokens.size(); ++i) ++counts[tokens[i]];' "$U/engine_logits_test"
-mut frequency-penalty-ignores-count src/engine/engine.cpp \
+mut presence-penalty-counts-prompt src/engine/sampler.cpp \
+  'for (size_t i = size_t(row.prompt_len); i < row.tokens.size(); ++i) ++counts[row.tokens[i]];' \
+  'for (size_t i = 0; i < row.tokens.size(); ++i) ++counts[row.tokens[i]];' "$U/engine_logits_test"
+mut frequency-penalty-ignores-count src/engine/sampler.cpp \
   'p.frequency_penalty * float(n)' 'p.frequency_penalty' "$U/engine_logits_test"
-mut repetition-penalty-output-only src/engine/engine.cpp \
-  'std::unordered_set<int32_t> seen(tokens.begin(), tokens.end());' \
-  'std::unordered_set<int32_t> seen(tokens.begin() + prompt_len, tokens.end());' "$U/engine_logits_test"
-mut repetition-penalty-divides-negative-logits src/engine/engine.cpp \
+mut repetition-penalty-output-only src/engine/sampler.cpp \
+  'std::unordered_set<int32_t> seen(row.tokens.begin(), row.tokens.end());' \
+  'std::unordered_set<int32_t> seen(row.tokens.begin() + row.prompt_len, row.tokens.end());' "$U/engine_logits_test"
+mut repetition-penalty-divides-negative-logits src/engine/sampler.cpp \
   'lg[t] > 0 ? lg[t] / p.repetition_penalty : lg[t] * p.repetition_penalty' 'lg[t] / p.repetition_penalty' \
   "$U/engine_logits_test"
-mut logit-bias-subtracted src/engine/engine.cpp \
+mut logit-bias-subtracted src/engine/sampler.cpp \
   'for (auto [t, b] : p.logit_bias) lg[t] += b;' 'for (auto [t, b] : p.logit_bias) lg[t] -= b;' \
   "$U/engine_logits_test"
-mut min-tokens-off-by-one src/engine/engine.cpp \
+mut min-tokens-off-by-one src/engine/sampler.cpp \
   'if (generated < p.min_tokens) {' 'if (generated + 1 < p.min_tokens) {' "$U/engine_logits_test $U/engine_test"
-mut min-tokens-ignores-stop-ids src/engine/engine.cpp \
+mut min-tokens-ignores-stop-ids src/engine/sampler.cpp \
   'for (int32_t t : p.stop_token_ids) lg[t] = ninf;' '' "$U/engine_logits_test $U/engine_test"
-mut logprobs-not-normalised src/engine/engine.cpp \
+mut logprobs-not-normalised src/engine/sampler.cpp \
   'lp.logprob = float(double(raw[chosen]) - lse);' 'lp.logprob = float(double(raw[chosen]) - m);' \
   "$U/engine_logits_test $U/engine_test:*Logprobs*"
-mut logprobs-after-penalties src/engine/engine.cpp \
-  'if (p.top_logprobs >= 0) o.logprobs.push_back(logprobs_of(raw, tok, p.top_logprobs));' \
-  'if (p.top_logprobs >= 0) o.logprobs.push_back(logprobs_of(lg, tok, p.top_logprobs));' "$U/engine_logits_test"
-mut max-tokens-one-extra src/engine/engine.cpp \
-  'else if (s.generated >= p.max_tokens ||' 'else if (s.generated > p.max_tokens ||' "$U/engine_test"
+mut logprobs-after-penalties src/engine/sampler.cpp \
+  'out.logprob = logprobs_of(raw, out.id, p.top_logprobs);' \
+  'out.logprob = logprobs_of(logits, out.id, p.top_logprobs);' "$U/engine_logits_test"
 mut engine-validate-penalty-range src/engine/engine.cpp \
   'presence_penalty >= -2.f && presence_penalty <= 2.f' 'presence_penalty >= -20.f && presence_penalty <= 20.f' \
   "$U/engine_logits_test:*Validat*"
@@ -91,8 +89,56 @@ mut prefix-match-does-not-retain src/kv/prefix_cache.cpp \
   'pool_.retain(it->second.page);' '' "$U/prefix_cache_test $U/engine_test"
 mut page-release-never-frees src/kv/page_pool.cpp \
   'if (--refcount_[page] == 0) free_.push_back(page);' '--refcount_[page];' "$U/kv_test $U/engine_test"
-mut engine-finish-leaks-pages src/engine/engine.cpp \
-  'for (int32_t p : s.pages) exec_.pool().release(p);' '' "$U/engine_test:*PrefixCachingOff*:*Abort*"
+# Scheduler (src/engine/scheduler.cpp): step order, token budget, stop checks, pages back on every ending
+E=tests/engine
+decode_rows=$'  for (auto& r : running_)\n    if (decoding(*r) && budget > 0) take(*r, 1);\n'
+IFS= read -r -d '' prefill_chunks <<'END'
+  // 2. Continue chunked prefills of running sequences.
+  for (auto& r : running_) {
+    if (budget <= 0) break;
+    Sequence& s = *r;
+    if (s.pending() <= 1) continue;
+    const int64_t n = std::min(s.pending(), budget);
+    if (!ensure_pages(s, s.computed + n)) continue;  // try again next step (decodes may finish)
+    take(s, n);
+  }
+END
+mut scheduler-chunked-prefill-before-decode-rows src/engine/scheduler.cpp \
+  "$decode_rows"$'\n'"$prefill_chunks" "$prefill_chunks$decode_rows" "$E/scheduler_test"
+mut scheduler-admission-exceeds-token-budget-by-one src/engine/scheduler.cpp \
+  $'const int64_t n = std::min(s.pending(), budget);\n    if (!ensure_pages(s, s.computed + n)) {' \
+  $'const int64_t n = std::min(s.pending(), budget + 1);\n    if (!ensure_pages(s, s.computed + n)) {' \
+  "$E/scheduler_test"
+mut max-tokens-one-extra src/engine/scheduler.cpp \
+  'else if (s.generated >= p.max_tokens ||' 'else if (s.generated > p.max_tokens ||' "$E/scheduler_test $U/engine_test"
+mut scheduler-finish-leaks-pages src/engine/scheduler.cpp \
+  $'      free_pages(s, true);\n      done.push_back(&s);' $'      done.push_back(&s);' \
+  "$E/scheduler_test $U/engine_test:*PrefixCachingOff*:*Abort*"
+mut scheduler-abort-leaves-pages src/engine/scheduler.cpp \
+  $'        free_pages(**it, true);\n' '' "$E/scheduler_test:*Abort* $U/engine_test:*Abort*"
+mut scheduler-abort-all-leaves-pages src/engine/scheduler.cpp \
+  $'    free_pages(*s, true);\n    s->finish = FinishReason::Abort;' $'    s->finish = FinishReason::Abort;' \
+  "$E/scheduler_test $U/engine_test"
+mut scheduler-failure-leaves-pages src/engine/scheduler.cpp \
+  $'    free_pages(*s, false);\n    s->finish = FinishReason::Error;' $'    s->finish = FinishReason::Error;' \
+  "$E/scheduler_test"
+mut scheduler-preemption-keeps-pages src/engine/scheduler.cpp \
+  $'  free_pages(*s, true);\n  s->computed = 0;' $'  s->computed = 0;' "$E/scheduler_test:*Preempt*"
+# Step plan (src/model/step_plan.cpp): the rows every executor reads
+M=tests/model
+mut step-plan-csr-stores-lengths src/model/step_plan.cpp \
+  'r.pt_indptr.push_back(int32_t(r.pt_pages.size()));' 'r.pt_indptr.push_back(int32_t(sq.page_table.size()));' \
+  "$M/step_plan_test:StepRows.*"
+mut step-plan-slot-from-step-offset src/model/step_plan.cpp \
+  'r.slot.push_back(sq.page_table[size_t(p / B)]);' 'r.slot.push_back(sq.page_table[size_t(int64_t(i) / B)]);' \
+  "$M/step_plan_test:StepRows.*"
+# Sampling RNG (src/base/rng.h): the counter hash must depend on seed, choice and step
+mut rng-ignores-step src/base/rng.h \
+  'splitmix64(splitmix64(step + 0x51ed))' 'splitmix64(splitmix64(0x51ed))' "$U/sampler_test"
+mut rng-ignores-choice src/base/rng.h \
+  'splitmix64(choice_index + 1)' 'splitmix64(1)' "$U/sampler_test"
+mut rng-ignores-seed src/base/rng.h \
+  'splitmix64(seed ^ splitmix64(choice_index + 1)' 'splitmix64(splitmix64(choice_index + 1)' "$U/sampler_test"
 # Model ops (src/backend/cpu)
 mut msa-topk-picks-lowest src/backend/cpu/msa_indexer.cpp \
   'return ka != kb ? ka > kb : a < b;' 'return ka != kb ? ka < kb : a < b;' "$U/ops_test:MsaTopk.*"
@@ -118,9 +164,9 @@ mut swiglu-up-upper-clamp-removed src/backend/cpu/mlp_moe.cpp \
 mut swiglu-gate-clamp-removed src/backend/cpu/mlp_moe.cpp \
   'const float gc = std::min(g[i], limit);' 'const float gc = g[i];' "$U/ops_test:SwigluOai.*"
 # Text: detokenizer UTF-8 boundaries, stop strings, output parser (src/text, src/server)
-mut utf8-incomplete-tail-never-held src/text/tokenizer_utf8.cpp \
+mut utf8-incomplete-tail-never-held src/text/tokenizer/tokenizer_utf8.cpp \
   'return utf8_maximal_subpart(s, i) == back ? back : 0;' 'return 0;' "tests/text/detokenizer_test"
-mut utf8-tail-lookback-two-bytes src/text/tokenizer_utf8.cpp \
+mut utf8-tail-lookback-two-bytes src/text/tokenizer/tokenizer_utf8.cpp \
   'for (size_t back = 1; back <= 3 && back <= n; ++back) {' 'for (size_t back = 1; back <= 2 && back <= n; ++back) {' \
   "tests/text/detokenizer_test"
 mut stop-string-partial-not-held src/server/choice_stream.cpp \
@@ -129,9 +175,9 @@ mut stop-string-partial-not-held src/server/choice_stream.cpp \
 mut stop-string-search-starts-late src/server/choice_stream.cpp \
   'size_t from = old >= s.size() ? old - s.size() + 1 : 0;' 'size_t from = old;' \
   "tests/server/server_choice_stream_test"
-mut invoke-scan-restarts-each-push src/text/m3_output_parser.cpp \
+mut invoke-scan-restarts-each-push src/text/parsers/m3_output_parser.cpp \
   'size_t from = invoke_scan_;' 'size_t from = 0;' "tests/text/tool_parser_stream_test:*Linear*"
-mut invoke-scan-rescans-the-whole-body src/text/m3_output_parser.cpp \
+mut invoke-scan-rescans-the-whole-body src/text/parsers/m3_output_parser.cpp \
   'invoke_scan_ = std::max(from, buf_.size() > keep ? buf_.size() - keep : size_t{0});' 'invoke_scan_ = from;' \
   "tests/text/tool_parser_stream_test:*Linear*"
 # Request validation (src/server/request_parse.cpp)

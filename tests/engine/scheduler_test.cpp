@@ -71,6 +71,28 @@ RunResult run_to_end(Scheduler& s, const PagePool& pool) {
   return out;
 }
 
+// Runs `n` steps, sampling token 7 for every sampling row.
+void run_steps(Scheduler& s, int n) {
+  for (int i = 0; i < n; ++i) {
+    StepPlan plan = s.schedule();
+    std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
+    s.update(plan, toks);
+  }
+}
+
+// After an abort: every sequence is marked Abort and holds no page, nothing is left to schedule, and only the
+// prefix cache still holds pages, none referenced by anyone else.
+void expect_aborted_with_pages_back(const std::vector<std::unique_ptr<Sequence>>& out, const Scheduler& s,
+                                    const PagePool& pool) {
+  for (auto& q : out) {
+    EXPECT_EQ(q->finish, FinishReason::Abort) << q->req.id;
+    EXPECT_TRUE(q->pages.empty()) << q->req.id;
+  }
+  EXPECT_FALSE(s.has_work());
+  EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached());
+  EXPECT_EQ(s.prefix_cache().num_evictable(), s.prefix_cache().num_cached());
+}
+
 TEST(Scheduler, AdmitsInPriorityThenArrivalOrder) {
   PagePool pool(64);
   Scheduler s(pool, config(100));
@@ -118,6 +140,25 @@ TEST(Scheduler, PutsDecodeRowsBeforeNewPrefills) {
   EXPECT_EQ(p2.rows[0].num_tokens, 1);
   EXPECT_EQ(p2.rows[1].seq->req.id, "b");
   EXPECT_EQ(p2.rows[1].num_tokens, 6);
+}
+
+// A running chunked prefill that could fill the whole budget still leaves one token for every decoding sequence:
+// decodes are scheduled before prefill chunks, so a long prompt never stalls streams that are already generating.
+TEST(Scheduler, ARunningChunkedPrefillDoesNotStarveDecodeRows) {
+  PagePool pool(64);
+  Scheduler s(pool, config(8));
+  s.add(seq("short", 2, 5, 0));
+  s.add(seq("long", 20, 5, 1, 100));
+  StepPlan p1 = s.schedule();  // short: its 2 prompt tokens (samples); long: the first 6-token chunk
+  ASSERT_EQ(p1.rows.size(), 2u);
+  std::vector<int32_t> t1{7};
+  s.update(p1, t1);
+  StepPlan p2 = s.schedule();
+  ASSERT_EQ(p2.rows.size(), 2u);
+  EXPECT_EQ(p2.rows[0].seq->req.id, "short");
+  EXPECT_EQ(p2.rows[0].num_tokens, 1);
+  EXPECT_EQ(p2.rows[1].seq->req.id, "long");
+  EXPECT_EQ(p2.rows[1].num_tokens, 7);
 }
 
 TEST(Scheduler, RespectsMaxNumSeqs) {
@@ -172,7 +213,9 @@ TEST(Scheduler, APreemptedSequenceKeepsItsTokensAndRecomputesFromTheCache) {
   const Sequence* victim = nullptr;
   bool preempted = false;
   int64_t resumed_at = -1;
+  int steps = 0;
   while (s.has_work()) {
+    ASSERT_LT(++steps, 1000) << "no progress";
     StepPlan plan = s.schedule();
     for (auto& r : plan.rows)
       if (r.seq->req.id == "new") {
@@ -200,22 +243,27 @@ TEST(Scheduler, AbortInEveryStateReturnsEveryPage) {
   s.add(seq("prefilling", 30, 5, 1, 200));
   s.add(seq("admitted_later", 4, 5, 2, 400));
   s.add(seq("waiting", 4, 5, 3, 600));
-  for (int i = 0; i < 2; ++i) {
-    StepPlan plan = s.schedule();
-    std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
-    s.update(plan, toks);
-  }
+  run_steps(s, 2);
   ASSERT_EQ(s.num_running(), 2);  // decoding + prefilling (its chunks use the budget)
   auto out = s.abort({"decoding", "prefilling", "waiting", "admitted_later", "unknown"});
   ASSERT_EQ(out.size(), 4u);
-  for (auto& q : out) {
-    EXPECT_EQ(q->finish, FinishReason::Abort);
-    EXPECT_TRUE(q->pages.empty());
-  }
-  EXPECT_FALSE(s.has_work());
-  // Only the prefix cache still holds pages, and none is referenced by anyone else.
-  EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached());
-  EXPECT_EQ(s.prefix_cache().num_evictable(), s.prefix_cache().num_cached());
+  expect_aborted_with_pages_back(out, s, pool);
+}
+
+// Engine shutdown aborts everything at once: running and waiting sequences all come back marked Abort, and only
+// the prefix cache (unreferenced) still holds pages.
+TEST(Scheduler, AbortAllReturnsEveryPageOfRunningAndWaitingSequences) {
+  PagePool pool(64);
+  Scheduler s(pool, config(8, /*max_seqs=*/2));
+  s.add(seq("decoding", 3, 50, 0));
+  s.add(seq("prefilling", 30, 5, 1, 200));
+  s.add(seq("waiting", 4, 5, 2, 400));
+  run_steps(s, 2);
+  ASSERT_EQ(s.num_running(), 2);
+  ASSERT_EQ(s.num_waiting(), 1);
+  auto out = s.abort_all();
+  ASSERT_EQ(out.size(), 3u);
+  expect_aborted_with_pages_back(out, s, pool);
 }
 
 TEST(Scheduler, AbortOfAPreemptedSequenceAndFailureOfRunningOnesReturnPages) {
@@ -225,7 +273,9 @@ TEST(Scheduler, AbortOfAPreemptedSequenceAndFailureOfRunningOnesReturnPages) {
   Scheduler s(pool, c);
   s.add(seq("old", 4, 12, 0));
   s.add(seq("new", 4, 12, 1, 100));
+  int steps = 0;
   do {
+    ASSERT_LT(++steps, 1000) << "no preemption";
     StepPlan plan = s.schedule();
     std::vector<int32_t> toks(size_t(plan.num_sampled()), 7);
     s.update(plan, toks);

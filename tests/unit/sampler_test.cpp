@@ -39,6 +39,17 @@ TEST(Sampler, SameSeedGivesTheSameTokens) {
   EXPECT_GT(differ, 0) << "choices of one request must draw independent streams";
 }
 
+TEST(Sampler, DifferentSeedsDrawDifferentTokens) {
+  SamplingParams p;
+  p.seed = 42;
+  Sampler a(p);
+  p.seed = 43;
+  Sampler b(p);
+  int differ = 0;
+  for (int i = 0; i < 50; ++i) differ += a.sample(logits()) != b.sample(logits());
+  EXPECT_GT(differ, 0) << "the seed must select the random stream";
+}
+
 TEST(Sampler, TopKOnlyEverReturnsTheKBest) {
   SamplingParams p;
   p.top_k = 2;
