@@ -26,71 +26,72 @@ ids=() files=() froms=() tos=() tests=() equiv=()
 mut() {
   ids+=("$1") files+=("$2") froms+=("$3") tos+=("$4") tests+=("$5") equiv+=("${6:-}")
 }
-U=tests/unit
+E=tests/engine
+K=tests/kv
+O=tests/backend
 # Sampler (src/engine/sampler.cpp)
 mut sampler-temperature-multiplies src/engine/sampler.cpp \
   '(double(logits[idx[i]]) - m) / double(p.temperature)' '(double(logits[idx[i]]) - m) * double(p.temperature)' \
-  "$U/sampler_test:SamplerDistribution.*"
+  "$E/sampler_test:SamplerDistribution.*"
 mut sampler-top-p-drops-crossing-token src/engine/sampler.cpp \
-  'cut = i + 1;' 'cut = std::max<size_t>(i, 1);' "$U/sampler_test:SamplerDistribution.*:Sampler.TopP*"
+  'cut = i + 1;' 'cut = std::max<size_t>(i, 1);' "$E/sampler_test:SamplerDistribution.*:Sampler.TopP*"
 mut sampler-top-p-not-renormalised src/engine/sampler.cpp \
   'const double r = u * total;' 'const double r = u;' \
-  "$U/sampler_test:SamplerDistribution.*"
+  "$E/sampler_test:SamplerDistribution.*"
 mut sampler-min-p-absolute src/engine/sampler.cpp \
-  'const double floor = p.min_p * prob[0];' 'const double floor = p.min_p;' "$U/sampler_test:Sampler.MinP*"
+  'const double floor = p.min_p * prob[0];' 'const double floor = p.min_p;' "$E/sampler_test:Sampler.MinP*"
 mut sampler-greedy-tie-to-higher-id src/engine/sampler.cpp \
   'if (logits[i] > logits[best]) best = int32_t(i);' 'if (logits[i] >= logits[best]) best = int32_t(i);' \
-  "$U/sampler_test:Sampler.Greedy*"
+  "$E/sampler_test:Sampler.Greedy*"
 # Logit processing (src/engine/sampler.cpp: penalties, bias, min_tokens, logprobs)
 mut penalty-sign-flipped src/engine/sampler.cpp \
   'lg[t] -= p.presence_penalty + p.frequency_penalty * float(n);' \
-  'lg[t] += p.presence_penalty + p.frequency_penalty * float(n);' "$U/engine_logits_test"
+  'lg[t] += p.presence_penalty + p.frequency_penalty * float(n);' "$E/engine_logits_test"
 mut presence-penalty-counts-prompt src/engine/sampler.cpp \
   'for (size_t i = size_t(row.prompt_len); i < row.tokens.size(); ++i) ++counts[row.tokens[i]];' \
-  'for (size_t i = 0; i < row.tokens.size(); ++i) ++counts[row.tokens[i]];' "$U/engine_logits_test"
+  'for (size_t i = 0; i < row.tokens.size(); ++i) ++counts[row.tokens[i]];' "$E/engine_logits_test"
 mut frequency-penalty-ignores-count src/engine/sampler.cpp \
-  'p.frequency_penalty * float(n)' 'p.frequency_penalty' "$U/engine_logits_test"
+  'p.frequency_penalty * float(n)' 'p.frequency_penalty' "$E/engine_logits_test"
 mut repetition-penalty-output-only src/engine/sampler.cpp \
   'std::unordered_set<int32_t> seen(row.tokens.begin(), row.tokens.end());' \
-  'std::unordered_set<int32_t> seen(row.tokens.begin() + row.prompt_len, row.tokens.end());' "$U/engine_logits_test"
+  'std::unordered_set<int32_t> seen(row.tokens.begin() + row.prompt_len, row.tokens.end());' "$E/engine_logits_test"
 mut repetition-penalty-divides-negative-logits src/engine/sampler.cpp \
   'lg[t] > 0 ? lg[t] / p.repetition_penalty : lg[t] * p.repetition_penalty' 'lg[t] / p.repetition_penalty' \
-  "$U/engine_logits_test"
+  "$E/engine_logits_test"
 mut logit-bias-subtracted src/engine/sampler.cpp \
   'for (auto [t, b] : p.logit_bias) lg[t] += b;' 'for (auto [t, b] : p.logit_bias) lg[t] -= b;' \
-  "$U/engine_logits_test"
+  "$E/engine_logits_test"
 mut min-tokens-off-by-one src/engine/sampler.cpp \
-  'if (generated < p.min_tokens) {' 'if (generated + 1 < p.min_tokens) {' "$U/engine_logits_test $U/engine_test"
+  'if (generated < p.min_tokens) {' 'if (generated + 1 < p.min_tokens) {' "$E/engine_logits_test $E/engine_test"
 mut min-tokens-ignores-stop-ids src/engine/sampler.cpp \
-  'for (int32_t t : p.stop_token_ids) lg[t] = ninf;' '' "$U/engine_logits_test $U/engine_test"
+  'for (int32_t t : p.stop_token_ids) lg[t] = ninf;' '' "$E/engine_logits_test $E/engine_test"
 mut logprobs-not-normalised src/engine/sampler.cpp \
   'lp.logprob = float(double(raw[chosen]) - lse);' 'lp.logprob = float(double(raw[chosen]) - m);' \
-  "$U/engine_logits_test $U/engine_test:*Logprobs*"
+  "$E/engine_logits_test $E/engine_test:*Logprobs*"
 mut logprobs-after-penalties src/engine/sampler.cpp \
   'out.logprob = logprobs_of(raw, out.id, p.top_logprobs);' \
-  'out.logprob = logprobs_of(logits, out.id, p.top_logprobs);' "$U/engine_logits_test"
+  'out.logprob = logprobs_of(logits, out.id, p.top_logprobs);' "$E/engine_logits_test"
 mut engine-validate-penalty-range src/engine/engine.cpp \
   'presence_penalty >= -2.f && presence_penalty <= 2.f' 'presence_penalty >= -20.f && presence_penalty <= 20.f' \
-  "$U/engine_logits_test:*Validat*"
+  "$E/engine_logits_test:*Validat*"
 # Prefix cache and page accounting (src/kv)
 mut prefix-hash-ignores-parent src/kv/prefix_cache.cpp \
   'XXH3_64bits_withSeed(page_tokens.data(), page_tokens.size_bytes(), parent)' \
   'XXH3_64bits_withSeed(page_tokens.data(), page_tokens.size_bytes(), 0)' \
-  "$U/prefix_cache_test"
+  "$K/prefix_cache_test"
 # The same bug seen through the engine alone: cached outputs must equal cold ones for repeated content.
 mut prefix-hash-ignores-parent-engine-level src/kv/prefix_cache.cpp \
   'XXH3_64bits_withSeed(page_tokens.data(), page_tokens.size_bytes(), parent)' \
   'XXH3_64bits_withSeed(page_tokens.data(), page_tokens.size_bytes(), 0)' \
-  "$U/engine_test:*RepeatedContent*:*EqualPagesAfterDifferentPrefixes*"
+  "$E/engine_test:*RepeatedContent*:*EqualPagesAfterDifferentPrefixes*"
 mut prefix-match-includes-last-token src/kv/prefix_cache.cpp \
   'const size_t max_pages = (tokens.size() - 1) / B;' 'const size_t max_pages = tokens.size() / B;' \
-  "$U/prefix_cache_test"
+  "$K/prefix_cache_test"
 mut prefix-match-does-not-retain src/kv/prefix_cache.cpp \
-  'pool_.retain(it->second.page);' '' "$U/prefix_cache_test $U/engine_test"
+  'pool_.retain(it->second.page);' '' "$K/prefix_cache_test $E/engine_test"
 mut page-release-never-frees src/kv/page_pool.cpp \
-  'if (--refcount_[page] == 0) free_.push_back(page);' '--refcount_[page];' "$U/kv_test $U/engine_test"
+  'if (--refcount_[page] == 0) free_.push_back(page);' '--refcount_[page];' "$K/kv_test $E/engine_test"
 # Scheduler (src/engine/scheduler.cpp): step order, token budget, stop checks, pages back on every ending
-E=tests/engine
 decode_rows=$'  for (auto& r : running_)\n    if (decoding(*r) && budget > 0) take(*r, 1);\n'
 IFS= read -r -d '' prefill_chunks <<'END'
   // 2. Continue chunked prefills of running sequences.
@@ -110,15 +111,15 @@ mut scheduler-admission-exceeds-token-budget-by-one src/engine/scheduler.cpp \
   $'const int64_t n = std::min(s.pending(), budget + 1);\n    if (!ensure_pages(s, s.computed + n)) {' \
   "$E/scheduler_test"
 mut max-tokens-one-extra src/engine/scheduler.cpp \
-  'else if (s.generated >= p.max_tokens ||' 'else if (s.generated > p.max_tokens ||' "$E/scheduler_test $U/engine_test"
+  'else if (s.generated >= p.max_tokens ||' 'else if (s.generated > p.max_tokens ||' "$E/scheduler_test $E/engine_test"
 mut scheduler-finish-leaks-pages src/engine/scheduler.cpp \
   $'      free_pages(s, true);\n      done.push_back(&s);' $'      done.push_back(&s);' \
-  "$E/scheduler_test $U/engine_test:*PrefixCachingOff*:*Abort*"
+  "$E/scheduler_test $E/engine_test:*PrefixCachingOff*:*Abort*"
 mut scheduler-abort-leaves-pages src/engine/scheduler.cpp \
-  $'        free_pages(**it, true);\n' '' "$E/scheduler_test:*Abort* $U/engine_test:*Abort*"
+  $'        free_pages(**it, true);\n' '' "$E/scheduler_test:*Abort* $E/engine_test:*Abort*"
 mut scheduler-abort-all-leaves-pages src/engine/scheduler.cpp \
   $'    free_pages(*s, true);\n    s->finish = FinishReason::Abort;' $'    s->finish = FinishReason::Abort;' \
-  "$E/scheduler_test $U/engine_test"
+  "$E/scheduler_test $E/engine_test"
 mut scheduler-failure-leaves-pages src/engine/scheduler.cpp \
   $'    free_pages(*s, false);\n    s->finish = FinishReason::Error;' $'    s->finish = FinishReason::Error;' \
   "$E/scheduler_test"
@@ -134,35 +135,35 @@ mut step-plan-slot-from-step-offset src/model/step_plan.cpp \
   "$M/step_plan_test:StepRows.*"
 # Sampling RNG (src/base/rng.h): the counter hash must depend on seed, choice and step
 mut rng-ignores-step src/base/rng.h \
-  'splitmix64(splitmix64(step + 0x51ed))' 'splitmix64(splitmix64(0x51ed))' "$U/sampler_test"
+  'splitmix64(splitmix64(step + 0x51ed))' 'splitmix64(splitmix64(0x51ed))' "$E/sampler_test"
 mut rng-ignores-choice src/base/rng.h \
-  'splitmix64(choice_index + 1)' 'splitmix64(1)' "$U/sampler_test"
+  'splitmix64(choice_index + 1)' 'splitmix64(1)' "$E/sampler_test"
 mut rng-ignores-seed src/base/rng.h \
-  'splitmix64(seed ^ splitmix64(choice_index + 1)' 'splitmix64(splitmix64(choice_index + 1)' "$U/sampler_test"
+  'splitmix64(seed ^ splitmix64(choice_index + 1)' 'splitmix64(splitmix64(choice_index + 1)' "$E/sampler_test"
 # Model ops (src/backend/cpu)
 mut msa-topk-picks-lowest src/backend/cpu/msa_indexer.cpp \
-  'return ka != kb ? ka > kb : a < b;' 'return ka != kb ? ka < kb : a < b;' "$U/ops_test:MsaTopk.*"
+  'return ka != kb ? ka > kb : a < b;' 'return ka != kb ? ka < kb : a < b;' "$O/ops_test:MsaTopk.*"
 mut msa-topk-drops-local-block src/backend/cpu/msa_indexer.cpp \
-  'sel[top_k - 1] = local;' 'sel[top_k - 1] = order[top_k - 1];' "$U/ops_test:MsaTopk.*"
+  'sel[top_k - 1] = local;' 'sel[top_k - 1] = order[top_k - 1];' "$O/ops_test:MsaTopk.*"
 mut rope-frequency-over-head-dim src/backend/cpu/norm_rope.cpp \
-  'double(2 * i) / double(rotary_dim)' 'double(2 * i) / double(D)' "$U/ops_test:Rope.*"
+  'double(2 * i) / double(rotary_dim)' 'double(2 * i) / double(D)' "$O/ops_test:Rope.*"
 mut rope-rotation-sign src/backend/cpu/norm_rope.cpp \
-  'v[i] = a * cs[i] - b * sn[i];' 'v[i] = a * cs[i] + b * sn[i];' "$U/ops_test:Rope.*"
+  'v[i] = a * cs[i] - b * sn[i];' 'v[i] = a * cs[i] + b * sn[i];' "$O/ops_test:Rope.*"
 mut rmsnorm-not-gemma-style src/backend/cpu/norm_rope.cpp \
-  'yr[i] = xr[i] * inv * (1.0f + w[i]);' 'yr[i] = xr[i] * inv * w[i];' "$U/ops_test:RmsNorm.*"
+  'yr[i] = xr[i] * inv * (1.0f + w[i]);' 'yr[i] = xr[i] * inv * w[i];' "$O/ops_test:RmsNorm.*"
 mut rmsnorm-eps-outside-sqrt src/backend/cpu/norm_rope.cpp \
   'float(1.0 / std::sqrt(ss / double(D) + double(eps)))' 'float(1.0 / (std::sqrt(ss / double(D)) + double(eps)))' \
-  "$U/ops_test:RmsNorm.*"
+  "$O/ops_test:RmsNorm.*"
 mut moe-weights-use-biased-scores src/backend/cpu/mlp_moe.cpp \
   'weights[t * top_k + k] = s[order[k]] / sum * scale;' 'weights[t * top_k + k] = choice[order[k]] / sum * scale;' \
-  "$U/ops_test:MoeRoute.*"
+  "$O/ops_test:MoeRoute.*"
 mut moe-route-ignores-bias src/backend/cpu/mlp_moe.cpp \
-  'choice[e] = s[e] + (bias ? bias[e] : 0.0f);' 'choice[e] = s[e];' "$U/ops_test:MoeRoute.*"
+  'choice[e] = s[e] + (bias ? bias[e] : 0.0f);' 'choice[e] = s[e];' "$O/ops_test:MoeRoute.*"
 mut swiglu-up-upper-clamp-removed src/backend/cpu/mlp_moe.cpp \
   'const float uc = std::clamp(u[i], -limit, limit);' 'const float uc = std::max(u[i], -limit);' \
-  "$U/ops_test:SwigluOai.*"
+  "$O/ops_test:SwigluOai.*"
 mut swiglu-gate-clamp-removed src/backend/cpu/mlp_moe.cpp \
-  'const float gc = std::min(g[i], limit);' 'const float gc = g[i];' "$U/ops_test:SwigluOai.*"
+  'const float gc = std::min(g[i], limit);' 'const float gc = g[i];' "$O/ops_test:SwigluOai.*"
 # Text: detokenizer UTF-8 boundaries, stop strings, output parser (src/text, src/server)
 mut utf8-incomplete-tail-never-held src/text/tokenizer/tokenizer_utf8.cpp \
   'return utf8_maximal_subpart(s, i) == back ? back : 0;' 'return 0;' "tests/text/detokenizer_test"
@@ -207,6 +208,8 @@ mkdir -p "$tree" "$incoming"
 (cd "$incoming" && find . -type f -print0) | while IFS= read -r -d '' f; do
   cmp -s "$incoming/$f" "$tree/$f" || { mkdir -p "$(dirname "$tree/$f")" && cp "$incoming/$f" "$tree/$f"; }
 done
+# Files the tree no longer has (moved or deleted since the last run) leave the scratch copy too.
+(cd "$tree" && find . -type f -print0) | while IFS= read -r -d '' f; do [ -e "$incoming/$f" ] || rm -f "$tree/$f"; done
 [ -e "$tree/tests/npm/node_modules" ] || ln -s "$root/tests/npm/node_modules" "$tree/tests/npm/node_modules"
 cmake -S "$tree" -B "$build" -DCMAKE_BUILD_TYPE=Release -DM3_BUILD_TESTS=ON >/dev/null || exit 2
 
