@@ -1,4 +1,4 @@
-// CUDA-event timing shared by the tensor-core benches (bench_gemm, bench_prefill_tc): `warm` untimed calls, then
+// CUDA-event timing shared by the benches (bench_gemm, bench_prefill_tc, bench_msa): `warm` untimed calls, then
 // `reps` calls each bracketed by events on the default stream; returns the per-call times in ms, sorted ascending
 // (median = t[t.size() / 2], spread = front/back).
 #pragma once

@@ -30,6 +30,7 @@
 #include "kv/sequence_kv.h"
 #include "model/cuda_executor.h"
 #include "model/m3_model.h"
+#include "bench_common/event_timer.h"
 
 namespace m3::bench {
 void fill_uniform(float* p, int64_t n, uint64_t seed, float lo, float hi);
@@ -45,24 +46,7 @@ struct Stats {
 };
 
 Stats time_events(const std::function<void()>& f, int warm = 3, int reps = 21) {
-  cudaEvent_t a, b;
-  M3_CUDA_CHECK(cudaEventCreate(&a));
-  M3_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < warm; ++i) f();
-  M3_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    M3_CUDA_CHECK(cudaEventRecord(a, nullptr));
-    f();
-    M3_CUDA_CHECK(cudaEventRecord(b, nullptr));
-    M3_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
+  const std::vector<float> t = m3::bench::time_sorted_ms(f, warm, reps);
   const double mean = std::accumulate(t.begin(), t.end(), 0.0) / double(t.size());
   double var = 0;
   for (double x : t) var += (x - mean) * (x - mean);
