@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU run (issue 5), on the H200 device machine: build the CUDA backend, run every `gpu` test, run the smoke
 # benchmark, and write a summary plus logs into the folder given as $1 (default $OUT).
-#   bash scripts/gpu_run.sh [OUTDIR]        env: M3_JOBS (16), M3_COMMIT (recorded), M3_SKIP_BENCH=1, M3_SKIP_TESTS=1
+#   bash scripts/gpu_run.sh [OUTDIR]        env: M3_JOBS (16), M3_COMMIT (recorded), M3_SKIP_BENCH=1, M3_SKIP_TESTS=1,
+#                                            M3_SKIP_E2E=1, M3_TARGETS="a b" (build only these), M3_CTEST_REGEX (ctest -R)
 # The device machine has nvcc, cmake and PyTorch but none of m3serve's C++ dependencies and no package registry:
 # `bash scripts/gpu_deps.sh` (run here, with apt) downloads the Debian packages into .gpudeps/, the device run
 # carries that folder (run's `carry`), and this script unpacks them into /tmp and points CMake / pkg-config there.
@@ -56,6 +57,7 @@ export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
 tb=$(date +%s)
 targets=(gpu_ops_test gpu_model_test gpu_hopper_test gpu_msa_prefill_tc_test gpu_decode_test)
 [ "${M3_SKIP_BENCH:-0}" = 1 ] || targets+=(bench_msa)
+[ -z "${M3_TARGETS:-}" ] || read -r -a targets <<<"$M3_TARGETS"
 if cmake -S "$root" -B "$build" -DM3_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release "${cmake_extra[@]}" >"$out/build.log" 2>&1 &&
    cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$out/build.log" 2>&1; then
   say "build: ok ($(( $(date +%s) - tb )) s, targets ${targets[*]})"
@@ -70,7 +72,7 @@ fi
 status=0
 if [ "${M3_SKIP_TESTS:-0}" != 1 ]; then
   tt=$(date +%s)
-  (cd "$build" && ctest -L gpu -V --timeout 600) >"$out/ctest.log" 2>&1 || status=1
+  (cd "$build" && ctest -L gpu ${M3_CTEST_REGEX:+-R "$M3_CTEST_REGEX"} -V --timeout 600) >"$out/ctest.log" 2>&1 || status=1
   say "gpu tests: $( [ $status = 0 ] && echo passed || echo FAILED ) ($(( $(date +%s) - tt )) s)"
   grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1 | tee -a "$summary"
   grep -E "\(Failed\)|\*\*\*Failed|Exception|Timeout" "$out/ctest.log" | head -20 | tee -a "$summary"
