@@ -17,10 +17,13 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/mlp_moe.cuh"
 #include "backend/cuda/msa_decode.cuh"
+#include "backend/cuda/msa_decode_index.cuh"
 #include "backend/cuda/msa_indexer.cuh"
 #include "backend/cuda/msa_prefill.cuh"
+#include "backend/cuda/msa_prefill_tc.cuh"
 #include "backend/cuda/msa_topk.cuh"
 #include "backend/cuda/norm_rope.cuh"
+#include "backend/cuda/paged_decode_tc.cuh"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "model/checkpoint.h"
@@ -85,27 +88,41 @@ struct CudaExecutor::Impl {
   DeviceBuffer<float> final_norm, inv_freq;
   std::vector<DevLayer> layers;
 
-  // Cache: num_pages units of unit_floats; per-layer offsets inside a unit as in KVCache.
-  DeviceBuffer<float> cache;
-  int64_t unit_floats = 0;
-  std::vector<int64_t> k_off, v_off, ik_off;
+  // Cache (issue 9): per-layer pools, one page id addresses K, V and index-K of every layer (docs/KV_CACHE.md):
+  //   K_l, V_l [P, Hkv, B, D] and IK_l [P, B, Di] (sparse layers only), elements of kv_type. A layer's slabs are
+  //   contiguous (TMA, strided virtual-page views) and each pool could get its own dtype or shard later.
+  struct LayerPools {
+    DeviceBuffer<uint8_t> k, v, ik;
+  };
+  cuda::KvType kv_type = cuda::KvType::F32;
+  std::vector<LayerPools> kvp;
+  int64_t kv_page_elems = 0, ik_page_elems = 0;  // Hkv·B·D and B·Di
 
   // Step state.
   DeviceBuffer<int32_t> d_pos, d_row_seq, d_slot, d_pt_indptr, d_pt_pages, d_ids, d_head_rows, d_sel;
   DeviceBuffer<float> x, xn, qkv, q, attn, iqk, iq, scores, hsel, logits;
+  DeviceBuffer<uint16_t> qb, iqb, attnb;  // bf16 copies for the tensor-core kernels: q, index q, attention output
   cuda::FfnScratch ffn;
   cuda::DenseAttention dense;
   cuda::MsaPrefill msa_prefill;
   cuda::MsaDecode msa_decode;
   cuda::MsaIndexer indexer;
+  // Tensor-core kernels (docs/KERNELS.md §8–9), used where the shapes are theirs and the cache is bf16.
+  cuda::MsaDecodeIndex dec_index;
+  cuda::PagedDecodeTc dense_tc, sparse_tc;
+  cuda::MsaPrefillUnion msa_union;
 
   Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pages, CudaExecutorOptions o);
   ~Impl() {
     if (stream) cudaStreamDestroy(stream);
   }
   cuda::DevPagedKV kv_view(int l) {
-    return cuda::DevPagedKV{cache.get() + k_off[l], cache.get() + v_off[l], unit_floats, c.num_kv_heads,
-                            c.sparse_block_size, c.head_dim};
+    return cuda::DevPagedKV{kvp[size_t(l)].k.get(), kvp[size_t(l)].v.get(), kv_page_elems, c.num_kv_heads,
+                            c.sparse_block_size, c.head_dim, kv_type};
+  }
+  cuda::DevPagedIndexK ik_view(int l) {
+    return cuda::DevPagedIndexK{kvp[size_t(l)].ik.get(), ik_page_elems, c.sparse_block_size, c.index_head_dim,
+                                kv_type};
   }
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace);
 };
@@ -167,31 +184,41 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pa
       }
     }
   }
-  // Page unit: the CPU layout, padded to a multiple of B·D floats (virtual-page view, attention_dense.cuh).
+  // KV pools: bf16 with bf16 weights (serving), fp32 with fp32 weights (the exact verification path).
   const int64_t B = c.sparse_block_size, D = c.head_dim;
-  {
-    PageLayout layout = PageLayout::of(c, B * D);  // page_bytes_for()
-    k_off = std::move(layout.k_off);
-    v_off = std::move(layout.v_off);
-    ik_off = std::move(layout.ik_off);
-    unit_floats = layout.page_floats;
-  }
+  kv_type = wt == cuda::WType::BF16 ? cuda::KvType::BF16 : cuda::KvType::F32;
+  kv_page_elems = c.num_kv_heads * B * D;
+  ik_page_elems = B * c.index_head_dim;
+  const int64_t page_bytes = CudaExecutor::page_bytes_for(c, kv_type == cuda::KvType::BF16);
   if (num_pages <= 0) {
     // Automatic size: 90 % of the free device memory minus 1 GiB of headroom for activations and workspaces, at
     // most 64 sequences of max_position_embeddings tokens.
     size_t free_b = 0, total_b = 0;
     M3_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const double budget = std::max(0.0, 0.9 * double(free_b) - double(size_t(1) << 30));
-    int64_t n = int64_t(budget / (double(unit_floats) * sizeof(float)));
+    int64_t n = int64_t(budget / double(page_bytes));
     if (c.max_position_embeddings > 0) n = std::min<int64_t>(n, 64 * ((c.max_position_embeddings + B - 1) / B));
     n = std::min<int64_t>(n, int64_t(1) << 22);
     M3_CHECK(n >= 1, "CUDA executor: no device memory left for the KV cache ({} MiB free)", free_b >> 20);
     num_pages = int32_t(n);
   }
   pool = std::make_unique<PagePool>(num_pages);
-  cache.grow(size_t(num_pages) * size_t(unit_floats));
-  // NaN poison (0xFFFFFFFF is a NaN): a read of a slot nothing wrote shows up in the logits.
-  M3_CUDA_CHECK(cudaMemset(cache.get(), 0xFF, size_t(num_pages) * size_t(unit_floats) * sizeof(float)));
+  const size_t esz = cuda::kv_elem_bytes(kv_type);
+  kvp.resize(size_t(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerPools& lp = kvp[size_t(l)];
+    const size_t kv_bytes = size_t(num_pages) * size_t(kv_page_elems) * esz;
+    lp.k.grow(kv_bytes);
+    lp.v.grow(kv_bytes);
+    // NaN poison (0xFF… is a NaN in fp32 and bf16): a read of a slot nothing wrote shows up in the logits.
+    M3_CUDA_CHECK(cudaMemset(lp.k.get(), 0xFF, kv_bytes));
+    M3_CUDA_CHECK(cudaMemset(lp.v.get(), 0xFF, kv_bytes));
+    if (c.attn_kinds[l] == AttnKind::Sparse) {
+      const size_t ik_bytes = size_t(num_pages) * size_t(ik_page_elems) * esz;
+      lp.ik.grow(ik_bytes);
+      M3_CUDA_CHECK(cudaMemset(lp.ik.get(), 0xFF, ik_bytes));
+    }
+  }
   M3_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -220,22 +247,45 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   cuda::upload(d_ids, ids.data(), ids.size(), s);
   const cuda::DevStepRows rows{d_pos.get(), d_row_seq.get(), d_pt_indptr.get(), d_pt_pages.get(), int(T)};
   const bool decode = max_n <= 16;  // decode / speculative verify rows: split-K and the decode indexer launch
-  const int64_t ppu = unit_floats / (B * D);
-  const bool any_dense = std::count(c.attn_kinds.begin(), c.attn_kinds.end(), AttnKind::Dense) > 0;
-  const bool any_sparse = c.num_sparse_layers() > 0;
-  if (any_dense) dense.plan(pos, rows, int(Hkv), int(G), int(D), int(B), ppu, decode, s);
+  const int64_t ppu = Hkv;  // virtual pages per physical page in a per-layer pool [P, Hkv, B, D]
+  const bool dense_only = opt.attention == AttentionBackend::Dense;  // MSA layers run dense attention (baseline)
+  const bool any_dense =
+      dense_only || std::count(c.attn_kinds.begin(), c.attn_kinds.end(), AttnKind::Dense) > 0;
+  const bool any_sparse = !dense_only && c.num_sparse_layers() > 0;
   const int64_t Hi = c.index_num_heads, Di = c.index_head_dim, K = c.sparse_topk_blocks;
+  // Which kernels run this step. Tensor-core kernels need a bf16 cache, head dim 128 and 128-token pages; the
+  // decode ones G ∈ {8, 16} and ≤ 2048 rows, the fused decode indexer index dim 128, ≤ 4 index heads and top-k ≤ 16,
+  // the union-tile prefill G = 16 and top-k ≤ 16. Anything else, and --attention msa-v1, runs the v1 kernels.
+  const bool tc = opt.attention != AttentionBackend::MsaV1 && kv_type == cuda::KvType::BF16 && D == 128 && B == 128;
+  const bool tc_decode = tc && decode && (G == 8 || G == 16) && T <= cuda::MsaDecodeIndex::kMaxRows;
+  const bool tc_index = tc_decode && any_sparse && Di == 128 && Hi <= cuda::MsaDecodeIndex::kMaxHeads &&
+                        K <= cuda::MsaDecodeIndex::kMaxTopK;
+  const bool tc_prefill = tc && !decode && any_sparse && G == 16 && K <= 16;
+  if (any_dense) {
+    dense.plan(pos, rows, int(Hkv), int(G), int(D), int(B), ppu, decode, s);
+    if (tc_decode) dense_tc.plan(int(T * Hkv), int(G), dense.max_pages(), true);
+  }
   if (any_sparse) {
-    if (decode)
-      msa_decode.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), true, s);
-    else
-      msa_prefill.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), s);
-    indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
+    if (tc_index) {
+      dec_index.plan(pos, rows, int(Hi), int(K), ppu, s);
+      sparse_tc.plan(int(T * Hkv), int(G), dec_index.max_pages(), true);
+    } else {
+      if (tc_prefill)
+        msa_union.plan(T, int(Hkv), int(G), int(D), int(B), int(K));
+      else if (decode)
+        msa_decode.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), true, s);
+      else
+        msa_prefill.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), s);
+      indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
+      scores.grow(size_t(Hi * T * indexer.max_cols()));
+      d_sel.grow(size_t(Hi * T * K));
+    }
     iqk.grow(size_t(T * (Hi + 1) * Di));
     iq.grow(size_t(T * Hi * Di));
-    scores.grow(size_t(Hi * T * indexer.max_cols()));
-    d_sel.grow(size_t(Hi * T * K));
+    if (tc_index) iqb.grow(size_t(T * Hi * Di));
   }
+  if (tc_decode || tc_prefill) qb.grow(size_t(T * Hq * D));
+  if (tc_decode) attnb.grow(size_t(T * Hq * D));
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   x.grow(size_t(T * H));
   xn.grow(size_t(T * H));
@@ -262,47 +312,91 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
     a.n_q = int(Hq), a.q_col0 = 0, a.q_w = L.q_norm.get(), a.q_out = q.get();
     a.n_k = int(Hkv), a.k_col0 = int(Hq * D), a.k_w = L.k_norm.get(), a.k_cache = kv.k, a.k_head_stride = B * D;
     a.n_v = int(Hkv), a.v_col0 = int((Hq + Hkv) * D), a.v_cache = kv.v, a.v_head_stride = B * D;
-    a.pos = d_pos.get(), a.slot_page = d_slot.get(), a.page_stride = unit_floats, a.block_size = int(B);
+    a.cache_type = kv.type;
+    a.pos = d_pos.get(), a.slot_page = d_slot.get(), a.page_stride = kv.page_stride, a.block_size = int(B);
     a.inv_freq = inv_freq.get(), a.rotary_dim = c.rotary_dim, a.eps = c.rms_norm_eps;
     cuda::heads_norm_rope(a, s);
 
-    if (c.attn_kinds[l] == AttnKind::Sparse) {
+    bool o_bf16 = false;  // the attention output is in attnb (bf16) instead of attn
+    if (c.attn_kinds[l] == AttnKind::Sparse && !dense_only) {
       const int64_t iw = (Hi + 1) * Di;
       gemm->nt(xn.get(), T, H, L.w_index_qk.get(), wt, iw, iqk.get(), false, s);
       cuda::HeadsNormRopeArgs b;
       b.src = iqk.get(), b.src_ld = iw, b.T = int(T), b.D = int(Di);
       b.n_q = int(Hi), b.q_col0 = 0, b.q_w = L.index_q_norm.get(), b.q_out = iq.get();
-      b.n_k = 1, b.k_col0 = int(Hi * Di), b.k_w = L.index_k_norm.get(), b.k_cache = cache.get() + ik_off[l];
-      b.k_head_stride = 0;
-      b.pos = d_pos.get(), b.slot_page = d_slot.get(), b.page_stride = unit_floats, b.block_size = int(B);
+      const cuda::DevPagedIndexK ikv = ik_view(l);
+      b.n_k = 1, b.k_col0 = int(Hi * Di), b.k_w = L.index_k_norm.get(), b.k_cache = ikv.ik, b.k_head_stride = 0;
+      b.cache_type = ikv.type;
+      b.pos = d_pos.get(), b.slot_page = d_slot.get(), b.page_stride = ikv.page_stride, b.block_size = int(B);
       b.inv_freq = inv_freq.get(), b.rotary_dim = c.rotary_dim, b.eps = c.rms_norm_eps;
       cuda::heads_norm_rope(b, s);
-      const cuda::DevPagedIndexK ikv{cache.get() + ik_off[l], unit_floats, int(B), int(Di)};
-      indexer.run(iq.get(), ikv, rows, scores.get(), s);
-      cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos.get(), int(B), indexer.max_cols(), int(K), d_sel.get(), s);
-      if (decode) {
-        msa_decode.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
-        if (opt.validate) msa_decode.check(s);
+      const int32_t* sel = d_sel.get();  // [Hi, T, K]
+      if (tc_index) {
+        // Fused scorer + top-k + page-list emit, then the tensor-core paged decode over the emitted lists.
+        cuda::f32_to_bf16(iq.get(), T * Hi * Di, iqb.get(), s);
+        dec_index.run(reinterpret_cast<const __nv_bfloat16*>(iqb.get()),
+                      cuda::DevPagedIndexKT<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(ikv.ik), ikv.page_stride},
+                      rows, s);
+        sel = dec_index.selection();
+        cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
+        cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
+        pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
+        pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
+        pa.k = static_cast<const __nv_bfloat16*>(kv.k), pa.v = static_cast<const __nv_bfloat16*>(kv.v);
+        pa.stride_page = B * D, pa.stride_tok = D;
+        pa.indptr = dec_index.attn_indptr(), pa.indices = dec_index.attn_indices();
+        pa.last_len = dec_index.attn_last_len();
+        pa.R = int(T * Hkv), pa.G = int(G), pa.scale = scale;
+        sparse_tc.run(pa, s);
+        o_bf16 = true;
       } else {
-        msa_prefill.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
-        if (opt.validate) msa_prefill.check(s);
+        indexer.run(iq.get(), ikv, rows, scores.get(), s);
+        cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos.get(), int(B), indexer.max_cols(), int(K), d_sel.get(),
+                       s);
+        if (tc_prefill) {
+          cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
+          const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
+                                         kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
+          msa_union.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
+          if (opt.validate) msa_union.check(s);
+        } else if (decode) {
+          msa_decode.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
+          if (opt.validate) msa_decode.check(s);
+        } else {
+          msa_prefill.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
+          if (opt.validate) msa_prefill.check(s);
+        }
       }
       if (trace && trace->capture_selection) {
         std::vector<int32_t> all(size_t(Hi * T * K));
-        M3_CUDA_CHECK(cudaMemcpyAsync(all.data(), d_sel.get(), all.size() * 4, cudaMemcpyDeviceToHost, s));
+        M3_CUDA_CHECK(cudaMemcpyAsync(all.data(), sel, all.size() * 4, cudaMemcpyDeviceToHost, s));
         M3_CUDA_CHECK(cudaStreamSynchronize(s));
         for (size_t si = 0; si < seqs.size(); ++si) {
           const int64_t t0 = seq_begin[si], n = seq_begin[si + 1] - t0;
-          std::vector<int32_t> sel(size_t(Hi * n * K));
+          std::vector<int32_t> one(size_t(Hi * n * K));
           for (int64_t h = 0; h < Hi; ++h)
-            std::memcpy(&sel[size_t(h * n * K)], &all[size_t((h * T + t0) * K)], size_t(n * K) * 4);
-          trace->selection[l].push_back(std::move(sel));
+            std::memcpy(&one[size_t(h * n * K)], &all[size_t((h * T + t0) * K)], size_t(n * K) * 4);
+          trace->selection[l].push_back(std::move(one));
         }
       }
+    } else if (tc_decode) {
+      cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
+      cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
+      pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
+      pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
+      pa.k = static_cast<const __nv_bfloat16*>(kv.k), pa.v = static_cast<const __nv_bfloat16*>(kv.v);
+      pa.stride_page = B * D, pa.stride_tok = D;
+      pa.indptr = dense.indptr(), pa.indices = dense.indices(), pa.last_len = dense.last_len();
+      pa.R = int(T * Hkv), pa.G = int(G), pa.scale = scale;
+      dense_tc.run(pa, s);
+      o_bf16 = true;
     } else {
       dense.run(q.get(), kv, scale, attn.get(), s);
     }
-    gemm->nt(attn.get(), T, Hq * D, L.wo.get(), wt, H, x.get(), true, s);  // x += o
+    if (o_bf16)
+      gemm->nt_bf16(attnb.get(), T, Hq * D, L.wo.get(), H, x.get(), true, s);  // x += o
+    else
+      gemm->nt(attn.get(), T, Hq * D, L.wo.get(), wt, H, x.get(), true, s);  // x += o
 
     // ---- feed-forward ------------------------------------------------------------------------------------------
     cuda::rms_norm_gemma(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xn.get(), s);
@@ -361,11 +455,15 @@ std::unique_ptr<CudaExecutor> CudaExecutor::load(const std::string& model_dir, i
   return std::make_unique<CudaExecutor>(ck.config, ck.weights, num_pages, opt);
 }
 
-int64_t CudaExecutor::page_bytes_for(const M3Config& c) {
-  return PageLayout::of(c, int64_t(c.sparse_block_size) * c.head_dim).page_floats * int64_t(sizeof(float));
+int64_t CudaExecutor::page_bytes_for(const M3Config& c, bool bf16_kv) {
+  const int64_t B = c.sparse_block_size, esz = bf16_kv ? 2 : 4;
+  return esz * (int64_t(c.num_layers) * 2 * c.num_kv_heads * B * c.head_dim +
+                int64_t(c.num_sparse_layers()) * B * c.index_head_dim);
 }
 
-int64_t CudaExecutor::page_bytes() const { return impl_->unit_floats * int64_t(sizeof(float)); }
+int64_t CudaExecutor::page_bytes() const {
+  return page_bytes_for(impl_->c, impl_->kv_type == cuda::KvType::BF16);
+}
 
 CudaExecutor::~CudaExecutor() = default;
 
@@ -383,9 +481,11 @@ std::string CudaExecutor::describe() const {
   cudaDeviceProp prop{};
   std::string name = "?";
   if (cudaGetDeviceProperties(&prop, m.opt.device) == cudaSuccess) name = prop.name;
-  const double mib = double(m.unit_floats) * 4.0 * m.pool->capacity() / (1 << 20);
-  return fmt::format("cuda {} ({} weights, fp32 KV), KV cache {} pages × {} tokens = {} tokens ({:.1f} MiB)", name,
-                     m.wt == cuda::WType::BF16 ? "bf16" : "fp32", m.pool->capacity(), m.c.sparse_block_size,
+  const double mib = double(page_bytes()) * m.pool->capacity() / (1 << 20);
+  const bool bf16_kv = m.kv_type == cuda::KvType::BF16;
+  return fmt::format("cuda {} ({} weights, {} KV), KV cache {} pages × {} tokens = {} tokens ({:.1f} MiB)", name,
+                     m.wt == cuda::WType::BF16 ? "bf16" : "fp32", bf16_kv ? "bf16" : "fp32", m.pool->capacity(),
+                     m.c.sparse_block_size,
                      int64_t(m.pool->capacity()) * m.c.sparse_block_size, mib);
 }
 

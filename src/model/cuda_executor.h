@@ -1,8 +1,9 @@
-// The CUDA executor (issue 5): the M3 forward of M3Model::forward on one GPU, over a device-resident paged cache
-// with the same page-unit layout as kv/kv_cache.h (fp32 storage in this first version; the unit is padded to a
-// multiple of block·head_dim floats so the attention kernels can view it as virtual pages).
-// Weights are BF16 on the device by default (cuBLASLt BF16 GEMMs, FP32 accumulate); `bf16_weights = false` keeps
-// FP32 weights and exact FP32 GEMMs, which the whole-model test compares with the CPU reference at tight tolerance.
+// The CUDA executor (issue 5): the M3 forward of M3Model::forward on one GPU, over a device-resident paged cache.
+// One page id addresses every layer's pools (docs/KV_CACHE.md), but each layer owns its own K, V [P, Hkv, B, D] and
+// index-K [P, B, Di] slabs (issue 9), so the attention kernels view them as virtual pages v = p·Hkv + h.
+// Weights and the cache are BF16 on the device by default (cuBLASLt BF16 GEMMs, FP32 accumulate); `bf16_weights =
+// false` keeps FP32 weights, exact FP32 GEMMs and an FP32 cache, which the whole-model test compares with the CPU
+// reference at tight tolerance.
 // Built only with -DM3_WITH_CUDA=ON (targets linking m3_cuda_executor see the definition M3_WITH_CUDA=1); CUDA types
 // stay behind the pimpl so C++ callers need no CUDA headers.
 #pragma once
@@ -17,8 +18,14 @@
 
 namespace m3 {
 
+// Attention kernels of the MSA layers. Msa: the tensor-core kernels where the shapes are theirs (bf16 cache, head
+// dim 128, block 128; docs/KERNELS.md §8–9), else v1. MsaV1: the query-major v1 kernels (fp32 math over the cache).
+// Dense: MSA layers run dense causal attention and skip the index branch (a benchmark baseline, not the model).
+enum class AttentionBackend { Msa, MsaV1, Dense };
+
 struct CudaExecutorOptions {
   bool bf16_weights = true;
+  AttentionBackend attention = AttentionBackend::Msa;
   bool validate = false;  // check every sparse layer's selection against the MSA contract (syncs; tests)
   int device = 0;
 };
@@ -42,8 +49,9 @@ class CudaExecutor final : public ModelExecutor {
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace = nullptr) override;
   std::string describe() const override;
   int64_t page_bytes() const override;
-  // Page unit of this executor for a config: the CPU layout padded to a multiple of B·D floats.
-  static int64_t page_bytes_for(const M3Config& c);
+  // Bytes of one page across the per-layer pools: K and V of every layer, index-K of the sparse layers, in bf16
+  // (bf16 weights, the default) or fp32.
+  static int64_t page_bytes_for(const M3Config& c, bool bf16_kv = true);
 
  private:
   struct Impl;

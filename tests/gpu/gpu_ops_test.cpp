@@ -30,6 +30,13 @@ using gpu_test::expect_equal_ids;
 using gpu_test::rand_vec;
 using gpu_test::rng;
 
+// bf16 bits → floats (0xFFFF poison stays NaN).
+std::vector<float> bf16_floats(const std::vector<uint16_t>& b) {
+  std::vector<float> f(b.size());
+  for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_f32(b[i]);
+  return f;
+}
+
 std::string fmt_shape(std::initializer_list<std::pair<const char*, int64_t>> kv) {
   std::string s;
   for (auto& [k, v] : kv) s += std::string(s.empty() ? "" : " ") + k + "=" + std::to_string(v);
@@ -149,6 +156,14 @@ TEST(GpuOps, FusedQkNormRopeAndCacheWriteMatchCpu) {
     expect_close("qk_norm_rope q", shape, dq.get(), q, 2e-5);
     // Cache: written slots match, untouched slots stay NaN (compare() requires NaN exactly where the CPU has NaN).
     expect_close("qk_norm_rope k/v cache", shape, dcache.get(), cache, 2e-5);
+    {  // bf16 pools (issue 9): the same values rounded to bf16 (≤ 2^-9 relative, one rounding of the fp32 result).
+      Dev<uint16_t> dcb(cache.size());
+      dcb.poison();
+      cuda::HeadsNormRopeArgs ab = a;
+      ab.k_cache = dcb.p(), ab.v_cache = dcb.p() + v_off, ab.cache_type = cuda::KvType::BF16;
+      cuda::heads_norm_rope(ab, nullptr);
+      expect_close("qk_norm_rope k/v cache bf16", shape, bf16_floats(dcb.get()), cache, 8e-3);
+    }
 
     // Index branch: Hidx query heads + the one shared index key (head stride 0, [B, Di] pages).
     const int Hi = c.Hkv, Di = c.D, iw = (Hi + 1) * Di;
@@ -173,6 +188,14 @@ TEST(GpuOps, FusedQkNormRopeAndCacheWriteMatchCpu) {
     cuda::heads_norm_rope(b, nullptr);
     expect_close("index_norm_rope iq", shape, diq.get(), iq, 2e-5);
     expect_close("index_norm_rope index-K cache", shape, dcache.get(), icache, 2e-5);
+    {
+      Dev<uint16_t> dcb(icache.size());
+      dcb.poison();
+      cuda::HeadsNormRopeArgs bb = b;
+      bb.k_cache = dcb.p() + 2 * v_off, bb.cache_type = cuda::KvType::BF16;
+      cuda::heads_norm_rope(bb, nullptr);
+      expect_close("index_norm_rope index-K bf16", shape, bf16_floats(dcb.get()), icache, 8e-3);
+    }
   }
 }
 
@@ -266,23 +289,41 @@ TEST(GpuOps, GroupedMoeWithSharedExpertMatchesCpu) {
 // ---- paged cache fixtures for attention and the indexer ----------------------------------------------------------
 // One layer's slice of page units: K [Hkv, B, D], V [Hkv, B, D], index-K [B, Di], then padding up to a multiple
 // of B·D plus one extra B·D (so the virtual-page stride differs from a K-only pool, catching stride bugs).
+// bf16 = true: the device copy is bf16 (issue 9's serving cache) and the host values are rounded to bf16 first, so
+// the CPU reference sees exactly the values the GPU reads.
 struct Cache {
   int Hkv, B, D, Di, pages;
+  bool bf16;
   int64_t unit, v_off, ik_off;
   std::vector<float> host;
   Dev<float> dev;
-  Cache(int hkv, int b, int d, int di, int npages) : Hkv(hkv), B(b), D(d), Di(di), pages(npages) {
+  Dev<uint16_t> devb;
+  Cache(int hkv, int b, int d, int di, int npages, bool bf = false)
+      : Hkv(hkv), B(b), D(d), Di(di), pages(npages), bf16(bf) {
     v_off = int64_t(Hkv) * B * D;
     ik_off = 2 * v_off;
     const int64_t used = ik_off + int64_t(B) * Di, bd = int64_t(B) * D;
     unit = (used + bd - 1) / bd * bd + bd;
     host = rand_vec(static_cast<size_t>(pages * unit), 0.01f, 1.f);
-    dev.set(host);
+    if (bf16) {
+      std::vector<uint16_t> bits(host.size());
+      for (size_t i = 0; i < host.size(); ++i) bits[i] = f32_to_bf16(host[i]), host[i] = bf16_to_f32(bits[i]);
+      devb.set(bits);
+    } else {
+      dev.set(host);
+    }
   }
   cpu::PagedKV cpu_kv() const { return {host.data(), host.data() + v_off, unit, Hkv, B, D}; }
   cpu::PagedIndexK cpu_ik() const { return {host.data() + ik_off, unit, B, Di}; }
-  cuda::DevPagedKV gpu_kv() { return {dev.p(), dev.p() + v_off, unit, Hkv, B, D}; }
-  cuda::DevPagedIndexK gpu_ik() { return {dev.p() + ik_off, unit, B, Di}; }
+  cuda::DevPagedKV gpu_kv() {
+    if (bf16) return {devb.p(), devb.p() + v_off, unit, Hkv, B, D, cuda::KvType::BF16};
+    return {dev.p(), dev.p() + v_off, unit, Hkv, B, D};
+  }
+  cuda::DevPagedIndexK gpu_ik() {
+    if (bf16) return {devb.p() + ik_off, unit, B, Di, cuda::KvType::BF16};
+    return {dev.p() + ik_off, unit, B, Di};
+  }
+  const char* tag() const { return bf16 ? " kv=bf16" : ""; }
 };
 
 // Sequences of one step: (start_pos, new tokens); each gets a random, non-contiguous page table.
@@ -346,8 +387,9 @@ std::string case_shape(const AttnCase& c, int T) {
 
 TEST(GpuOps, DenseCausalPagedAttentionPrefillAndSplitKDecodeMatchCpu) {
   M3_SKIP_WITHOUT_GPU();
-  for (const AttnCase& c : attn_cases()) {
-    Cache cache(c.Hkv, c.B, c.D, c.D, pages_needed(c.seqs, c.B));
+  for (const AttnCase& c : attn_cases())
+   for (bool bf16 : {false, true}) {
+    Cache cache(c.Hkv, c.B, c.D, c.D, pages_needed(c.seqs, c.B), bf16);
     Step st(c.seqs, c.B, cache.pages);
     const int T = st.T();
     std::vector<float> q = rand_vec(static_cast<size_t>(T) * c.Hq * c.D), ref(q.size());
@@ -361,7 +403,8 @@ TEST(GpuOps, DenseCausalPagedAttentionPrefillAndSplitKDecodeMatchCpu) {
       att.plan(st.pos, st.rows(), c.Hkv, c.Hq / c.Hkv, c.D, c.B, cache.unit / (int64_t(c.B) * c.D), split, nullptr);
       dout.poison();
       att.run(dq.p(), cache.gpu_kv(), scale, dout.p(), nullptr);
-      expect_close(split ? "dense_attention split-K" : "dense_attention", case_shape(c, T), dout.get(), ref, 1e-4);
+      expect_close(split ? "dense_attention split-K" : "dense_attention", case_shape(c, T) + cache.tag(), dout.get(),
+                   ref, 1e-4);
     }
   }
 }
@@ -369,9 +412,10 @@ TEST(GpuOps, DenseCausalPagedAttentionPrefillAndSplitKDecodeMatchCpu) {
 // ---- MSA indexer, top-k, sparse attention ------------------------------------------------------------------------
 TEST(GpuOps, MsaIndexerBlockScoresMatchCpuInPrefillAndDecode) {
   M3_SKIP_WITHOUT_GPU();
-  for (const AttnCase& c : attn_cases()) {
+  for (const AttnCase& c : attn_cases())
+   for (bool bf16 : {false, true}) {
     const int Hi = c.Hkv, Di = c.D;
-    Cache cache(c.Hkv, c.B, c.D, Di, pages_needed(c.seqs, c.B));
+    Cache cache(c.Hkv, c.B, c.D, Di, pages_needed(c.seqs, c.B), bf16);
     Step st(c.seqs, c.B, cache.pages);
     const int T = st.T();
     std::vector<float> iq = rand_vec(static_cast<size_t>(T) * Hi * Di);
@@ -392,7 +436,8 @@ TEST(GpuOps, MsaIndexerBlockScoresMatchCpuInPrefillAndDecode) {
       Dev<float> dscores(ref.size());
       dscores.poison();
       ix.run(diq.p(), cache.gpu_ik(), st.rows(), dscores.p(), nullptr);
-      expect_close(decode ? "msa_index_scores decode" : "msa_index_scores prefill", case_shape(c, T) + " cols=" + std::to_string(cols),
+      expect_close(decode ? "msa_index_scores decode" : "msa_index_scores prefill",
+                   case_shape(c, T) + " cols=" + std::to_string(cols) + cache.tag(),
                    dscores.get(), ref, 1e-4);
     }
   }
@@ -444,8 +489,9 @@ std::vector<int32_t> random_selection(const Step& st, int Hkv, int B, int K) {
 
 TEST(GpuOps, MsaSparseAttentionPrefillAndDecodeMatchCpu) {
   M3_SKIP_WITHOUT_GPU();
-  for (const AttnCase& c : attn_cases()) {
-    Cache cache(c.Hkv, c.B, c.D, c.D, pages_needed(c.seqs, c.B));
+  for (const AttnCase& c : attn_cases())
+   for (bool bf16 : {false, true}) {
+    Cache cache(c.Hkv, c.B, c.D, c.D, pages_needed(c.seqs, c.B), bf16);
     Step st(c.seqs, c.B, cache.pages);
     const int T = st.T(), G = c.Hq / c.Hkv;
     std::vector<float> q = rand_vec(static_cast<size_t>(T) * c.Hq * c.D), ref(q.size());
@@ -467,7 +513,7 @@ TEST(GpuOps, MsaSparseAttentionPrefillAndDecodeMatchCpu) {
       dout.poison();
       pf.run(dq.p(), dsel.p(), st.rows(), cache.gpu_kv(), scale, dout.p(), nullptr);
       pf.check(nullptr);
-      expect_close("msa_prefill (query-major)", case_shape(c, T), dout.get(), ref, 1e-4);
+      expect_close("msa_prefill (query-major)", case_shape(c, T) + cache.tag(), dout.get(), ref, 1e-4);
     }
     for (bool split : {false, true}) {
       cuda::MsaDecode dc;
@@ -475,7 +521,8 @@ TEST(GpuOps, MsaSparseAttentionPrefillAndDecodeMatchCpu) {
       dout.poison();
       dc.run(dq.p(), dsel.p(), st.rows(), cache.gpu_kv(), scale, dout.p(), nullptr);
       dc.check(nullptr);
-      expect_close(split ? "msa_decode split-K" : "msa_decode", case_shape(c, T) + " splits=" + std::to_string(dc.splits()),
+      expect_close(split ? "msa_decode split-K" : "msa_decode",
+                   case_shape(c, T) + " splits=" + std::to_string(dc.splits()) + cache.tag(),
                    dout.get(), ref, 1e-4);
     }
   }

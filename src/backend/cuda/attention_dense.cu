@@ -17,7 +17,7 @@ constexpr int kTile = 32;            // keys per shared-memory tile: one key per
 // (key, channel) shared by the HPW heads.
 // smem: q [G, D] | K tile [32, D + 4] (row stride ≡ 4 mod 32 words: the 8 lanes of a float4 phase hit distinct
 // banks) | V tile [32, D].
-template <int DPL, int HPW>
+template <int DPL, int HPW, typename CT>
 __global__ void __launch_bounds__(kThreads) paged_gqa_kernel(PagedGqaArgs a) {
   extern __shared__ float4 smem4[];
   constexpr int D = 32 * DPL, D4 = D / 4, KS = D + 4;
@@ -43,16 +43,16 @@ __global__ void __launch_bounds__(kThreads) paged_gqa_kernel(PagedGqaArgs a) {
   for (int pg = p0; pg < p1; ++pg) {
     const int64_t vp = a.indices[pg];
     const int ntok = pg == end - 1 ? a.last_len[r] : a.page_size;
-    const float* kp = a.k + vp * a.stride_page;
-    const float* vpp = a.v + vp * a.stride_page;
+    const CT* kp = static_cast<const CT*>(a.k) + vp * a.stride_page;
+    const CT* vpp = static_cast<const CT*>(a.v) + vp * a.stride_page;
     for (int j0 = 0; j0 < ntok; j0 += kTile) {
       const int nt = min(kTile, ntok - j0);
       __syncthreads();  // the previous tile is consumed (and q is loaded)
       for (int i = threadIdx.x; i < nt * D4; i += kThreads) {
         const int j = i / D4, d4 = i % D4;
         const int64_t off = int64_t(j0 + j) * a.stride_tok + 4 * d4;
-        *reinterpret_cast<float4*>(ks + j * KS + 4 * d4) = *reinterpret_cast<const float4*>(kp + off);
-        *reinterpret_cast<float4*>(vs + j * D + 4 * d4) = *reinterpret_cast<const float4*>(vpp + off);
+        *reinterpret_cast<float4*>(ks + j * KS + 4 * d4) = kv_load4(kp + off);
+        *reinterpret_cast<float4*>(vs + j * D + 4 * d4) = kv_load4(vpp + off);
       }
       __syncthreads();
       // Scores: lane = key (rows ≥ nt hold stale data and are masked below).
@@ -146,18 +146,26 @@ __global__ void build_dense_pages_kernel(DevStepRows rows, int Hkv, int B, int64
   for (int b = threadIdx.x; b < n; b += blockDim.x) indices[indptr[r] + b] = int32_t(pt[b] * ppu + h);
 }
 
-template <int DPL, int HPW>
-void launch(const PagedGqaArgs& a, cudaStream_t s) {
+template <int DPL, int HPW, typename CT>
+void launch_t(const PagedGqaArgs& a, cudaStream_t s) {
   constexpr int D = 32 * DPL;
   const size_t smem = (size_t(a.G) * D + kTile * (D + 4) + kTile * D) * sizeof(float);
   // Raise the dynamic shared-memory limit once per instantiation, to its largest use (G = 4·HPW), so run() makes no
   // attribute calls and stays capture-safe.
   static const cudaError_t attr = cudaFuncSetAttribute(
-      paged_gqa_kernel<DPL, HPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      paged_gqa_kernel<DPL, HPW, CT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       int((size_t(kWarps * HPW) * D + kTile * (D + 4) + kTile * D) * sizeof(float)));
   M3_CUDA_CHECK(attr);
-  paged_gqa_kernel<DPL, HPW><<<dim3(unsigned(a.R), unsigned(a.num_splits)), kThreads, smem, s>>>(a);
+  paged_gqa_kernel<DPL, HPW, CT><<<dim3(unsigned(a.R), unsigned(a.num_splits)), kThreads, smem, s>>>(a);
   M3_CUDA_LAUNCH_CHECK();
+}
+
+template <int DPL, int HPW>
+void launch(const PagedGqaArgs& a, cudaStream_t s) {
+  if (a.kv_type == KvType::BF16)
+    launch_t<DPL, HPW, __nv_bfloat16>(a, s);
+  else
+    launch_t<DPL, HPW, float>(a, s);
 }
 
 template <int DPL>
@@ -177,10 +185,10 @@ void paged_gqa_decode(const PagedGqaArgs& a, cudaStream_t s) {
   M3_CUDA_REQUIRE(a.G >= 1 && a.G <= 32, "paged attention: %d query heads per KV head (supported: 1..32)", a.G);
   M3_CUDA_REQUIRE(a.num_splits >= 1 && a.num_splits <= 65535, "paged attention: bad split count %d", a.num_splits);
   M3_CUDA_REQUIRE(a.num_splits == 1 || (a.part_o && a.part_lse), "paged attention: split-K needs partial buffers");
-  // 16-byte loads of q and of K/V rows.
+  // 16-byte loads of q, 4-element loads of K/V rows (16 bytes fp32, 8 bytes bf16).
   M3_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && a.stride_page % 4 == 0 && a.stride_tok % 4 == 0,
-                  "paged attention: q/K/V must be 16-byte aligned with strides that are multiples of 4 floats");
+                  "paged attention: q/K/V must be 16-byte aligned with strides that are multiples of 4 elements");
   switch (a.D / 32) {
     case 1: launch_d<1>(a, s); break;
     case 2: launch_d<2>(a, s); break;
@@ -222,6 +230,7 @@ void DenseAttention::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
       h_indptr_[r + 1] = int32_t(total);
     }
   }
+  max_pages_ = int(max_pages);
   if (R_ == 0) return;
   upload(indptr_, h_indptr_.data(), h_indptr_.size(), s);
   upload(last_, h_last_.data(), h_last_.size(), s);
@@ -240,10 +249,10 @@ void DenseAttention::run(const float* q, const DevPagedKV& kv, float scale, floa
   if (R_ == 0) return;
   M3_CUDA_REQUIRE(kv.block_size == B_ && kv.head_dim == D_, "dense attention: cache view does not match the plan");
   M3_CUDA_REQUIRE(kv.page_stride % (int64_t(kv.block_size) * kv.head_dim) == 0,
-                  "dense attention: page unit of %lld floats is not a multiple of block·head_dim",
+                  "dense attention: page of %lld elements is not a multiple of block·head_dim",
                   (long long)kv.page_stride);
   PagedGqaArgs a;
-  a.q = q, a.out = out, a.k = kv.k, a.v = kv.v;
+  a.q = q, a.out = out, a.k = kv.k, a.v = kv.v, a.kv_type = kv.type;
   a.stride_page = int64_t(kv.block_size) * kv.head_dim, a.stride_tok = kv.head_dim;
   a.indptr = indptr_.get(), a.indices = indices_.get(), a.last_len = last_.get();
   a.R = R_, a.G = G_, a.D = D_, a.page_size = B_, a.scale = scale;

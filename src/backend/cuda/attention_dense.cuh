@@ -22,15 +22,19 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kv_types.cuh"
 
 namespace m3::cuda {
 
-// Device view of one layer's K/V inside the page units (same layout as the CPU KVCache, fp32).
+// Device view of one layer's K and V pools: element (page p, KV head h, token j, channel d) at
+// k + p·page_stride + (h·B + j)·D + d, in elements of `type`. Per-layer pools (issue 9) have page_stride = Hkv·B·D;
+// any multiple of B·D works (virtual page v = p·(page_stride / (B·D)) + h).
 struct DevPagedKV {
-  float* k = nullptr;  // base of layer l's K in page 0: pool + k_off[l]
-  float* v = nullptr;
-  int64_t page_stride = 0;  // floats per page unit, a multiple of block_size·head_dim
+  void* k = nullptr;
+  void* v = nullptr;
+  int64_t page_stride = 0;  // elements per page, a multiple of block_size·head_dim
   int num_kv_heads = 0, block_size = 0, head_dim = 0;
+  KvType type = KvType::F32;
   int64_t pages_per_unit() const { return page_stride / (int64_t(block_size) * head_dim); }
 };
 
@@ -46,9 +50,10 @@ struct DevStepRows {
 struct PagedGqaArgs {
   const float* q = nullptr;  // [R, G, D]
   float* out = nullptr;      // [R, G, D]
-  const float* k = nullptr;
-  const float* v = nullptr;
-  int64_t stride_page = 0, stride_tok = 0;  // floats
+  const void* k = nullptr;  // elements of kv_type
+  const void* v = nullptr;
+  KvType kv_type = KvType::F32;
+  int64_t stride_page = 0, stride_tok = 0;  // elements
   const int32_t* indptr = nullptr;   // [R + 1]
   const int32_t* indices = nullptr;  // virtual pages
   const int32_t* last_len = nullptr; // [R] tokens valid in the last page (1..page_size)
@@ -73,9 +78,15 @@ class DenseAttention {
             int block_size, int64_t pages_per_unit, bool allow_split, cudaStream_t s);
   // q, out: [T, Hq, D]. kv: this layer's view.
   void run(const float* q, const DevPagedKV& kv, float scale, float* out, cudaStream_t s);
+  // The plan's page lists (fake request r = t·Hkv + h), for other paged kernels (the tensor-core decode).
+  int R() const { return R_; }
+  int max_pages() const { return max_pages_; }
+  const int32_t* indptr() const { return indptr_.get(); }
+  const int32_t* indices() const { return indices_.get(); }
+  const int32_t* last_len() const { return last_.get(); }
 
  private:
-  int R_ = 0, G_ = 0, D_ = 0, B_ = 0, splits_ = 1;
+  int R_ = 0, G_ = 0, D_ = 0, B_ = 0, splits_ = 1, max_pages_ = 0;
   std::vector<int32_t> h_indptr_, h_last_;
   DeviceBuffer<int32_t> indptr_, indices_, last_;
   DeviceBuffer<float> part_o_, part_lse_;

@@ -109,6 +109,18 @@ void Gemm::nt(const float* x, int64_t T, int64_t K, const void* W, WType wt, int
     f32_to_bf16(x, T * K, xb_.get(), s);
     xin = xb_.get();
   }
+  matmul(xin, T, K, W, wt, N, y, accumulate, s);
+}
+
+void Gemm::nt_bf16(const uint16_t* xb, int64_t T, int64_t K, const void* W, int64_t N, float* y, bool accumulate,
+                   cudaStream_t s) {
+  if (T <= 0 || N <= 0) return;
+  M3_CUDA_REQUIRE(K > 0, "gemm: K must be positive, got %lld", (long long)K);
+  matmul(xb, T, K, W, WType::BF16, N, y, accumulate, s);
+}
+
+void Gemm::matmul(const void* xin, int64_t T, int64_t K, const void* W, WType wt, int64_t N, float* y,
+                  bool accumulate, cudaStream_t s) {
   int align = std::min(std::min(alignment_of(xin), alignment_of(W)), alignment_of(y));
   // Leading dimensions also bound the alignment of every column start.
   const int esz = wt == WType::BF16 ? 2 : 4;

@@ -30,11 +30,16 @@ class Gemm {
   // T = 0 is a no-op. Throws m3::Error on any cuBLASLt failure (unsupported shape, no algorithm).
   void nt(const float* x, int64_t T, int64_t K, const void* W, WType wt, int64_t N, float* y, bool accumulate,
           cudaStream_t s);
+  // The same with x already bf16 (xb: [T, K] bf16 bits, e.g. a tensor-core attention output) and bf16 weights.
+  void nt_bf16(const uint16_t* xb, int64_t T, int64_t K, const void* W, int64_t N, float* y, bool accumulate,
+               cudaStream_t s);
 
  private:
   struct Plan;
   using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int>;  // T, K, N, wtype, accumulate, alignment
   Plan& plan_for(int64_t T, int64_t K, int64_t N, WType wt, bool accumulate, int align);
+  void matmul(const void* xin, int64_t T, int64_t K, const void* W, WType wt, int64_t N, float* y, bool accumulate,
+              cudaStream_t s);
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer<uint8_t> workspace_;

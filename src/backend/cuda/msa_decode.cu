@@ -78,7 +78,7 @@ void SparseAttentionLists::fill(const int32_t* selection, const DevStepRows& row
   M3_CUDA_REQUIRE(rows.T * Hkv_ == R_ && kv.block_size == B_ && kv.head_dim == D_ && kv.num_kv_heads == Hkv_,
                   "msa attention: rows/cache do not match the plan");
   M3_CUDA_REQUIRE(kv.page_stride % (int64_t(B_) * D_) == 0,
-                  "msa attention: page unit of %lld floats is not a multiple of block·head_dim",
+                  "msa attention: page of %lld elements is not a multiple of block·head_dim",
                   (long long)kv.page_stride);
   build_sparse_page_list(selection, rows, Hkv_, K_, B_, kv.pages_per_unit(), indptr_.get(), indices_.get(),
                          reinterpret_cast<int*>(error_.get()), s);
@@ -86,7 +86,7 @@ void SparseAttentionLists::fill(const int32_t* selection, const DevStepRows& row
 
 PagedGqaArgs SparseAttentionLists::args(const float* q, const DevPagedKV& kv, float scale, float* out) const {
   PagedGqaArgs a;
-  a.q = q, a.out = out, a.k = kv.k, a.v = kv.v;
+  a.q = q, a.out = out, a.k = kv.k, a.v = kv.v, a.kv_type = kv.type;
   a.stride_page = int64_t(B_) * D_, a.stride_tok = D_;
   a.indptr = indptr_.get(), a.indices = indices_.get(), a.last_len = last_.get();
   a.R = R_, a.G = G_, a.D = D_, a.page_size = B_, a.scale = scale;

@@ -12,6 +12,7 @@ constexpr int kThreads = 256;
 
 // grid (tiles, col_groups); thread (ty, tx) = (tid / 16, tid % 16) owns rows ty·4 + a (a < 4) and keys tx·2 + c.
 // smem: q rows [64, Di + 1] | key chunk [32, Di + 1] (padding keeps lanes on distinct banks).
+template <typename CT>
 __global__ void __launch_bounds__(kThreads) msa_scores_kernel(const float* __restrict__ iq, int H, int Di,
                                                               DevPagedIndexK cache, DevStepRows rows,
                                                               const MsaIndexer::Tile* __restrict__ tiles,
@@ -31,13 +32,13 @@ __global__ void __launch_bounds__(kThreads) msa_scores_kernel(const float* __res
   for (int64_t b = blockIdx.y; b < max_cols; b += gridDim.y) {
     float run[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
     if (b < tile.max_local) {  // uniform per CTA: some row of the tile ranks block b
-      const float* kp = cache.ik + int64_t(pt[b]) * cache.page_stride;
+      const CT* kp = static_cast<const CT*>(cache.ik) + int64_t(pt[b]) * cache.page_stride;
       for (int j0 = 0; j0 < B; j0 += kKeys) {
         const int nk = min(kKeys, B - j0);
         __syncthreads();  // q rows loaded / previous chunk consumed
         for (int i = tid; i < nk * Di; i += kThreads) {
           const int j = i / Di, d = i % Di;
-          ks[j * (Di + 1) + d] = kp[int64_t(j0 + j) * Di + d];
+          ks[j * (Di + 1) + d] = kv_load(kp + int64_t(j0 + j) * Di + d);
         }
         __syncthreads();
         float dot[4][2] = {};
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) msa_scores_kernel(const float* __res
 // smem: q rows [kDecRows][8][DPP + 1] (padding: the 8 parts of a row sit on distinct banks) | per-warp maxima.
 constexpr int kDecRows = 32;
 
-template <int DPP>
+template <int DPP, typename CT>
 __global__ void __launch_bounds__(kThreads) msa_scores_decode_kernel(const float* __restrict__ iq, int H,
                                                                      DevPagedIndexK cache, DevStepRows rows,
                                                                      const MsaIndexer::Tile* __restrict__ tiles,
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) msa_scores_decode_kernel(const float
       }
       continue;
     }
-    const float* kp = cache.ik + int64_t(pt[b]) * cache.page_stride;
+    const CT* kp = static_cast<const CT*>(cache.ik) + int64_t(pt[b]) * cache.page_stride;
     float run[kDecRows];
 #pragma unroll
     for (int r = 0; r < kDecRows; ++r) run[r] = -INFINITY;
@@ -119,10 +120,10 @@ __global__ void __launch_bounds__(kThreads) msa_scores_decode_kernel(const float
       const int j = j0 + kq;
       float kv[DPP];
       if (j < B) {
-        const float4* src = reinterpret_cast<const float4*>(kp + int64_t(j) * Di + part * DPP);
+        const CT* src = kp + int64_t(j) * Di + part * DPP;
 #pragma unroll
         for (int i = 0; i < DPP / 4; ++i) {
-          const float4 v = src[i];
+          const float4 v = kv_load4(src + 4 * i);
           kv[4 * i] = v.x, kv[4 * i + 1] = v.y, kv[4 * i + 2] = v.z, kv[4 * i + 3] = v.w;
         }
       } else {
@@ -164,7 +165,10 @@ __global__ void __launch_bounds__(kThreads) msa_scores_decode_kernel(const float
 template <int DPP>
 void launch_decode(dim3 grid, const float* iq, int H, const DevPagedIndexK& cache, const DevStepRows& rows,
                    const MsaIndexer::Tile* tiles, int64_t max_cols, float* scores, cudaStream_t s) {
-  msa_scores_decode_kernel<DPP><<<grid, kThreads, 0, s>>>(iq, H, cache, rows, tiles, max_cols, scores);
+  if (cache.type == KvType::BF16)
+    msa_scores_decode_kernel<DPP, __nv_bfloat16><<<grid, kThreads, 0, s>>>(iq, H, cache, rows, tiles, max_cols, scores);
+  else
+    msa_scores_decode_kernel<DPP, float><<<grid, kThreads, 0, s>>>(iq, H, cache, rows, tiles, max_cols, scores);
   M3_CUDA_LAUNCH_CHECK();
 }
 
@@ -204,7 +208,7 @@ void MsaIndexer::run(const float* iq, const DevPagedIndexK& cache, const DevStep
   M3_CUDA_REQUIRE(Di >= 1 && Di <= 256, "msa indexer: index dim %d (supported: 1..256)", Di);
   const dim3 grid(unsigned(h_tiles_.size()), unsigned(col_groups_));
   if (decode_ && Di % 32 == 0 && Di <= 256 && reinterpret_cast<uintptr_t>(cache.ik) % 16 == 0 &&
-      cache.page_stride % 4 == 0) {
+      cache.page_stride % 8 == 0) {
     switch (Di / 8) {
       case 4: return launch_decode<4>(grid, iq, H_, cache, rows, tiles_.get(), max_cols_, scores, s);
       case 8: return launch_decode<8>(grid, iq, H_, cache, rows, tiles_.get(), max_cols_, scores, s);
@@ -214,11 +218,18 @@ void MsaIndexer::run(const float* iq, const DevPagedIndexK& cache, const DevStep
   }
   const size_t smem = size_t(kRows + kKeys) * (Di + 1) * sizeof(float);
   // Once, for the largest index dim (256), so run() makes no attribute calls (capture-safe).
-  static const cudaError_t attr = cudaFuncSetAttribute(msa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       int(size_t(kRows + kKeys) * 257 * sizeof(float)));
-  M3_CUDA_CHECK(attr);
-  msa_scores_kernel<<<grid, kThreads, smem, s>>>(
-      iq, H_, Di, cache, rows, tiles_.get(), max_cols_, scores);
+  const int max_smem = int(size_t(kRows + kKeys) * 257 * sizeof(float));
+  static const cudaError_t attr_f = cudaFuncSetAttribute(msa_scores_kernel<float>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  static const cudaError_t attr_b = cudaFuncSetAttribute(msa_scores_kernel<__nv_bfloat16>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  M3_CUDA_CHECK(attr_f);
+  M3_CUDA_CHECK(attr_b);
+  if (cache.type == KvType::BF16)
+    msa_scores_kernel<__nv_bfloat16><<<grid, kThreads, smem, s>>>(iq, H_, Di, cache, rows, tiles_.get(), max_cols_,
+                                                                  scores);
+  else
+    msa_scores_kernel<float><<<grid, kThreads, smem, s>>>(iq, H_, Di, cache, rows, tiles_.get(), max_cols_, scores);
   M3_CUDA_LAUNCH_CHECK();
 }
 

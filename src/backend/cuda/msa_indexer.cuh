@@ -19,11 +19,12 @@
 
 namespace m3::cuda {
 
-// Index keys of one layer: pages of [B, Di] fp32 at ik + page·page_stride.
+// Index keys of one layer: pages of [B, Di] elements of `type` at ik + page·page_stride.
 struct DevPagedIndexK {
-  float* ik = nullptr;
-  int64_t page_stride = 0;
+  void* ik = nullptr;
+  int64_t page_stride = 0;  // elements
   int block_size = 0, index_dim = 0;
+  KvType type = KvType::F32;
 };
 
 class MsaIndexer {

@@ -24,7 +24,8 @@ __global__ void rms_norm_kernel(const float* x, int64_t D, const float* __restri
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = xr[i] * inv * (1.0f + w[i]);
 }
 
-// grid (T, n_q + n_k + n_v), block kThreads, dynamic smem D floats.
+// grid (T, n_q + n_k + n_v), block kThreads, dynamic smem D floats. CT: the cache element type (q_out is fp32).
+template <typename CT>
 __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
   extern __shared__ float row[];
   const int t = blockIdx.x, hh = blockIdx.y, D = a.D;
@@ -38,15 +39,17 @@ __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
   }
   const float* src = a.src + int64_t(t) * a.src_ld + col0 + int64_t(head) * D;
   const int32_t p = a.pos[t];
-  float* dst;
+  float* qdst = nullptr;
+  CT* cdst = nullptr;
   if (kind == 0) {
-    dst = a.q_out + (int64_t(t) * a.n_q + head) * D;
+    qdst = a.q_out + (int64_t(t) * a.n_q + head) * D;
   } else {
     const int64_t base = int64_t(a.slot_page[t]) * a.page_stride + int64_t(p % a.block_size) * D;
-    dst = kind == 1 ? a.k_cache + base + head * a.k_head_stride : a.v_cache + base + head * a.v_head_stride;
+    cdst = kind == 1 ? static_cast<CT*>(a.k_cache) + base + head * a.k_head_stride
+                     : static_cast<CT*>(a.v_cache) + base + head * a.v_head_stride;
   }
   if (kind == 2) {
-    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
+    for (int i = threadIdx.x; i < D; i += blockDim.x) kv_store(cdst + i, src[i]);
     return;
   }
   const float* w = kind == 0 ? a.q_w : a.k_w;
@@ -67,7 +70,10 @@ __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
       const float ang = fp * a.inv_freq[i - half];
       v = row[i] * cosf(ang) + row[i - half] * sinf(ang);
     }
-    dst[i] = v;
+    if (kind == 0)
+      qdst[i] = v;
+    else
+      kv_store(cdst + i, v);
   }
 }
 
@@ -111,7 +117,11 @@ void heads_norm_rope(const HeadsNormRopeArgs& a, cudaStream_t s) {
   M3_CUDA_REQUIRE(a.D > 0 && a.rotary_dim >= 0 && a.rotary_dim <= a.D && a.rotary_dim % 2 == 0,
                   "heads_norm_rope: rotary_dim %d must be even and ≤ head dim %d", a.rotary_dim, a.D);
   M3_CUDA_REQUIRE(heads <= 65535, "heads_norm_rope: %d heads per token is too many", heads);
-  heads_norm_rope_kernel<<<dim3(unsigned(a.T), unsigned(heads)), kThreads, size_t(a.D) * sizeof(float), s>>>(a);
+  const dim3 grid(unsigned(a.T), unsigned(heads));
+  if (a.cache_type == KvType::BF16)
+    heads_norm_rope_kernel<__nv_bfloat16><<<grid, kThreads, size_t(a.D) * sizeof(float), s>>>(a);
+  else
+    heads_norm_rope_kernel<float><<<grid, kThreads, size_t(a.D) * sizeof(float), s>>>(a);
   M3_CUDA_LAUNCH_CHECK();
 }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/kv_types.cuh"
+
 namespace m3::cuda {
 
 // y[rows, D] = x / sqrt(mean(x²) + eps) · (1 + w); x and y may alias. One block per row.
@@ -31,14 +33,15 @@ struct HeadsNormRopeArgs {
   float* q_out = nullptr;
   int n_k = 0, k_col0 = 0;
   const float* k_w = nullptr;  // [D]
-  float* k_cache = nullptr;
+  void* k_cache = nullptr;  // elements of cache_type
   int64_t k_head_stride = 0;
   int n_v = 0, v_col0 = 0;
-  float* v_cache = nullptr;
+  void* v_cache = nullptr;
   int64_t v_head_stride = 0;
+  KvType cache_type = KvType::F32;
   const int32_t* pos = nullptr;        // [T] absolute positions
   const int32_t* slot_page = nullptr;  // [T] physical page holding position pos[t] (unused when n_k = n_v = 0)
-  int64_t page_stride = 0;             // floats per page unit
+  int64_t page_stride = 0;             // elements per page (the K and V pools share it)
   int block_size = 0;
   const float* inv_freq = nullptr;  // [rotary_dim / 2]
   int rotary_dim = 0;
