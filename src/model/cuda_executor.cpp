@@ -204,19 +204,24 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pa
   }
   pool = std::make_unique<PagePool>(num_pages);
   const size_t esz = cuda::kv_elem_bytes(kv_type);
+  // Initial contents. fp32 (verification): NaN poison (0xFF…), so a read of a slot nothing wrote shows up in the
+  // logits — the v1 kernels never read past a row's last valid token. bf16 (serving): zeros, as vLLM does, because
+  // the union-tile prefill (msa_prefill_tc.cu) loads whole pages by TMA and multiplies the masked probabilities
+  // (exact zeros) by every V row of the page: those rows must be finite. Afterwards a slot only ever holds what the
+  // model wrote, so the invariant lasts as pages are reused.
+  const int fill = kv_type == cuda::KvType::BF16 ? 0 : 0xFF;
   kvp.resize(size_t(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     LayerPools& lp = kvp[size_t(l)];
     const size_t kv_bytes = size_t(num_pages) * size_t(kv_page_elems) * esz;
     lp.k.grow(kv_bytes);
     lp.v.grow(kv_bytes);
-    // NaN poison (0xFF… is a NaN in fp32 and bf16): a read of a slot nothing wrote shows up in the logits.
-    M3_CUDA_CHECK(cudaMemset(lp.k.get(), 0xFF, kv_bytes));
-    M3_CUDA_CHECK(cudaMemset(lp.v.get(), 0xFF, kv_bytes));
+    M3_CUDA_CHECK(cudaMemset(lp.k.get(), fill, kv_bytes));
+    M3_CUDA_CHECK(cudaMemset(lp.v.get(), fill, kv_bytes));
     if (c.attn_kinds[l] == AttnKind::Sparse) {
       const size_t ik_bytes = size_t(num_pages) * size_t(ik_page_elems) * esz;
       lp.ik.grow(ik_bytes);
-      M3_CUDA_CHECK(cudaMemset(lp.ik.get(), 0xFF, ik_bytes));
+      M3_CUDA_CHECK(cudaMemset(lp.ik.get(), fill, ik_bytes));
     }
   }
   M3_CUDA_CHECK(cudaDeviceSynchronize());
