@@ -15,8 +15,14 @@
 
 namespace m3::testref {
 
+// From the build's source-dir definition, not __FILE__: a compiler launcher such as ccache with a base dir makes
+// __FILE__ relative to the build directory, which the test's working directory is not.
 inline std::filesystem::path chat_template_dir() {
+#ifdef M3_SOURCE_DIR
+  return std::filesystem::path(M3_SOURCE_DIR) / "tests" / "chat_template";
+#else
   return std::filesystem::path(__FILE__).lexically_normal().parent_path();
+#endif
 }
 inline std::filesystem::path repo_root() { return chat_template_dir().parent_path().parent_path(); }
 
