@@ -27,6 +27,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "model/checkpoint.h"
+#include "model/gpu_step_profile.h"
 
 namespace m3 {
 
@@ -111,6 +112,7 @@ struct CudaExecutor::Impl {
   cuda::MsaDecodeIndex dec_index;
   cuda::PagedDecodeTc dense_tc, sparse_tc;
   cuda::MsaPrefillUnion msa_union;
+  GpuStepProfile prof;  // M3_STEP_PROFILE=1: per-category GPU time of every step
 
   Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pages, CudaExecutorOptions o);
   ~Impl() {
@@ -252,6 +254,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   cuda::upload(d_ids, ids.data(), ids.size(), s);
   const cuda::DevStepRows rows{d_pos.get(), d_row_seq.get(), d_pt_indptr.get(), d_pt_pages.get(), int(T)};
   const bool decode = max_n <= 16;  // decode / speculative verify rows: split-K and the decode indexer launch
+  prof.begin(decode, s);
   const int64_t ppu = Hkv;  // virtual pages per physical page in a per-layer pool [P, Hkv, B, D]
   const bool dense_only = opt.attention == AttentionBackend::Dense;  // MSA layers run dense attention (baseline)
   const bool any_dense =
@@ -305,13 +308,16 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   }
 
   cuda::embed_rows(embed.get(), wt == cuda::WType::BF16, H, d_ids.get(), T, x.get(), s);
+  prof.mark(GpuStepProfile::kEmbedNorm, s);  // with the plans' small kernels and uploads
   const float scale = 1.0f / std::sqrt(float(D));
   for (int l = 0; l < c.num_layers; ++l) {
     DevLayer& L = layers[l];
     const cuda::DevPagedKV kv = kv_view(l);
     // ---- attention -------------------------------------------------------------------------------------------
     cuda::rms_norm_gemma(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xn.get(), s);
+    prof.mark(GpuStepProfile::kEmbedNorm, s);
     gemm->nt(xn.get(), T, H, L.wqkv.get(), wt, qkv_w, qkv.get(), false, s);
+    prof.mark(GpuStepProfile::kGemm, s);
     cuda::HeadsNormRopeArgs a;
     a.src = qkv.get(), a.src_ld = qkv_w, a.T = int(T), a.D = int(D);
     a.n_q = int(Hq), a.q_col0 = 0, a.q_w = L.q_norm.get(), a.q_out = q.get();
@@ -321,6 +327,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
     a.pos = d_pos.get(), a.slot_page = d_slot.get(), a.page_stride = kv.page_stride, a.block_size = int(B);
     a.inv_freq = inv_freq.get(), a.rotary_dim = c.rotary_dim, a.eps = c.rms_norm_eps;
     cuda::heads_norm_rope(a, s);
+    prof.mark(GpuStepProfile::kAttention, s);  // q/k norm, RoPE and the K/V cache write
 
     bool o_bf16 = false;  // the attention output is in attnb (bf16) instead of attn
     if (c.attn_kinds[l] == AttnKind::Sparse && !dense_only) {
@@ -335,6 +342,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
       b.pos = d_pos.get(), b.slot_page = d_slot.get(), b.page_stride = ikv.page_stride, b.block_size = int(B);
       b.inv_freq = inv_freq.get(), b.rotary_dim = c.rotary_dim, b.eps = c.rms_norm_eps;
       cuda::heads_norm_rope(b, s);
+      prof.mark(GpuStepProfile::kIndexer, s);  // index projection, norm, RoPE, index-K write
       const int32_t* sel = d_sel.get();  // [Hi, T, K]
       if (tc_index) {
         // Fused scorer + top-k + page-list emit, then the tensor-core paged decode over the emitted lists.
@@ -343,6 +351,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
                       cuda::DevPagedIndexKT<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(ikv.ik), ikv.page_stride},
                       rows, s);
         sel = dec_index.selection();
+        prof.mark(GpuStepProfile::kIndexer, s);
         cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
         cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
         pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
@@ -353,11 +362,13 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
         pa.last_len = dec_index.attn_last_len();
         pa.R = int(T * Hkv), pa.G = int(G), pa.scale = scale;
         sparse_tc.run(pa, s);
+        prof.mark(GpuStepProfile::kAttention, s);
         o_bf16 = true;
       } else {
         indexer.run(iq.get(), ikv, rows, scores.get(), s);
         cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos.get(), int(B), indexer.max_cols(), int(K), d_sel.get(),
                        s);
+        prof.mark(GpuStepProfile::kIndexer, s);
         if (tc_prefill) {
           cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
           const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
@@ -371,6 +382,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
           msa_prefill.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
           if (opt.validate) msa_prefill.check(s);
         }
+        prof.mark(GpuStepProfile::kAttention, s);
       }
       if (trace && trace->capture_selection) {
         std::vector<int32_t> all(size_t(Hi * T * K));
@@ -398,16 +410,20 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
     } else {
       dense.run(q.get(), kv, scale, attn.get(), s);
     }
+    prof.mark(GpuStepProfile::kAttention, s);
     if (o_bf16)
       gemm->nt_bf16(attnb.get(), T, Hq * D, L.wo.get(), H, x.get(), true, s);  // x += o
     else
       gemm->nt(attn.get(), T, Hq * D, L.wo.get(), wt, H, x.get(), true, s);  // x += o
+    prof.mark(GpuStepProfile::kGemm, s);
 
     // ---- feed-forward ------------------------------------------------------------------------------------------
     cuda::rms_norm_gemma(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xn.get(), s);
+    prof.mark(GpuStepProfile::kEmbedNorm, s);
     if (c.mlp_kinds[l] == MlpKind::Dense) {
       const cuda::MlpDev m{L.mlp.gate_up.get(), L.mlp.down.get(), wt, L.mlp.I};
       cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s);
+      prof.mark(GpuStepProfile::kMlp, s);
     } else {
       cuda::MoeArgs m;
       m.router = L.router.get();
@@ -421,6 +437,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
       m.E = E, m.top_k = c.num_experts_per_tok, m.routed_scale = c.routed_scaling_factor;
       m.alpha = c.swiglu_alpha, m.limit = c.swiglu_limit;
       cuda::moe_forward(*gemm, m, xn.get(), T, H, x.get(), ffn, s);
+      prof.mark(GpuStepProfile::kMoe, s);
     }
     if (trace && trace->capture_hidden) {
       trace->hidden[l].resize(size_t(T * H));
@@ -438,6 +455,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   cuda::gather_rows(x.get(), H, d_head_rows.get(), HR, hsel.get(), s);
   cuda::rms_norm_gemma(hsel.get(), HR, H, final_norm.get(), c.rms_norm_eps, hsel.get(), s);
   gemm->nt(hsel.get(), HR, H, lm_head.get(), wt, V, logits.get(), false, s);
+  prof.mark(GpuStepProfile::kHead, s);
   std::vector<float> all(size_t(HR * V));
   M3_CUDA_CHECK(cudaMemcpyAsync(all.data(), logits.get(), all.size() * 4, cudaMemcpyDeviceToHost, s));
   M3_CUDA_CHECK(cudaStreamSynchronize(s));
