@@ -269,7 +269,10 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   const bool tc_index = tc_decode && any_sparse && Di == 128 && Hi <= cuda::MsaDecodeIndex::kMaxHeads &&
                         K <= cuda::MsaDecodeIndex::kMaxTopK;
   const bool tc_prefill = tc && !decode && any_sparse && G == 16 && K <= 16;
-  if (any_dense) {
+  const bool tc_dense_prefill = tc && !decode && any_dense && G == 16;  // union kernel in dense causal mode
+  if (tc_prefill || tc_dense_prefill)
+    msa_union.plan(T, int(Hkv), int(G), int(D), int(B), int(std::clamp<int64_t>(K, 1, 16)));
+  if (any_dense && !tc_dense_prefill) {
     dense.plan(pos, rows, int(Hkv), int(G), int(D), int(B), ppu, decode, s);
     if (tc_decode) dense_tc.plan(int(T * Hkv), int(G), dense.max_pages(), true);
   }
@@ -278,11 +281,9 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
       dec_index.plan(pos, rows, int(Hi), int(K), ppu, s);
       sparse_tc.plan(int(T * Hkv), int(G), dec_index.max_pages(), true);
     } else {
-      if (tc_prefill)
-        msa_union.plan(T, int(Hkv), int(G), int(D), int(B), int(K));
-      else if (decode)
+      if (decode)
         msa_decode.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), true, s);
-      else
+      else if (!tc_prefill)  // (the union kernel was planned above)
         msa_prefill.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), s);
       indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
       scores.grow(size_t(Hi * T * indexer.max_cols()));
@@ -292,7 +293,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
     iq.grow(size_t(T * Hi * Di));
     if (tc_index) iqb.grow(size_t(T * Hi * Di));
   }
-  if (tc_decode || tc_prefill) qb.grow(size_t(T * Hq * D));
+  if (tc_decode || tc_prefill || tc_dense_prefill) qb.grow(size_t(T * Hq * D));
   if (tc_decode) attnb.grow(size_t(T * Hq * D));
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   x.grow(size_t(T * H));
@@ -407,6 +408,11 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
       pa.R = int(T * Hkv), pa.G = int(G), pa.scale = scale;
       dense_tc.run(pa, s);
       o_bf16 = true;
+    } else if (tc_dense_prefill) {
+      cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
+      const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
+                                     kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
+      msa_union.run_dense(qb.get(), rows, kvb, scale, attn.get(), s);
     } else {
       dense.run(q.get(), kv, scale, attn.get(), s);
     }

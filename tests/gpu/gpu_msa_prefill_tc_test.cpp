@@ -44,8 +44,9 @@ struct Case {
   int Hkv, top_k;
 };
 
-// Runs one step on the GPU and on the CPU; `bad_row` ≥ 0 plants a block after that row's local block.
-void run_case(const Case& c, int bad_row = -1) {
+// Runs one step on the GPU and on the CPU; `bad_row` ≥ 0 plants a block after that row's local block; dense: the
+// dense causal mode (run_dense) against cpu::attention_dense_causal.
+void run_case(const Case& c, int bad_row = -1, bool dense = false) {
   const int Hkv = c.Hkv, Hq = Hkv * kG, K = c.top_k;
   std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
   int total_pages = 0;
@@ -97,8 +98,12 @@ void run_case(const Case& c, int bad_row = -1) {
       std::vector<int32_t> s_sel(size_t(Hkv) * Tq * K);
       for (int h = 0; h < Hkv; ++h)
         std::copy_n(&sel[(size_t(h) * T + row0) * K], size_t(Tq) * K, &s_sel[size_t(h) * Tq * K]);
-      cpu::attention_sparse(&q[size_t(row0) * Hq * kD], Tq, Hq, &pos[row0], ckv, &pt_pages[pt_indptr[si]],
-                            s_sel.data(), K, scale, &ref[size_t(row0) * Hq * kD]);
+      if (dense)
+        cpu::attention_dense_causal(&q[size_t(row0) * Hq * kD], Tq, Hq, &pos[row0], ckv, &pt_pages[pt_indptr[si]],
+                                    scale, &ref[size_t(row0) * Hq * kD]);
+      else
+        cpu::attention_sparse(&q[size_t(row0) * Hq * kD], Tq, Hq, &pos[row0], ckv, &pt_pages[pt_indptr[si]],
+                              s_sel.data(), K, scale, &ref[size_t(row0) * Hq * kD]);
       row0 += Tq;
     }
   }
@@ -111,7 +116,10 @@ void run_case(const Case& c, int bad_row = -1) {
   const cuda::DevPagedKVBf16 kv{dpool.p(), dpool.p() + half, stride, num_pages, Hkv, kB, kD};
   cuda::MsaPrefillUnion attn;
   attn.plan(T, Hkv, kG, kD, kB, K);
-  attn.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
+  if (dense)
+    attn.run_dense(dq.p(), rows, kv, scale, dout.p(), nullptr);
+  else
+    attn.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
   if (bad_row >= 0) {
     EXPECT_THROW(attn.check(nullptr), Error);
     return;
@@ -119,7 +127,7 @@ void run_case(const Case& c, int bad_row = -1) {
   attn.check(nullptr);
   std::string shape = "T=" + std::to_string(T) + " Hkv=" + std::to_string(Hkv) + " K=" + std::to_string(K) + " seqs";
   for (const Seq& s : c.seqs) shape += " " + std::to_string(s.prefix) + "+" + std::to_string(s.len);
-  expect_close("msa_prefill_union bf16", shape, dout.get(), ref, 1e-2);
+  expect_close(dense ? "dense_prefill_tc bf16" : "msa_prefill_union bf16", shape, dout.get(), ref, 1e-2);
 }
 
 TEST(GpuMsaPrefillTc, UnionTileMatchesCpuOnRaggedStepsWithPrefixAndPadding) {
@@ -128,6 +136,13 @@ TEST(GpuMsaPrefillTc, UnionTileMatchesCpuOnRaggedStepsWithPrefixAndPadding) {
   run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16});     // ragged, mid-block start, a 1-row sequence
   run_case({{{20000, 129}}, 1, 8});                          // top_k 8 of 157 blocks
   run_case({{{3 * 128 + 5, 40}, {16 * 128, 300}}, 4, 16});  // rows crossing the 16-block boundary
+}
+
+TEST(GpuMsaPrefillTc, DenseCausalModeMatchesCpuOnRaggedStepsWithPrefix) {
+  M3_SKIP_WITHOUT_GPU();
+  run_case({{{0, 300}}, 4, 16}, -1, true);                          // from position 0, partial last page
+  run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16}, -1, true);  // ragged: tiles that span two sequences
+  run_case({{{20000, 129}}, 1, 16}, -1, true);                     // 157 pages per row
 }
 
 TEST(GpuMsaPrefillTc, UnionTileReportsABlockAfterTheLocalBlock) {

@@ -93,6 +93,25 @@ __device__ __forceinline__ void build_union(const Params& p, int t0, int h, int3
   if (page >= 0) lim[uidx[first] * kTok + tl] = uint8_t(visible);
 }
 
+// Dense causal mode: no selection; the tile walks pages 0..local of each sequence its rows belong to (rows of one
+// sequence are contiguous, so ≤ 8 runs). seg: [0, 8) sequence id, [8, 16) page-table offset, [16, 24) pages
+// (max local + 1); the union is their concatenation. One thread.
+__device__ __forceinline__ void build_segments(const Params& p, int t0, int32_t* seg, int* union_size) {
+  int n = 0, total = 0;
+  for (int tl = 0; tl < kTok && t0 + tl < p.T; ++tl) {
+    const int t = t0 + tl, sq = p.row_seq[t], nb = p.pos[t] / kB + 1;
+    if (n > 0 && seg[n - 1] == sq) {
+      seg[16 + n - 1] = max(seg[16 + n - 1], nb);
+    } else {
+      seg[n] = sq, seg[8 + n] = p.pt_indptr[sq], seg[16 + n] = nb;
+      ++n;
+    }
+  }
+  for (int i = 0; i < n; ++i) total += seg[16 + i];
+  *union_size = total;
+}
+
+template <bool kDense>
 __global__ void __launch_bounds__(kThreads, 1)
     msa_prefill_union_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                              const __grid_constant__ CUtensorMap map_v, const Params p) {
@@ -122,7 +141,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   pdl_grid_dependency_wait();
   // The ring is still empty: its first stage is the prologue's scratch space.
-  if (wg == 0) build_union(p, t0, h, pages, lim, union_size, stages);
+  if constexpr (kDense) {
+    if (threadIdx.x == 0) build_segments(p, t0, pages, union_size);
+  } else {
+    if (wg == 0) build_union(p, t0, h, pages, lim, union_size, stages);
+  }
   fence_proxy_async_smem();  // scratch writes (generic proxy) before TMA (async proxy) overwrites them
   __syncthreads();
   const int n_union = *union_size;
@@ -133,13 +156,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive_expect_tx(q_full, 2 * kAtom);
       for (int b = 0; b < 2; ++b) tma_load_3d(q_tile + b * kAtom, &map_q, q_full, 64 * b, h * kG, t0);
       PipeState<kStages> ps;
+      int si = 0, blk = 0;  // dense mode: position in the segment list
       for (int u = 0; u < n_union; ++u) {
+        int page;
+        if constexpr (kDense) {
+          page = p.pt_pages[pages[8 + si] + blk];
+          if (++blk == pages[16 + si]) ++si, blk = 0;
+        } else {
+          page = pages[u];
+        }
         mbar_wait(&empty[ps.stage], ps.phase ^ 1u);
         mbar_arrive_expect_tx(&full[ps.stage], kStageBytes);
         uint8_t* st = stages + ps.stage * kStageBytes;
         for (int b = 0; b < 2; ++b) {
-          tma_load_3d(st + b * kAtom, &map_k, &full[ps.stage], 64 * b, h * kB, pages[u]);
-          tma_load_3d(st + (2 + b) * kAtom, &map_v, &full[ps.stage], 64 * b, h * kB, pages[u]);
+          tma_load_3d(st + b * kAtom, &map_k, &full[ps.stage], 64 * b, h * kB, page);
+          tma_load_3d(st + (2 + b) * kAtom, &map_v, &full[ps.stage], 64 * b, h * kB, page);
         }
         ps.advance();
       }
@@ -153,11 +184,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows lane/4 and lane/4 + 8 of this warp's token
     const uint64_t dq = smem_desc_sw128(q_tile + c * (64 * 128));
+    // Dense mode: this warpgroup's 4 tokens (sequence, local block, fill of the local block).
+    int rs[4] = {-1, -1, -1, -1}, lp[4] = {0, 0, 0, 0}, vl[4] = {0, 0, 0, 0};
+    if constexpr (kDense) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int t = t0 + 4 * c + w;
+        if (t < p.T) rs[w] = p.row_seq[t], lp[w] = p.pos[t] / kB, vl[w] = p.pos[t] % kB + 1;
+      }
+    }
+    int si = 0, blk = 0;
     mbar_wait(q_full, 0);
     PipeState<kStages> ps;
     for (int u = 0; u < n_union; ++u) {
       mbar_wait(&full[ps.stage], ps.phase);
-      const uint32_t lim4 = reinterpret_cast<const uint32_t*>(lim)[u * 2 + c];
+      uint32_t lim4;
+      if constexpr (kDense) {  // visible keys of page (seq, blk) for each token; the same in every warp
+        const int sq = pages[si];
+        lim4 = 0u;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const int v = rs[w] != sq ? 0 : blk < lp[w] ? kB : blk == lp[w] ? vl[w] : 0;
+          lim4 |= uint32_t(v) << (8 * w);
+        }
+        if (++blk == pages[16 + si]) ++si, blk = 0;
+      } else {
+        lim4 = reinterpret_cast<const uint32_t*>(lim)[u * 2 + c];
+      }
       if (lim4 != 0u) {  // warpgroup-uniform: some token of this warpgroup selected page u
         const uint8_t* st = stages + ps.stage * kStageBytes;
         const uint64_t dk = smem_desc_sw128(st);
@@ -266,7 +319,9 @@ void MsaPrefillUnion::run(const uint16_t* q, const int32_t* selection, const Dev
                   "MsaPrefillUnion::run: cache shape does not match the plan");
   if (T_ == 0) return;
   static const bool configured = [] {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_prefill_union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_prefill_union_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(kSmem)));
+    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_prefill_union_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(kSmem)));
     return true;
   }();
@@ -284,8 +339,16 @@ void MsaPrefillUnion::run(const uint16_t* q, const int32_t* selection, const Dev
            out,       error_.get(), int(T_),   Hkv_,
            K_,        float(scale * 1.4426950408889634)};
   const dim3 grid(unsigned((T_ + kTok - 1) / kTok), unsigned(Hkv_));
-  msa_prefill_union_kernel<<<grid, kThreads, kSmem, s>>>(mq, mk, mv, p);
+  if (selection)
+    msa_prefill_union_kernel<false><<<grid, kThreads, kSmem, s>>>(mq, mk, mv, p);
+  else
+    msa_prefill_union_kernel<true><<<grid, kThreads, kSmem, s>>>(mq, mk, mv, p);
   M3_CUDA_LAUNCH_CHECK();
+}
+
+void MsaPrefillUnion::run_dense(const uint16_t* q, const DevStepRows& rows, const DevPagedKVBf16& kv, float scale,
+                                float* out, cudaStream_t s) {
+  run(q, nullptr, rows, kv, scale, out, s);
 }
 
 void MsaPrefillUnion::check(cudaStream_t s) {

@@ -33,6 +33,11 @@ class MsaPrefillUnion {
   // step's positions and page tables; out: [T, Hq, D] fp32. Allocates nothing after the first call.
   void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
            float scale, float* out, cudaStream_t s);
+  // Dense causal attention with the same kernel (issue 10: tensor-core dense prefill): no selection, every row
+  // reads blocks 0..local of its sequence (the tile walks the pages of the sequences its rows belong to). plan()
+  // as above; its top_k is ignored here.
+  void run_dense(const uint16_t* q, const DevStepRows& rows, const DevPagedKVBf16& kv, float scale, float* out,
+                 cudaStream_t s);
   // Throws m3::Error when a run() since the last check saw a selected block after the row's local block.
   void check(cudaStream_t s);
 
