@@ -5,6 +5,7 @@
 // [0, local) with a per-head offset: neighbouring rows pick the same blocks, the MSA harness's synthetic).
 // Useful FLOPs by the MSA convention: 4·D·Hq·Σ selected_tokens(p); η = Σ selected blocks / (4·Σ |union| of each
 // 4-token warpgroup) is the share of issued MMA work that is useful. CUDA-event median of 20 after 3 warm-ups.
+// Also the dense causal mode (run_dense) on the same chunk: useful FLOPs 4·D·Hq·Σ (p + 1), median of 10.
 //   bench_prefill_tc [--kv N ...]
 #include <cuda_runtime.h>
 
@@ -151,6 +152,30 @@ int main(int argc, char** argv) {
                       "\"variant\": \"union-tile tc bf16, %s selection\", \"median_us\": %.1f, \"useful_tflops\": "
                       "%.1f, \"eta\": %.3f}\n",
                       kv / 1024, name, med * 1e3, tf, eta);
+        json += rec;
+      }
+      {  // dense causal mode (run_dense): every row reads blocks 0..local; useful = 4·D·Hq·Σ (p + 1)
+        double dense_useful = 0;
+        for (int p : pos) dense_useful += double(p + 1);
+        dense_useful *= 4.0 * kD * kHq;
+        cuda::MsaPrefillUnion attn;
+        attn.plan(kT, kHkv, kG, kD, kB, kTopK);
+        auto f = [&] { attn.run_dense(q.get(), rows, kvc, 1.f / std::sqrt(float(kD)), out.get(), nullptr); };
+        M3_CUDA_CHECK(cudaMemset(out.get(), 0xFF, out.size() * 4));
+        f();
+        std::vector<float> h(out.size());
+        M3_CUDA_CHECK(cudaMemcpy(h.data(), out.get(), h.size() * 4, cudaMemcpyDeviceToHost));
+        if (std::count_if(h.begin(), h.end(), [](float x) { return !std::isfinite(x); }))
+          cuda::failf("dense: outputs not written / not finite");
+        const std::vector<float> t = bench::time_sorted_ms(f, 2, 10);
+        const float med = t[t.size() / 2];
+        const double tf = dense_useful / (med * 1e-3) / 1e12;
+        std::printf("| %dk | dense causal | %.3f | %.3f–%.3f | %.0f | – |\n", kv / 1024, med, t.front(), t.back(), tf);
+        char rec[512];
+        std::snprintf(rec, sizeof rec,
+                      "{\"op\": \"dense_prefill_attention\", \"shape\": \"T16384 KV%dk 64q/4kv D128 B128 causal\", "
+                      "\"variant\": \"union-tile tc bf16, dense mode\", \"median_us\": %.1f, \"useful_tflops\": %.1f}\n",
+                      kv / 1024, med * 1e3, tf);
         json += rec;
       }
     }
