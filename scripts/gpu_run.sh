@@ -3,9 +3,7 @@
 # benchmark, and write a summary plus logs into the folder given as $1 (default $OUT).
 #   bash scripts/gpu_run.sh [OUTDIR]        env: M3_JOBS (16), M3_COMMIT (recorded), M3_SKIP_BENCH=1, M3_SKIP_TESTS=1,
 #                                            M3_SKIP_E2E=1, M3_TARGETS="a b" (build only these), M3_CTEST_REGEX (ctest -R)
-# The device machine has nvcc, cmake and PyTorch but none of m3serve's C++ dependencies and no package registry:
-# `bash scripts/gpu_deps.sh` (run here, with apt) downloads the Debian packages into .gpudeps/, the device run
-# carries that folder (run's `carry`), and this script unpacks them into /tmp and points CMake / pkg-config there.
+# The device machine has none of m3serve's C++ dependencies: scripts/gpu_env.sh unpacks the carried .gpudeps/.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-${OUT:-$root/out/gpu}}"
@@ -31,27 +29,8 @@ say "commit: ${M3_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo un
 } >"$out/env.txt" 2>&1
 grep -E "H200|H100|NVIDIA" "$out/env.txt" | head -2 | sed 's/^/gpu: /' | tee -a "$summary"
 
-# ---- dependencies from .gpudeps/*.deb -------------------------------------------------------------------------------
-cmake_extra=()
-if ls "$root"/.gpudeps/*.deb >/dev/null 2>&1; then
-  deps=/tmp/m3-gpudeps
-  rm -rf "$deps" && mkdir -p "$deps"
-  for f in "$root"/.gpudeps/*.deb; do
-    if command -v dpkg-deb >/dev/null; then
-      dpkg-deb -x "$f" "$deps"
-    else
-      (cd /tmp && rm -rf m3deb && mkdir m3deb && cd m3deb && ar x "$f" && tar -xf data.tar.* -C "$deps")
-    fi
-  done
-  # Relocate pkg-config files from /usr to the unpacked prefix.
-  find "$deps" -name '*.pc' -exec sed -i "s|=/usr|=$deps/usr|g; s|-I/usr/|-I$deps/usr/|g; s|-L/usr/|-L$deps/usr/|g" {} +
-  export PKG_CONFIG_PATH="$deps/usr/lib/x86_64-linux-gnu/pkgconfig:$deps/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-  export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  cmake_extra+=(-DCMAKE_PREFIX_PATH="$deps/usr")
-  command -v pkg-config >/dev/null || cmake_extra+=(-DPKG_CONFIG_EXECUTABLE="$deps/usr/bin/pkgconf")
-fi
-if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
-export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
+# ---- dependencies from .gpudeps/*.deb (scripts/gpu_env.sh) ---------------------------------------------------------
+. "$root/scripts/gpu_env.sh"
 
 # ---- build --------------------------------------------------------------------------------------------------------
 tb=$(date +%s)

@@ -74,6 +74,7 @@ Engine::Engine(const M3Model& model, EngineConfig cfg)
       sched_(exec_.pool(), scheduler_config(model.config(), cfg_)) {
   metrics_.pages_total = cfg_.num_pages;
   metrics_.pages_free = cfg_.num_pages;
+  metrics_.page_bytes = exec_.page_bytes();
 }
 
 Engine::Engine(ModelExecutor& executor, EngineConfig cfg)
@@ -82,6 +83,7 @@ Engine::Engine(ModelExecutor& executor, EngineConfig cfg)
       sched_(exec_.pool(), scheduler_config(executor.config(), cfg_)) {
   metrics_.pages_total = cfg_.num_pages;
   metrics_.pages_free = exec_.pool().num_free();
+  metrics_.page_bytes = exec_.page_bytes();
 }
 
 Engine::~Engine() {

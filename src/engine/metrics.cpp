@@ -48,6 +48,9 @@ std::string EngineMetrics::to_prometheus(const std::string& model) const {
   gauge("kv_pages_used", "KV pages referenced by requests.", pages_used);
   gauge("kv_pages_cached", "KV pages held by the prefix cache.", pages_cached);
   gauge("kv_pages_free", "KV pages in the free list.", pages_free);
+  gauge("kv_cache_bytes", "KV cache capacity in bytes (pages x bytes per page, every layer's K, V and index-K).",
+        double(pages_total) * double(page_bytes));
+  gauge("kv_cache_used_bytes", "Bytes of the KV pages referenced by requests.", double(pages_used) * double(page_bytes));
   gauge("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up.",
         prefix_query_tokens ? double(prefix_hit_tokens) / double(prefix_query_tokens) : 0.0);
   counter("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", double(prefix_query_tokens));

@@ -24,6 +24,7 @@ struct EngineMetrics {
   int32_t pages_used = 0;         // referenced by a running request (cached-only pages not counted)
   int32_t pages_cached = 0;       // in the prefix cache (some may also be in use)
   int32_t pages_free = 0;         // in the free list
+  int64_t page_bytes = 0;         // bytes of one page (K, V and index-K of every layer): the executor's page_bytes()
   uint64_t prompt_tokens = 0;     // total prompt tokens of admitted requests
   uint64_t generation_tokens = 0;
   uint64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache

@@ -179,6 +179,7 @@ std::string HttpServer::metrics_text() const {
     out += fmt::format("# HELP m3serve:{} {}\n# TYPE m3serve:{} {}\nm3serve:{}{{{}}} {}\n", name, help, name, type,
                        name, lbl, v);
   };
+  out += service_.timings().to_prometheus(lbl);
   one("http_connections_active", "gauge", "Open HTTP connections.", double(c.connections_active.load()));
   one("http_connections_reserve", "gauge", "Open connections over --max-connections (health checks only).",
       double(c.connections_reserve.load()));

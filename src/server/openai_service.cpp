@@ -58,6 +58,13 @@ std::string OpenAIService::render_chat(const ParsedRequest& r) const {
 }
 
 PreparedJob OpenAIService::prepare(ApiKind kind, std::string_view body) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  PreparedJob job = prepare_impl(kind, body);  // failures (ApiError) are not timed
+  timings_.observe_preprocess(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return job;
+}
+
+PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) const {
   PreparedJob job;
   job.req = kind == ApiKind::Chat ? parse_chat_request(body, cfg_.limits) : parse_completion_request(body, cfg_.limits);
   const ParsedRequest& r = job.req;
@@ -280,7 +287,9 @@ Job::Update Job::on_output(int i, const EngineOutput& out) {
   if (i < 0 || i >= int(choices_.size())) return up;
   Choice& c = choices_[size_t(i)];
   if (c.done) return up;
+  const auto t0 = std::chrono::steady_clock::now();
   ChoiceDelta d = c.stream->on_output(out);
+  output_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (d.needs_abort) up.abort_ids.push_back(prep_.engine_requests[size_t(i)].id);
   const bool chat = prep_.req.kind == ApiKind::Chat;
   const bool want_lp = prep_.req.logprobs;
@@ -347,6 +356,7 @@ Job::Update Job::on_output(int i, const EngineOutput& out) {
     c.finish_reason = d.finish_reason;
     c.error = d.error;
     ++finished_;
+    if (done()) svc_.timings().observe_detokenize(output_seconds_);
     if (done() && prep_.req.stream) {
       if (prep_.req.include_usage) up.bytes += chunk(usage_json(), true);
       up.bytes += "data: [DONE]\n\n";

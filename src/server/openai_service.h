@@ -16,6 +16,7 @@
 #include "server/backend.h"
 #include "server/choice_stream.h"
 #include "server/request_parse.h"
+#include "server/request_timings.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -54,8 +55,14 @@ class OpenAIService {
   // Renders the chat template for a validated chat request (exposed for tests).
   std::string render_chat(const ParsedRequest& r) const;
 
+  // Preprocess / detokenise time per request (for /metrics).
+  RequestTimings& timings() const { return timings_; }
+
  private:
+  PreparedJob prepare_impl(ApiKind kind, std::string_view body) const;
+
   ServiceConfig cfg_;
+  mutable RequestTimings timings_;
   mutable std::atomic<uint64_t> next_id_{1};
 };
 
@@ -109,6 +116,7 @@ class Job {
   PreparedJob prep_;
   std::vector<Choice> choices_;
   int finished_ = 0;
+  double output_seconds_ = 0;  // time in ChoiceStream::on_output, all choices (→ request_detokenize_seconds)
 };
 
 }  // namespace m3::server

@@ -1,0 +1,29 @@
+// CPU time the HTTP side spends per request around the engine, for /metrics (issue 9: "CPU-side work per request
+// under 2 % of TTFT"):
+//   m3serve:request_preprocess_seconds   OpenAIService::prepare — parse + validate + chat template + tokenise
+//   m3serve:request_detokenize_seconds   per request, the sum over its events of ChoiceStream::on_output —
+//                                        incremental detokenisation + stop matching + output parsing
+// Thread-safe (one mutex; an observation is a few ns of work under it).
+#pragma once
+
+#include <mutex>
+#include <string>
+
+#include "engine/metrics.h"
+
+namespace m3::server {
+
+class RequestTimings {
+ public:
+  RequestTimings();
+  void observe_preprocess(double seconds);
+  void observe_detokenize(double seconds);
+  // Prometheus histograms with the given label set (e.g. model_name="m3").
+  std::string to_prometheus(const std::string& labels) const;
+
+ private:
+  mutable std::mutex mu_;
+  Histogram preprocess_, detokenize_;
+};
+
+}  // namespace m3::server
