@@ -107,15 +107,15 @@ def main():
         out_len = cfg.get("output_len", 0)
         ctx = (b.get("input_tokens", 0) / ok + out_len / 2) if ok else 0
         roof = decode_step_bytes(tc, L, conc if r["traffic"] == "agentic" else 1, ctx, r["backend"], wbytes, wbytes)
-        roof_ms = roof["total"] / a.bandwidth * 1e3
+        roof_ms = roof["total"] / a.bandwidth * 1e3 if ok else None
         tpot = (b.get("tpot_ms") or {})
         ttft = (b.get("ttft_ms") or {})
         itl = (b.get("itl_ms") or {})
         srv = b.get("server") or {}
         dec = prof.get("decode")
         row = dict(r=r, b=b, prof=prof, ctx=ctx, roof=roof, roof_ms=roof_ms, tpot=tpot, ttft=ttft, itl=itl, srv=srv,
-                   ratio=(tpot.get("p50") / roof_ms) if tpot.get("n") and roof_ms > 0 else None,
-                   gpu_ratio=(dec["ms_per_step"] / roof_ms) if dec and roof_ms > 0 else None)
+                   ratio=(tpot.get("p50") / roof_ms) if tpot.get("n") and roof_ms else None,
+                   gpu_ratio=(dec["ms_per_step"] / roof_ms) if dec and roof_ms else None)
         rows.append(row)
         if b and ok:
             records.append({
@@ -137,8 +137,10 @@ def main():
     lines = [f"# End-to-end benchmark: `m3serve serve` + `m3serve bench-serve` on a full-width M3 slice ({gpu})", "",
              f"- Date: {doc.get('time', date)}. GPU: {gpu}. Commit: {commit}. Device: {doc.get('device')}.",
              f"- Command (device): `{doc.get('command')}`",
-             f"- Model: {doc.get('model')} config, first {L} layers (`--num-layers {L}`), `--dtype {doc.get('dtype')}`, "
-             f"dummy weights (`--load-format dummy`); plan `{doc.get('plan')}`.",
+             (f"- Model: {doc.get('model')} config, first {L} layers (`--num-layers {L}`), `--dtype {doc.get('dtype')}`, "
+              f"dummy weights (`--load-format dummy`); plan `{doc.get('plan')}`." if doc.get("device", "cuda") != "cpu" else
+              f"- Model: {doc.get('model')} ({L} layers, checkpoint weights, CPU fp32) — a dry run of the path; "
+              f"plan `{doc.get('plan')}`."),
              f"- Roofline: bytes a decode step must read / {a.bandwidth / 1e12:.1f} TB/s (attention + index weights, "
              "the experts the batch routes to — E(1-(1-k/E)^b) for uniform routing —, shared expert, dense MLPs, "
              "lm_head, and per sequence the KV of dense layers, every index key plus the top-k blocks of MSA layers). "
@@ -165,7 +167,8 @@ def main():
             fmt(srv.get("preprocess_s_mean", 0) * 1e3, 2) if srv else "—",
             fmt(srv.get("detokenize_s_mean", 0) * 1e3, 2) if srv else "—",
             fmt(dec["ms_per_step"], 2) if dec else "—",
-            fmt(w["roof_ms"], 3), fmt(w["ratio"], 2)]) + " |")
+            fmt(w["roof_ms"], 3), fmt(w["ratio"], 2) + (f' ({fmt(w["gpu_ratio"], 2)} GPU)' if w["gpu_ratio"] else "")])
+            + " |")
 
     # Where the GPU time goes (M3_STEP_PROFILE=1).
     prof_rows = [w for w in rows if w["prof"]]
@@ -192,6 +195,8 @@ def main():
     lines += ["", "Bytes a decode step must read (MB): attention+index weights / experts / dense MLPs / lm_head / KV:", ""]
     for w in rows:
         ro = w["roof"]
+        if w["roof_ms"] is None:
+            continue
         lines.append(f'- {w["r"]["backend"]} {w["r"]["traffic"]} c{w["r"]["concurrency"]}, ctx {w["ctx"]:.0f}: '
                      f'{ro["attn_weights"] / 1e6:.0f} / {ro["expert_weights"] / 1e6:.0f} '
                      f'({ro["experts_used_per_moe_layer"]:.1f} experts per MoE layer) / {ro["mlp_weights"] / 1e6:.0f} / '

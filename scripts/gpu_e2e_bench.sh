@@ -17,6 +17,7 @@
 #   M3_E2E_PROMPT_FORMAT [text] text (the server tokenises: preprocess is measured) or ids
 #   M3_E2E_LAYERS   [5] serve --num-layers;  M3_E2E_DTYPE [bfloat16];  M3_E2E_KV_MEMORY [32GiB] --kv-cache-memory
 #   M3_E2E_MODEL    [models/m3-full] config dir (cuda; --load-format dummy);  M3_E2E_TOKENIZER [the carried o200k]
+#   M3_E2E_MIN_RUN [40] / M3_E2E_LONG_MIN [120] seconds of budget an agentic / the long run needs to start
 #   M3_E2E_RESTART  [1] one server per run (a clean GPU profile per run); 0: one server per plan entry
 #   M3_E2E_DEVICE   [cuda] cpu = dry run of the same path on this machine with the demo model (small counts: set
 #                   the sizes above; --load-format/--num-layers/--dtype/--attention are not passed)
@@ -159,7 +160,8 @@ trap 'stop_server' EXIT
 run_no=0
 agentic_len=$(( prefix + turns * suffix_max + output + 1024 ))
 long_len=$(( long_tokens + long_output + 1024 ))
-min_run=${M3_E2E_MIN_RUN:-40}
+min_run=${M3_E2E_MIN_RUN:-40}    # an agentic run needs at least this much budget left to start
+long_min=${M3_E2E_LONG_MIN:-$(( min_run > 120 ? min_run : 120 ))}  # the long run (a 1M prefill takes minutes)
 json_str() { "$py" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$1"; }
 for entry in $plan; do
   backend="${entry%%:*}"
@@ -172,8 +174,9 @@ for entry in $plan; do
     traffic=agentic; [ "$conc" = long ] && traffic=long
     name="$(printf '%02d' $run_no)-$backend-$traffic$([ "$traffic" = agentic ] && echo "-c$conc")"
     dir="$out/runs/$name"
-    if [ "$(left)" -lt "$min_run" ]; then
-      say "skip $name: $(left) s of the budget left (< $min_run s)"
+    need=$min_run; [ "$traffic" = long ] && need=$long_min
+    if [ "$(left)" -lt "$need" ]; then
+      say "skip $name: $(left) s of the budget left (< $need s)"
       notes+=("skipped $name: out of time budget")
       continue
     fi
@@ -219,10 +222,14 @@ for entry in $plan; do
     if [ "$rc" = 124 ]; then status="timed out after ${hard} s (budget)"; notes+=("$name: bench-serve killed at the budget")
     elif [ "$rc" != 0 ]; then status="bench-serve exit $rc"; fi
     [ -f "$dir/bench.json" ] || status="$status; no bench.json"
-    if [ "$restart" = 1 ] || [ "$conc" = "${runs[-1]}" ]; then stop_server; fi
-    # The executor logs its step profile at exit ("gpu step profile (at exit): decode N steps, X ms/step: …").
-    profile="$(grep -h "gpu step profile" "$dir/server.log" 2>/dev/null | tail -1 | sed 's/.*gpu step profile[^:]*: //')"
-    describe="$(grep -h -m1 "m3serve: serving" "$dir/server.log" 2>/dev/null)"
+    profile=""
+    if [ "$restart" = 1 ] || [ "$conc" = "${runs[-1]}" ]; then
+      stop_server
+      # The executor logs its step profile at exit ("gpu step profile (at exit): decode N steps, X ms/step: …"); with
+      # M3_E2E_RESTART=0 it covers every run of the entry and is attached to the entry's last run.
+      profile="$(grep -h "gpu step profile" "$server_log" 2>/dev/null | tail -1 | sed 's/.*gpu step profile[^:]*: //')"
+    fi
+    describe="$(grep -h -m1 "m3serve: serving" "$server_log" 2>/dev/null)"
     printf '{"name":%s,"backend":%s,"traffic":"%s","concurrency":%s,"status":%s,"startup_s":%s,"bench_s":%s,"gpu_profile":%s,"server_line":%s,"own_server":%s}\n' \
       "$(json_str "$name")" "$(json_str "$backend")" "$traffic" "$c" "$(json_str "$status")" "$startup_s" "$bench_s" \
       "$(json_str "$profile")" "$(json_str "$describe")" "$([ "$restart" = 1 ] && echo true || echo false)" >"$dir/meta.json"
