@@ -127,7 +127,8 @@ server_log=""
 start_server() {  # $1 backend, $2 max_model_len, $3 log file; sets spid, returns 0 when /health answers
   local backend="$1" maxlen="$2" log="$3" wait_s
   port=$(( port + 1 ))
-  local args=("${serve_model[@]}" --port "$port" --max-model-len "$maxlen" --served-model-name m3-e2e "${extra[@]}")
+  local args=("${serve_model[@]}" --port "$port" --max-model-len "$maxlen" --served-model-name m3-e2e
+              --shutdown-timeout 5 "${extra[@]}")
   [ "$device" = cuda ] && args+=(--attention "$backend")
   echo "serve ${args[*]}" >"$log"
   M3_STEP_PROFILE=1 "$m3" serve "${args[@]}" >>"$log" 2>&1 &

@@ -141,6 +141,11 @@ TEST_F(EngineTest, RepeatedPrefixIsServedFromTheCacheWithIdenticalOutput) {
   EXPECT_EQ(m.pages_used, 0);
   EXPECT_GT(m.pages_cached, 0);
   EXPECT_EQ(m.prefix_hit_tokens, 128u);
+  // KV bytes for /metrics: the pool is 32 pages of the executor's page size.
+  EXPECT_EQ(m.page_bytes, e.executor().page_bytes());
+  EXPECT_NE(m.to_prometheus("t").find("m3serve:kv_cache_bytes{model_name=\"t\"} " +
+                                      std::to_string(32 * e.executor().page_bytes())),
+            std::string::npos);
 }
 
 TEST_F(EngineTest, RepeatedContentGivesTheSameOutputColdAndCached) {

@@ -159,6 +159,27 @@ TEST_F(HttpServerTest, NonStreamingCompletion) {
   EXPECT_EQ(j["choices"][0]["text"], " one two three four one");
 }
 
+TEST_F(HttpServerTest, MetricsCountPreprocessAndDetokenizeTimePerRequest) {
+  auto count = [&](const std::string& body, const std::string& name) {
+    std::string key = "m3serve:" + name + "_count{model_name=\"m3-test\"} ";
+    size_t at = body.find(key);
+    EXPECT_NE(at, std::string::npos) << name;
+    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + key.size()));
+  };
+  Reply before = request(port_, http::verb::get, "/metrics");
+  EXPECT_EQ(count(before.body, "request_preprocess_seconds"), 0);
+  EXPECT_EQ(count(before.body, "request_detokenize_seconds"), 0);
+  ASSERT_EQ(request(port_, http::verb::post, "/v1/completions", R"({"prompt":"hi","max_tokens":3})").status, 200);
+  ASSERT_EQ(request(port_, http::verb::post, "/v1/completions", R"({"prompt":"hi","max_tokens":3,"stream":true})").status,
+            200);
+  // A request refused by validation is not a preprocess observation.
+  EXPECT_EQ(request(port_, http::verb::post, "/v1/completions", R"({"prompt":"hi","max_tokens":-1})").status, 400);
+  Reply after = request(port_, http::verb::get, "/metrics");
+  EXPECT_EQ(count(after.body, "request_preprocess_seconds"), 2);
+  EXPECT_EQ(count(after.body, "request_detokenize_seconds"), 2);
+  EXPECT_NE(after.body.find("m3serve:kv_cache_bytes{model_name=\"m3-test\"}"), std::string::npos);
+}
+
 TEST_F(HttpServerTest, StreamingChatIsChunkedSseEndingWithDone) {
   Reply r = request(port_, http::verb::post, "/v1/chat/completions",
                     R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"stream":true,
