@@ -15,13 +15,13 @@ import tempfile
 
 def run_script(root, m3serve, model, out, plan, prompt_format, **extra):
     env = dict(os.environ, M3_E2E_DEVICE="cpu", M3_E2E_M3SERVE=m3serve, M3_E2E_MODEL=model, M3_E2E_PLAN=plan,
-               M3_E2E_BUDGET="120", M3_E2E_MIN_RUN="5", M3_E2E_LONG_MIN="5", M3_E2E_PREFIX="300", M3_E2E_SUFFIX_MIN="20",
+               M3_E2E_BUDGET="900", M3_E2E_MIN_RUN="5", M3_E2E_LONG_MIN="5", M3_E2E_PREFIX="300", M3_E2E_SUFFIX_MIN="20",
                M3_E2E_SUFFIX_MAX="40", M3_E2E_OUTPUT="6", M3_E2E_TURNS="2", M3_E2E_LONG="700",
                M3_E2E_LONG_OUTPUT="4", M3_E2E_PROMPT_FORMAT=prompt_format, M3_E2E_KV_MEMORY="", M3_COMMIT="test",
                PYTHON=sys.executable)
     env.update(extra)
     p = subprocess.run(["bash", os.path.join(root, "scripts/gpu_e2e_bench.sh"), out], env=env, capture_output=True,
-                       text=True, timeout=150)
+                       text=True, timeout=500)
     assert p.returncode == 0, p.stdout + p.stderr
     return json.load(open(os.path.join(out, "e2e_runs.json"))), p.stdout
 
