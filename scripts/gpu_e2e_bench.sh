@@ -17,6 +17,8 @@
 #   M3_E2E_PROMPT_FORMAT [text] text (the server tokenises: preprocess is measured) or ids
 #   M3_E2E_LAYERS   [5] serve --num-layers;  M3_E2E_DTYPE [bfloat16];  M3_E2E_KV_MEMORY [32GiB] --kv-cache-memory
 #   M3_E2E_MODEL    [models/m3-full] config dir (cuda; --load-format dummy);  M3_E2E_TOKENIZER [the carried o200k]
+#   M3_E2E_BATCHED_TOKENS [8192] serve --max-num-batched-tokens (the server's default 2048 would cut a 1M prefill
+#                   into 489 steps)
 #   M3_E2E_MIN_RUN [40] / M3_E2E_LONG_MIN [120] seconds of budget an agentic / the long run needs to start
 #   M3_E2E_RESTART  [1] one server per run (a clean GPU profile per run); 0: one server per plan entry
 #   M3_E2E_DEVICE   [cuda] cpu = dry run of the same path on this machine with the demo model (small counts: set
@@ -46,6 +48,7 @@ layers="${M3_E2E_LAYERS:-5}"
 dtype="${M3_E2E_DTYPE:-bfloat16}"
 kv_memory="${M3_E2E_KV_MEMORY-32GiB}"
 restart="${M3_E2E_RESTART:-1}"
+batched="${M3_E2E_BATCHED_TOKENS:-8192}"  # tokens per engine step: prefill chunks of the warm-up and the long request
 jobs="${M3_JOBS:-16}"
 py="${PYTHON:-python3}"
 summary="$out/summary.md"
@@ -128,7 +131,7 @@ start_server() {  # $1 backend, $2 max_model_len, $3 log file; sets spid, return
   local backend="$1" maxlen="$2" log="$3" wait_s
   port=$(( port + 1 ))
   local args=("${serve_model[@]}" --port "$port" --max-model-len "$maxlen" --served-model-name m3-e2e
-              --shutdown-timeout 5 "${extra[@]}")
+              --shutdown-timeout 5 --max-num-batched-tokens "$batched" "${extra[@]}")
   [ "$device" = cuda ] && args+=(--attention "$backend")
   echo "serve ${args[*]}" >"$log"
   M3_STEP_PROFILE=1 "$m3" serve "${args[@]}" >>"$log" 2>&1 &
