@@ -185,6 +185,7 @@ for entry in $plan; do
       continue
     fi
     mkdir -p "$dir"
+    echo "start $name at +$(( $(date +%s) - t0 )) s" >>"$summary"
     status=ok
     startup_s=0
     if [ "$restart" = 1 ] || [ "$entry_server" = 0 ]; then
@@ -237,7 +238,7 @@ for entry in $plan; do
     printf '{"name":%s,"backend":%s,"traffic":"%s","concurrency":%s,"status":%s,"startup_s":%s,"bench_s":%s,"gpu_profile":%s,"server_line":%s,"own_server":%s}\n' \
       "$(json_str "$name")" "$(json_str "$backend")" "$traffic" "$c" "$(json_str "$status")" "$startup_s" "$bench_s" \
       "$(json_str "$profile")" "$(json_str "$describe")" "$([ "$restart" = 1 ] && echo true || echo false)" >"$dir/meta.json"
-    say "run $name: $status (server up in ${startup_s} s, bench ${bench_s} s)"
+    say "run $name: $status (server up in ${startup_s} s, bench ${bench_s} s, done at +$(( $(date +%s) - t0 )) s)"
     grep -E "Successful|Failed|Output token throughput|Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|hit rate|KV cache" \
       "$dir/bench.log" | sed 's/^/    /' | tee -a "$summary" >/dev/null
     [ -z "$profile" ] || echo "    gpu profile: $profile" >>"$summary"
@@ -255,12 +256,18 @@ for d in sorted(glob.glob(os.path.join(out, "runs", "*"))):
     meta_p = os.path.join(d, "meta.json")
     if not os.path.exists(meta_p):
         continue
-    meta = json.load(open(meta_p))
+    try:
+        meta = json.load(open(meta_p))
+    except ValueError as e:
+        meta = {"name": os.path.basename(d), "backend": "?", "traffic": "?", "concurrency": 0, "status": f"bad meta.json: {e}"}
     bp = os.path.join(d, "bench.json")
-    meta["bench"] = json.load(open(bp)) if os.path.exists(bp) else None
+    try:
+        meta["bench"] = json.load(open(bp)) if os.path.exists(bp) else None
+    except ValueError:
+        meta["bench"] = None
     runs.append(meta)
-doc = {"schema": "m3serve-e2e/1", "date": datetime.datetime.utcnow().strftime("%Y-%m-%d"),
-       "time": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit, "gpu": gpu,
+now = datetime.datetime.now(datetime.timezone.utc)
+doc = {"schema": "m3serve-e2e/1", "date": now.strftime("%Y-%m-%d"), "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit, "gpu": gpu,
        "device": device, "plan": plan, "command": cmd, "model": os.path.basename(model.rstrip("/")),
        "num_layers": int(layers), "dtype": dtype, "notes": json.loads(notes), "runs": runs}
 json.dump(doc, open(os.path.join(out, "e2e_runs.json"), "w"), indent=2)
