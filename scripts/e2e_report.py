@@ -127,6 +127,7 @@ def main():
                 "context_tokens": round(ctx), "roofline_ms_per_step": round(roof_ms, 4),
                 "tpot_over_roofline": round(row["ratio"], 3) if row["ratio"] else None,
                 "decode_gpu_ms_per_step": dec["ms_per_step"] if dec else None,
+                "preprocess_ms_mean": round(srv.get("preprocess_s_mean", 0.0) * 1e3, 3) if srv else None,
                 "commit": commit, "gpu": gpu, "date": date, "device": doc.get("device", "cuda"),
                 "model": f'{doc.get("model", "?")} ({L} layers, {doc.get("dtype", "?")})'})
 
@@ -148,7 +149,8 @@ def main():
     for n in doc.get("notes") or []:
         lines.append(f"- Note: {n}")
     lines += ["", "| backend | traffic | conc | status | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms "
-              "| prefix hit | ctx | KV GiB used / pool | preproc ms | detok ms | GPU decode ms/step | roofline ms | TPOT / roof |",
+              "| prefix hit | ctx | KV GiB used / pool | preproc ms (% of TTFT p50) | detok ms | GPU decode ms/step | roofline ms "
+              "| TPOT / roof |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in rows:
         r, b, srv = w["r"], w["b"], w["srv"]
@@ -164,7 +166,9 @@ def main():
             f'{fmt(w["itl"].get("p50"), 2)} / {fmt(w["itl"].get("p99"), 2)}' if w["itl"] else "—",
             f'{100 * b.get("prefix_hit_rate", 0):.1f} %' if b else "—",
             f'{w["ctx"]:.0f}', kv,
-            fmt(srv.get("preprocess_s_mean", 0) * 1e3, 2) if srv else "—",
+            (fmt(srv.get("preprocess_s_mean", 0) * 1e3, 2) + (
+                f' ({100 * srv.get("preprocess_s_mean", 0) * 1e3 / w["ttft"]["p50"]:.1f} %)'
+                if w["ttft"].get("p50") else "")) if srv else "—",
             fmt(srv.get("detokenize_s_mean", 0) * 1e3, 2) if srv else "—",
             fmt(dec["ms_per_step"], 2) if dec else "—",
             fmt(w["roof_ms"], 3), fmt(w["ratio"], 2) + (f' ({fmt(w["gpu_ratio"], 2)} GPU)' if w["gpu_ratio"] else "")])
