@@ -4,13 +4,16 @@
 //   2. pack + exclusive scan (CUB) of (cnt[r], tiles[r] = ⌈cnt[r] / 8⌉) packed in one 64-bit word: row offsets
 //      and tile offsets in one pass (the low half never carries: Σ cnt < 2^32).
 //   3. scatter: csr[off[r] + rank] = t | slot << 24;  tile emit: tiles[toff[r] + j] = (r, j); n_tiles on device.
-//   4. attention: persistent grid (one CTA per SM, 3 warpgroups). Producer (one thread of warpgroup 0): per tile,
-//      K and V of the page [128 keys, 128] (two 64-channel 128B-swizzled TMA boxes each) and the Q rows
-//      [16 heads, 128] of each of the ≤ 8 queries (one TMA box pair per query: the gather) into a 2-stage ring.
+//   4. attention: persistent grid (one CTA per SM, 3 warpgroups). Producer (warp 0): resolves the metadata of 4
+//      tiles at once (lane = tile · 8 + entry), then per tile K and V of the page [128 keys, 128] (two 64-channel
+//      128B-swizzled TMA boxes each) and the Q rows [16 heads, 128] of each of the ≤ 8 queries (one TMA box pair
+//      per query, issued by the query's lane: the gather) into a 2-stage ring, with (t, slot, visible, h) of the
+//      8 entries in shared memory beside the stage.
 //      Consumers (warpgroups 1, 2 = queries 0–3, 4–7 of the tile; warp = one query, its 16 heads = 16 MMA rows):
 //      S = Q·Kᵀ (8 × wgmma m64n128k16), keys ≥ the query's visible count masked (its local page: p % 128 + 1),
 //      single-pass softmax in the log2 domain, O = P·V (8 × wgmma, P from registers, V read N-major), then
-//      O / l as bf16 to o_part[slot, t, head] and m + log2 l to lse_part[slot, t, head].
+//      O / l as bf16 staged in the warp's dead Q rows and stored as one contiguous 4 KiB block to
+//      o_part[slot, t, h·16 .. +15], m + log2 l to lse_part[slot, t, head].
 //   5. combine: one warp per (t, head): M = max over valid slots of LSE, w = 2^(LSE − M), out = Σ w·O / Σ w.
 // Rows of the CSR are keyed by physical page, so queries of different sequences that share a cached prefix page
 // are served by one load of it. Tiles are ordered by row: CTAs that run at the same time mostly share pages in L2.
@@ -35,7 +38,7 @@ constexpr int kTok = 8, kG = 16, kD = 128, kB = 128, kStages = 2, kThreads = 384
 constexpr uint32_t kAtom = 128 * 128;        // [128 rows, 64 bf16] 128B-swizzled: 16 KiB
 constexpr uint32_t kQTokBytes = kG * 128;    // one query's [16 heads, 64 channels] box: 2 KiB
 constexpr uint32_t kStageBytes = 6 * kAtom;  // Q (2 boxes of 8 queries) + K (2) + V (2)
-constexpr size_t kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+constexpr size_t kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8 + kStages * kTok * 16;
 static_assert(kSmem <= 232448, "shared memory over the sm_90 per-block limit");
 
 // ---- CSR build --------------------------------------------------------------------------------------------------
@@ -131,8 +134,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* stages = smem;  // [kStages][Q box 0, Q box 1, K box 0, K box 1, V box 0, V box 1]
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
+  int4* meta = reinterpret_cast<int4*>(empty + kStages);  // [kStages][kTok]: (t or −1, slot, visible keys, h)
 
   const int wg = warpgroup_index();
+  const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     tma_prefetch_map(&map_q);
     tma_prefetch_map(&map_k);
@@ -149,53 +154,74 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) {
+      // Producer warp. The metadata of a tile is a chain of dependent loads (tile → row offset/count → CSR entry →
+      // selection/position); the warp resolves 4 tiles at once (lane = 8·k + entry) so the chain is paid once per
+      // 4 tiles, then hands each tile's (t, slot, visible, h) to the consumers through shared memory with the stage.
       PipeState<kStages> ps;
-      for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-        const int2 tj = p.tiles[tile];
-        const int h = tj.x / p.P, page = tj.x % p.P;
-        const int first = int(uint32_t(p.off[tj.x])) + tj.y * kTok;
-        const int n = min(kTok, p.cnt[tj.x] - tj.y * kTok);
-        mbar_wait(&empty[ps.stage], ps.phase ^ 1u);
-        mbar_arrive_expect_tx(&full[ps.stage], 4 * kAtom + uint32_t(n) * 2 * kQTokBytes);
-        uint8_t* st = stages + ps.stage * kStageBytes;
-        for (int b = 0; b < 2; ++b) {
-          tma_load_3d(st + (2 + b) * kAtom, &map_k, &full[ps.stage], 64 * b, h * kB, page);
-          tma_load_3d(st + (4 + b) * kAtom, &map_v, &full[ps.stage], 64 * b, h * kB, page);
+      const int k = lane / kTok, i = lane % kTok;
+      for (int base = blockIdx.x; base < n_tiles; base += 4 * gridDim.x) {
+        const int tile = base + k * gridDim.x;
+        int n = 0, h = 0, page = 0, t = -1, slot = 0, visible = 0;
+        if (tile < n_tiles) {
+          const int2 tj = p.tiles[tile];
+          h = tj.x / p.P;
+          page = tj.x % p.P;
+          n = min(kTok, p.cnt[tj.x] - tj.y * kTok);
+          if (i < n) {
+            const int e = p.csr[int(uint32_t(p.off[tj.x])) + tj.y * kTok + i];
+            t = e & 0xFFFFFF;
+            slot = e >> 24;
+            const int b = p.selection[(int64_t(h) * p.T + t) * p.K + slot];
+            const int pos = p.pos[t];
+            visible = b == pos / kB ? pos % kB + 1 : kB;
+          }
         }
-        for (int i = 0; i < n; ++i) {
-          const int t = p.csr[first + i] & 0xFFFFFF;
-          for (int b = 0; b < 2; ++b)
-            tma_load_3d(st + b * kAtom + i * kQTokBytes, &map_q, &full[ps.stage], 64 * b, h * kG, t);
+        for (int kk = 0; kk < 4; ++kk) {
+          if (base + kk * gridDim.x >= n_tiles) break;  // warp-uniform
+          const int nk = __shfl_sync(0xffffffffu, n, kk * kTok);
+          const int hk = __shfl_sync(0xffffffffu, h, kk * kTok);
+          const int pk = __shfl_sync(0xffffffffu, page, kk * kTok);
+          uint8_t* st = stages + ps.stage * kStageBytes;
+          if (lane == 0) mbar_wait(&empty[ps.stage], ps.phase ^ 1u);
+          __syncwarp();
+          // (Few registers here: warpgroup 0 runs under setmaxnreg 40, so entries go through lane 0 one by one.)
+#pragma unroll 1
+          for (int j = 0; j < kTok; ++j) {
+            const int tj = __shfl_sync(0xffffffffu, t, kk * kTok + j);
+            const int sj = __shfl_sync(0xffffffffu, slot, kk * kTok + j);
+            const int vj = __shfl_sync(0xffffffffu, visible, kk * kTok + j);
+            if (lane == 0) meta[ps.stage * kTok + j] = make_int4(tj, sj, vj, hk);
+          }
+          if (lane == 0) {
+            mbar_arrive_expect_tx(&full[ps.stage], 4 * kAtom + uint32_t(nk) * 2 * kQTokBytes);
+            for (int b = 0; b < 2; ++b) {
+              tma_load_3d(st + (2 + b) * kAtom, &map_k, &full[ps.stage], 64 * b, hk * kB, pk);
+              tma_load_3d(st + (4 + b) * kAtom, &map_v, &full[ps.stage], 64 * b, hk * kB, pk);
+            }
+          }
+          __syncwarp();
+          // The Q gather: each of the tile's lanes loads its own query's [16 heads, 128] (two boxes).
+          if (k == kk && i < nk)
+            for (int b = 0; b < 2; ++b)
+              tma_load_3d(st + b * kAtom + i * kQTokBytes, &map_q, &full[ps.stage], 64 * b, hk * kG, t);
+          ps.advance();
         }
-        ps.advance();
       }
     }
     pdl_launch_dependents();
   } else {
     setmaxnreg_inc<232>();
-    const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32;
     const int Hq = p.Hkv * kG;
     PipeState<kStages> ps;
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-      const int2 tj = p.tiles[tile];
-      const int h = tj.x / p.P;
-      const int first = int(uint32_t(p.off[tj.x])) + tj.y * kTok;
-      const int n = min(kTok, p.cnt[tj.x] - tj.y * kTok);
-      // This warp's query (tile entry 4c + warp): its row, selection slot and visible keys of this page.
-      const int ti = 4 * c + warp;
-      int t = -1, slot = 0, visible = 0;
-      if (ti < n) {
-        const int e = p.csr[first + ti];
-        t = e & 0xFFFFFF;
-        slot = e >> 24;
-        const int b = p.selection[(int64_t(h) * p.T + t) * p.K + slot];
-        const int pos = p.pos[t], local = pos / kB;
-        visible = b == local ? pos % kB + 1 : kB;
-      }
       mbar_wait(&full[ps.stage], ps.phase);
-      if (4 * c < n) {  // warpgroup-uniform: this half of the tile holds at least one query
-        const uint8_t* st = stages + ps.stage * kStageBytes;
+      const int4 mine = meta[ps.stage * kTok + 4 * c + warp];  // this warp's query: (t, slot, visible, h)
+      const bool active = meta[ps.stage * kTok + 4 * c].x >= 0;  // warpgroup-uniform: entries are a prefix
+      uint8_t* st = stages + ps.stage * kStageBytes;
+      if (active) {
+        const int visible = mine.z;
         const uint64_t dq = smem_desc_sw128(st + c * (64 * 128));
         const uint64_t dk = smem_desc_sw128(st + 2 * kAtom);
         float s[64];
@@ -246,31 +272,46 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
-        if (lane == 0) mbar_arrive(&empty[ps.stage]);  // the stage is free once both mmas have read it
 
 #pragma unroll
         for (int x = 1; x <= 2; x <<= 1) {
           l0 += __shfl_xor_sync(0xffffffffu, l0, x);
           l1 += __shfl_xor_sync(0xffffffffu, l1, x);
         }
-        if (t >= 0) {
+        // Stage this warp's normalised [16 heads, 128] bf16 in its own (now dead) Q rows of the stage, 16-byte
+        // chunks XOR-swizzled by row so the 4-byte fragment writes hit 32 distinct banks, then write the 4 KiB
+        // partial row block with coalesced 16-byte stores (o_part[slot, t, h·16 .. h·16 + 15, :] is contiguous).
+        uint8_t* stage_o = st + c * (64 * 128) + warp * (16 * 128);  // box 0 rows of this warp: 2 KiB; box 1: +kAtom
+        if (mine.x >= 0) {
           const float i0 = 1.f / l0, i1 = 1.f / l1;  // visible ≥ 1: l ≥ 1
-          const int64_t row = (int64_t(slot) * p.T + t) * Hq + h * kG + lane / 4;
-          __nv_bfloat16* o0 = p.o_part + row * kD + 2 * (lane % 4);
-          __nv_bfloat16* o1 = o0 + 8 * kD;
+          const int r0 = lane / 4, r1 = r0 + 8;
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            *reinterpret_cast<uint32_t*>(o0 + 8 * j) = pack_bf16(o[4 * j] * i0, o[4 * j + 1] * i0);
-            *reinterpret_cast<uint32_t*>(o1 + 8 * j) = pack_bf16(o[4 * j + 2] * i1, o[4 * j + 3] * i1);
+          for (int j = 0; j < 16; ++j) {  // channels 8j .. 8j + 7: chunk j % 8 of box j / 8
+            uint8_t* box = stage_o + (j / 8) * kAtom;
+            const int ch = j % 8;
+            *reinterpret_cast<uint32_t*>(box + r0 * 128 + ((ch ^ (r0 % 8)) * 16) + 4 * (lane % 4)) =
+                pack_bf16(o[4 * j] * i0, o[4 * j + 1] * i0);
+            *reinterpret_cast<uint32_t*>(box + r1 * 128 + ((ch ^ (r1 % 8)) * 16) + 4 * (lane % 4)) =
+                pack_bf16(o[4 * j + 2] * i1, o[4 * j + 3] * i1);
           }
+          const int64_t row = (int64_t(mine.y) * p.T + mine.x) * Hq + mine.w * kG;
           if (lane % 4 == 0) {
-            p.lse_part[row] = m0 + log2f(l0);
-            p.lse_part[row + 8] = m1 + log2f(l1);
+            p.lse_part[row + r0] = m0 + log2f(l0);
+            p.lse_part[row + r1] = m1 + log2f(l1);
+          }
+          __syncwarp();
+          uint4* dst = reinterpret_cast<uint4*>(p.o_part + row * kD);  // 16 rows × 16 chunks of 16 bytes
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            const int idx = q * 32 + lane, r = idx / 16, ch16 = idx % 16;  // row r, 16-byte chunk ch16 of 256 B
+            const uint8_t* box = stage_o + (ch16 / 8) * kAtom;
+            dst[idx] = *reinterpret_cast<const uint4*>(box + r * 128 + (((ch16 % 8) ^ (r % 8)) * 16));
           }
         }
-      } else if (lane == 0) {
-        mbar_arrive(&empty[ps.stage]);
+        __syncwarp();
+        fence_proxy_async_smem();  // generic writes to the stage before the next TMA fill of it
       }
+      if (lane == 0) mbar_arrive(&empty[ps.stage]);
       ps.advance();
     }
   }
