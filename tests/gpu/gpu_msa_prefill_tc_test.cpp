@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/msa_prefill_kvmajor.cuh"
+#include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
 #include "base/dtype.h"
 #include "base/error.h"
@@ -45,13 +47,16 @@ struct Case {
   int Hkv, top_k;
 };
 
-enum class Variant { Union, Dense, KvMajor };
+enum class Variant { Union, Dense, KvMajor, Auto };
 
 // Runs one step on the GPU and on the CPU; `bad_row` ≥ 0 plants a block after that row's local block; Dense: the
 // dense causal mode (run_dense) against cpu::attention_dense_causal; KvMajor: the KV-block-major kernel.
 // shared_prefix: every sequence's first shared_prefix pages are the same physical pages (a cached prefix), so
 // queries of different sequences meet in one CSR row of the KV-block-major kernel.
-void run_case(const Case& c, int bad_row = -1, Variant variant = Variant::Union, int shared_prefix = 0) {
+// Auto: the per-tile router (msa_prefill_sparse.cuh) with threshold_pct; route_counts receives how many
+// (tile, KV head) pairs went to {union, KV-block-major}.
+void run_case(const Case& c, int bad_row = -1, Variant variant = Variant::Union, int shared_prefix = 0,
+              int threshold_pct = 26, std::pair<int64_t, int64_t>* route_counts = nullptr) {
   const bool dense = variant == Variant::Dense;
   const int Hkv = c.Hkv, Hq = Hkv * kG, K = c.top_k;
   std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
@@ -124,7 +129,13 @@ void run_case(const Case& c, int bad_row = -1, Variant variant = Variant::Union,
   cuda::MsaPrefillUnion attn;
   cuda::MsaPrefillKvMajor kvm;
   attn.plan(T, Hkv, kG, kD, kB, K);
-  if (variant == Variant::KvMajor) {
+  cuda::MsaPrefillSparse sparse;
+  if (variant == Variant::Auto) {
+    sparse.plan(T, Hkv, kG, kD, kB, K, num_pages);
+    sparse.set_threshold_pct(threshold_pct);
+    sparse.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
+    if (route_counts) sparse.last_route_counts(nullptr, &route_counts->first, &route_counts->second);
+  } else if (variant == Variant::KvMajor) {
     kvm.plan(T, Hkv, kG, kD, kB, K, num_pages);
     kvm.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
     // A second run on the same plan must give the same result (the CSR counters are reset per run).
@@ -141,7 +152,9 @@ void run_case(const Case& c, int bad_row = -1, Variant variant = Variant::Union,
     attn.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
   }
   if (bad_row >= 0) {
-    if (variant == Variant::KvMajor)
+    if (variant == Variant::Auto)
+      EXPECT_THROW(sparse.check(nullptr), Error);
+    else if (variant == Variant::KvMajor)
       EXPECT_THROW(kvm.check(nullptr), Error);
     else
       EXPECT_THROW(attn.check(nullptr), Error);
@@ -149,10 +162,12 @@ void run_case(const Case& c, int bad_row = -1, Variant variant = Variant::Union,
   }
   attn.check(nullptr);
   if (variant == Variant::KvMajor) kvm.check(nullptr);
+  if (variant == Variant::Auto) sparse.check(nullptr);
   std::string shape = "T=" + std::to_string(T) + " Hkv=" + std::to_string(Hkv) + " K=" + std::to_string(K) + " seqs";
   for (const Seq& s : c.seqs) shape += " " + std::to_string(s.prefix) + "+" + std::to_string(s.len);
   const char* name = variant == Variant::Dense     ? "dense_prefill_tc bf16"
                      : variant == Variant::KvMajor ? "msa_prefill_kvmajor bf16"
+                     : variant == Variant::Auto    ? "msa_prefill_routed bf16"
                                                    : "msa_prefill_union bf16";
   expect_close(name, shape, dout.get(), ref, 1e-2);
 }
@@ -190,6 +205,26 @@ TEST(GpuMsaPrefillTc, KvBlockMajorServesSharedPrefixPagesOfSeveralSequencesInOne
 TEST(GpuMsaPrefillTc, KvBlockMajorReportsABlockAfterTheLocalBlock) {
   M3_SKIP_WITHOUT_GPU();
   run_case({{{1000, 20}}, 1, 16}, /*bad_row=*/5, Variant::KvMajor);
+}
+
+TEST(GpuMsaPrefillTc, RouterSendsWideUnionTilesToKvBlockMajorAndNarrowOnesToUnionTile) {
+  M3_SKIP_WITHOUT_GPU();
+  // Rows of the short sequence select every block they can see (narrow unions); the 20k-context rows pick 15
+  // random history blocks each (wide unions): one step holds both kinds, each kernel writes only its own rows.
+  std::pair<int64_t, int64_t> counts{0, 0};
+  run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 26, &counts);
+  EXPECT_GT(counts.first, 0) << "no tile routed to the union-tile kernel";
+  EXPECT_GT(counts.second, 0) << "no tile routed to the KV-block-major kernel";
+  run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 0, &counts);  // every tile KV-block-major
+  EXPECT_EQ(counts.first, 0);
+  run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 1 << 20, &counts);  // every tile union
+  EXPECT_EQ(counts.second, 0);
+  run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16}, -1, Variant::Auto);  // ragged tiles across sequences
+}
+
+TEST(GpuMsaPrefillTc, RoutedPrefillReportsABlockAfterTheLocalBlock) {
+  M3_SKIP_WITHOUT_GPU();
+  run_case({{{1000, 20}}, 1, 16}, /*bad_row=*/5, Variant::Auto);
 }
 
 TEST(GpuMsaPrefillTc, UnionTileReportsABlockAfterTheLocalBlock) {

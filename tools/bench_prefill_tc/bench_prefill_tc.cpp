@@ -25,6 +25,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/msa_prefill_kvmajor.cuh"
+#include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
 #include "bench_common/event_timer.h"
 
@@ -184,6 +185,29 @@ int main(int argc, char** argv) {
                       "\"variant\": \"kv-block-major tc bf16, %s selection\", \"median_us\": %.1f, \"useful_tflops\": "
                       "%.1f}\n",
                       kv / 1024, name, medk * 1e3, tfk);
+        json += rec;
+
+        // The per-tile router (msa_prefill_sparse.cuh): its pick and its time next to both kernels.
+        cuda::MsaPrefillSparse routed;
+        routed.plan(kT, kHkv, kG, kD, kB, kTopK, num_pages);
+        auto fr = [&] {
+          routed.run(q.get(), dsel.get(), rows, kvc, 1.f / std::sqrt(float(kD)), kvout.get(), nullptr);
+        };
+        fr();
+        routed.check(nullptr);
+        int64_t nu = 0, nk = 0;
+        routed.last_route_counts(nullptr, &nu, &nk);
+        const std::vector<float> tr = bench::time_sorted_ms(fr, 3, 20);
+        const float medr = tr[tr.size() / 2];
+        const double tfr = useful / (medr * 1e-3) / 1e12;
+        std::printf("| %dk | %s, routed per tile | %.3f | %.3f–%.3f | %.0f | %lld union / %lld KV-major tiles; best single %.3f |\n",
+                    kv / 1024, name, medr, tr.front(), tr.back(), tfr, (long long)nu, (long long)nk,
+                    std::min(med, medk));
+        std::snprintf(rec, sizeof rec,
+                      "{\"op\": \"msa_prefill_attention\", \"shape\": \"T16384 KV%dk 64q/4kv D128 B128 top16\", "
+                      "\"variant\": \"routed per tile (union / kv-major), %s selection\", \"median_us\": %.1f, "
+                      "\"useful_tflops\": %.1f}\n",
+                      kv / 1024, name, medr * 1e3, tfr);
         json += rec;
       }
       {  // dense causal mode (run_dense): every row reads blocks 0..local; useful = 4·D·Hq·Σ (p + 1)

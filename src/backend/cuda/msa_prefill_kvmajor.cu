@@ -53,8 +53,9 @@ struct EdgeParams {
   int* rank;      // [E]: place of the entry in its row, −1 when not an edge
   int* edge_row;  // [E]
   int* error;
+  const uint8_t* route;  // [⌈T / 8⌉, Hkv]: 0 = the union-tile kernel serves this tile (no edges here); or null
   int64_t E;
-  int T, K, P;
+  int T, K, P, Hkv;
 };
 
 __global__ void kvm_count_kernel(const EdgeParams p) {
@@ -66,7 +67,9 @@ __global__ void kvm_count_kernel(const EdgeParams p) {
     const int64_t ht = e / p.K;
     const int t = int(ht % p.T), h = int(ht / p.T);
     const int local = p.pos[t] / kB;
-    if (b > local) {
+    if (p.route && !p.route[(t / kTok) * p.Hkv + h]) {
+      // served by the union-tile kernel, which checks the contract itself
+    } else if (b > local) {
       atomicOr(p.error, 1);
     } else {
       const int page = p.pt_pages[p.pt_indptr[p.row_seq[t]] + b];
@@ -325,6 +328,7 @@ struct CombineParams {
   const __nv_bfloat16* o_part;
   const float* lse_part;
   float* out;  // [T, Hq, D]
+  const uint8_t* route;
   int T, Hq, K;
 };
 
@@ -336,6 +340,7 @@ __global__ void kvm_combine_kernel(const CombineParams p) {
   const int lane = threadIdx.x % 32;
   if (w >= int64_t(p.T) * p.Hq) return;
   const int t = int(w / p.Hq), m = int(w % p.Hq), h = m / kG;
+  if (p.route && !p.route[(t / kTok) * (p.Hq / kG) + h]) return;  // the union-tile kernel wrote this row
   const int local = p.pos[t] / kB;
   int b = -1;
   if (lane < p.K) b = p.selection[(int64_t(h) * p.T + t) * p.K + lane];
@@ -417,7 +422,7 @@ size_t MsaPrefillKvMajor::workspace_bytes() const {
 }
 
 void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows,
-                            const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s) {
+                            const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s, const uint8_t* route) {
   M3_CUDA_REQUIRE(rows.T == T_, "MsaPrefillKvMajor::run: %d rows, planned for %lld", rows.T, (long long)T_);
   M3_CUDA_REQUIRE(kv.num_kv_heads == Hkv_ && kv.head_dim == kD && kv.block_size == kB && kv.num_pages == P_,
                   "MsaPrefillKvMajor::run: cache shape does not match the plan");
@@ -434,9 +439,9 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
 
   // 1–3: the block → queries CSR and the tile list.
   M3_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(nrows) * 4, s));
-  const EdgeParams ep{selection,  rows.pos,        rows.row_seq, rows.pt_indptr, rows.pt_pages, cnt_.get(),
-                      rank_.get(), edge_row_.get(), error_.get(), E,            int(T_),       K_,
-                      int(P_)};
+  const EdgeParams ep{selection,   rows.pos,        rows.row_seq, rows.pt_indptr, rows.pt_pages, cnt_.get(),
+                      rank_.get(), edge_row_.get(), error_.get(), route,          E,             int(T_),
+                      K_,          int(P_),         Hkv_};
   kvm_count_kernel<<<blocks_for(E, 256), 256, 0, s>>>(ep);
   M3_CUDA_LAUNCH_CHECK();
   kvm_pack_kernel<<<blocks_for(nrows, 256), 256, 0, s>>>(cnt_.get(), packed_.get(), nrows);
@@ -468,7 +473,7 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
 
   // 5: combine, chained by programmatic dependent launch (its prologue overlaps the attention's tail).
   const CombineParams cp{selection, rows.pos, reinterpret_cast<const __nv_bfloat16*>(o_part_.get()),
-                         lse_part_.get(), out, int(T_), Hq, K_};
+                         lse_part_.get(), out, route, int(T_), Hq, K_};
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(blocks_for(T_ * Hq * 32, 256));
   cfg.blockDim = dim3(256);

@@ -26,9 +26,10 @@ class MsaPrefillKvMajor {
   void plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k, int64_t num_pages);
   // q: [T, Hq, D] bf16; selection: [Hkv, T, top_k] (valid prefix, local block included, −1 padding); out:
   // [T, Hq, D] fp32. Device-only: CSR build (count, one scan, scatter, tile emit), the attention kernel, the
-  // combine; no host synchronisation. kv.num_pages must equal the plan's.
+  // combine; no host synchronisation. kv.num_pages must equal the plan's. route (optional, [⌈T / 8⌉, Hkv] bytes):
+  // only the tiles of 8 rows marked 1 are served, the others' rows are left untouched (msa_prefill_sparse.cuh).
   void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
-           float scale, float* out, cudaStream_t s);
+           float scale, float* out, cudaStream_t s, const uint8_t* route = nullptr);
   // Throws m3::Error when a run() since the last check saw a selected block after the row's local block.
   void check(cudaStream_t s);
   // Bytes of device workspace the plan holds (partials dominate: 16 · T · Hq · 260 B at top-16).
