@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <utility>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/msa_indexer_tc.cuh"
 #include "backend/cuda/msa_prefill_kvmajor.cuh"
 #include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
@@ -225,6 +228,86 @@ TEST(GpuMsaPrefillTc, RouterSendsWideUnionTilesToKvBlockMajorAndNarrowOnesToUnio
 TEST(GpuMsaPrefillTc, RoutedPrefillReportsABlockAfterTheLocalBlock) {
   M3_SKIP_WITHOUT_GPU();
   run_case({{{1000, 20}}, 1, 16}, /*bad_row=*/5, Variant::Auto);
+}
+
+// Tensor-core prefill indexer (msa_indexer_tc.cuh) against cpu::msa_block_scores on the same bf16-rounded iq and
+// index keys: ragged multi-sequence steps, prefix > 0, tiles cut at sequence boundaries, 4 and 2 index heads, a
+// page stride larger than a page. Every element is checked: −inf exactly where the CPU has −inf.
+void run_indexer_case(const std::vector<Seq>& seqs, int Hi) {
+  constexpr int Di = 128;
+  std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
+  int total_pages = 0;
+  for (const Seq& s : seqs) total_pages += (s.prefix + s.len + kB - 1) / kB;
+  const int num_pages = total_pages + 2;
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng());
+  int next = 0;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    for (int i = 0; i < seqs[si].len; ++i) {
+      pos.push_back(seqs[si].prefix + i);
+      row_seq.push_back(int(si));
+    }
+    const int n = (seqs[si].prefix + seqs[si].len + kB - 1) / kB;
+    for (int b = 0; b < n; ++b) pt_pages.push_back(perm[next++]);
+    pt_indptr.push_back(int(pt_pages.size()));
+  }
+  const int T = int(pos.size());
+  const int64_t stride = int64_t(kB) * Di + 256;  // page [B, Di] + padding
+  std::vector<float> ik = rand_vec(size_t(stride * num_pages)), iq = rand_vec(size_t(T) * Hi * Di);
+  const std::vector<uint16_t> ik_bits = to_bf16(ik), iq_bits = to_bf16(iq);
+
+  cuda::MsaIndexerTc idx;
+  idx.plan(pos, row_seq, Hi, Di, kB, nullptr);
+  const int64_t cols = idx.max_cols();
+  std::vector<float> ref(size_t(Hi) * T * cols, -INFINITY);
+  int row0 = 0;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const int n = seqs[si].len;
+    std::vector<float> one(size_t(Hi) * n * cols);
+    cpu::msa_block_scores(&iq[size_t(row0) * Hi * Di], n, Hi, &pos[size_t(row0)], cpu::PagedIndexK{ik.data(), stride, kB, Di},
+                          &pt_pages[size_t(pt_indptr[si])], cols, one.data());
+    for (int h = 0; h < Hi; ++h)
+      std::copy_n(&one[size_t(h) * n * cols], size_t(n) * cols, &ref[(size_t(h) * T + row0) * cols]);
+    row0 += n;
+  }
+  Dev<uint16_t> dik(ik_bits), diq(iq_bits);
+  Dev<int32_t> dpos(pos), dseq(row_seq), dind(pt_indptr), dpages(pt_pages);
+  Dev<float> dout(ref.size());
+  dout.poison();
+  const cuda::DevStepRows rows{dpos.p(), dseq.p(), dind.p(), dpages.p(), T};
+  idx.run(diq.p(), dik.p(), stride, num_pages, rows, dout.p(), nullptr);
+  const std::vector<float> out = dout.get();
+  double worst = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i])) {
+      bad += !(std::isinf(out[i]) && out[i] < 0);
+    } else {
+      const double e = std::fabs(double(out[i]) - ref[i]) / std::max(1.0, std::fabs(double(ref[i])));
+      worst = std::max(worst, e);
+      bad += !(e <= 1e-4);
+    }
+  }
+  std::printf("[gpu-op] msa_indexer_tc bf16 T=%d Hi=%d cols=%lld worst rel %.3g bad %zu of %zu\n", T, Hi,
+              (long long)cols, worst, bad, ref.size());
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(GpuMsaPrefillTc, TensorCoreIndexerMatchesCpuBlockScoresOnRaggedSteps) {
+  M3_SKIP_WITHOUT_GPU();
+  run_indexer_case({{0, 300}}, 4);                              // rows of the first blocks: few or no history columns
+  run_indexer_case({{5000, 77}, {0, 1}, {2304, 250}}, 4);       // ragged: tiles cut at sequence boundaries
+  run_indexer_case({{20000, 129}}, 2);                          // 156 history pages, 64 tokens per tile
+  run_indexer_case({{3 * 128 + 5, 40}, {16 * 128, 300}}, 4);
+}
+
+TEST(GpuMsaPrefillTc, TensorCoreIndexerRefusesUnsupportedShapes) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::MsaIndexerTc idx;
+  const std::vector<int32_t> pos{0, 1}, seq{0, 0};
+  EXPECT_THROW(idx.plan(pos, seq, 3, 128, 128, nullptr), Error);  // 128 % 3 != 0
+  EXPECT_THROW(idx.plan(pos, seq, 4, 64, 128, nullptr), Error);   // index dim 64
 }
 
 TEST(GpuMsaPrefillTc, UnionTileReportsABlockAfterTheLocalBlock) {
