@@ -19,6 +19,7 @@
 #include "backend/cuda/msa_decode.cuh"
 #include "backend/cuda/msa_decode_index.cuh"
 #include "backend/cuda/msa_indexer.cuh"
+#include "backend/cuda/msa_indexer_tc.cuh"
 #include "backend/cuda/msa_prefill.cuh"
 #include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
@@ -109,6 +110,7 @@ struct CudaExecutor::Impl {
   cuda::MsaPrefill msa_prefill;
   cuda::MsaDecode msa_decode;
   cuda::MsaIndexer indexer;
+  cuda::MsaIndexerTc indexer_tc;  // tensor-core prefill scores (bf16 index-K cache, Di 128)
   // Tensor-core kernels (docs/KERNELS.md §8–9), used where the shapes are theirs and the cache is bf16.
   cuda::MsaDecodeIndex dec_index;
   cuda::PagedDecodeTc dense_tc, sparse_tc;
@@ -272,6 +274,7 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
                         K <= cuda::MsaDecodeIndex::kMaxTopK;
   const bool tc_prefill = tc && !decode && any_sparse && G == 16 && K <= 16;
   const bool tc_dense_prefill = tc && !decode && any_dense && G == 16;  // union kernel in dense causal mode
+  const bool tc_prefill_index = tc_prefill && Di == 128 && Hi >= 1 && 128 % Hi == 0;  // MsaIndexerTc
   if (tc_dense_prefill) msa_union.plan(T, int(Hkv), int(G), int(D), int(B), 16);
   if (tc_prefill) msa_sparse.plan(T, int(Hkv), int(G), int(D), int(B), int(K), int64_t(pool->capacity()));
   if (any_dense && !tc_dense_prefill) {
@@ -287,13 +290,18 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
         msa_decode.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), true, s);
       else if (!tc_prefill)  // (the union kernel was planned above)
         msa_prefill.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), s);
-      indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
-      scores.grow(size_t(Hi * T * indexer.max_cols()));
+      if (tc_prefill_index) {
+        indexer_tc.plan(pos, row_seq, int(Hi), int(Di), int(B), s);
+        scores.grow(size_t(Hi * T * indexer_tc.max_cols()));
+      } else {
+        indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
+        scores.grow(size_t(Hi * T * indexer.max_cols()));
+      }
       d_sel.grow(size_t(Hi * T * K));
     }
     iqk.grow(size_t(T * (Hi + 1) * Di));
     iq.grow(size_t(T * Hi * Di));
-    if (tc_index) iqb.grow(size_t(T * Hi * Di));
+    if (tc_index || tc_prefill_index) iqb.grow(size_t(T * Hi * Di));
   }
   if (tc_decode || tc_prefill || tc_dense_prefill) qb.grow(size_t(T * Hq * D));
   if (tc_decode) attnb.grow(size_t(T * Hq * D));
@@ -368,8 +376,17 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
         prof.mark(GpuStepProfile::kAttention, s);
         o_bf16 = true;
       } else {
-        indexer.run(iq.get(), ikv, rows, scores.get(), s);
-        cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos.get(), int(B), indexer.max_cols(), int(K), d_sel.get(),
+        int64_t cols = 0;
+        if (tc_prefill_index) {
+          cuda::f32_to_bf16(iq.get(), T * Hi * Di, iqb.get(), s);
+          indexer_tc.run(iqb.get(), static_cast<const uint16_t*>(ikv.ik), ikv.page_stride, int64_t(pool->capacity()),
+                         rows, scores.get(), s);
+          cols = indexer_tc.max_cols();
+        } else {
+          indexer.run(iq.get(), ikv, rows, scores.get(), s);
+          cols = indexer.max_cols();
+        }
+        cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos.get(), int(B), cols, int(K), d_sel.get(),
                        s);
         prof.mark(GpuStepProfile::kIndexer, s);
         if (tc_prefill) {
