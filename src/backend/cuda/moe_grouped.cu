@@ -366,15 +366,26 @@ __global__ void combine_kernel(float* __restrict__ x, int H, int K, int TK, cons
 constexpr int kStagesSmall = 4, kStagesLarge = 3;
 
 template <int BM, int WM, int kStages, bool kGateUp>
-void launch_gemm(const GemmParams& p, dim3 grid, cudaStream_t s) {
-  constexpr int bytes = gemm_smem_bytes<BM, kStages>();
-  static bool attr = [] {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<BM, WM, kStages, kGateUp>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+void set_gemm_attribute() {
+  M3_CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<BM, WM, kStages, kGateUp>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes<BM, kStages>()));
+}
+
+// Opt-in shared memory for every GEMM instantiation, once, outside any capture (from moe_reserve).
+void ensure_attributes() {
+  static const bool done = [] {
+    set_gemm_attribute<16, 1, kStagesSmall, true>();
+    set_gemm_attribute<16, 1, kStagesSmall, false>();
+    set_gemm_attribute<64, 2, kStagesLarge, true>();
+    set_gemm_attribute<64, 2, kStagesLarge, false>();
     return true;
   }();
-  (void)attr;
-  moe_gemm_kernel<BM, WM, kStages, kGateUp><<<grid, 128, bytes, s>>>(p);
+  (void)done;
+}
+
+template <int BM, int WM, int kStages, bool kGateUp>
+void launch_gemm(const GemmParams& p, dim3 grid, cudaStream_t s) {
+  moe_gemm_kernel<BM, WM, kStages, kGateUp><<<grid, 128, gemm_smem_bytes<BM, kStages>(), s>>>(p);
   M3_CUDA_LAUNCH_CHECK();
 }
 
@@ -411,6 +422,7 @@ void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int6
   M3_CUDA_REQUIRE(moe_grouped_supported(H, E, top_k, I, Is),
                   "moe_reserve: unsupported shape H %lld, E %lld, top_k %lld, I %lld, shared I %lld", (long long)H,
                   (long long)E, (long long)top_k, (long long)I, (long long)Is);
+  ensure_attributes();
   const Sizes z = sizes_for(std::max<int64_t>(T_max, 1), H, E, top_k, I, Is);
   s.logits.grow(z.logits), s.ids.grow(z.tk), s.weights.grow(z.tk), s.xb.grow(z.xb), s.offsets.grow(z.offsets);
   s.row_tok.grow(z.rows), s.row_slot.grow(z.rows), s.tiles.grow(z.tiles), s.counters.grow(2), s.act.grow(z.act);
