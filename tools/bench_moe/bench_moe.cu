@@ -83,6 +83,41 @@ __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ d
   for (; i < n; i += stride) dst[i] = src[i];
 }
 
+// Read-only stream (what the expert weights are): XOR of 16-byte loads, 4 in flight per thread; one store per thread
+// that never happens (the flag is 0) keeps the loads alive.
+__global__ void read_kernel(const uint4* __restrict__ src, size_t n, uint4* __restrict__ sink, int flag) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    acc.x ^= a.x ^ b.x ^ c.x ^ d.x, acc.y ^= a.y ^ b.y ^ c.y ^ d.y;
+    acc.z ^= a.z ^ b.z ^ c.z ^ d.z, acc.w ^= a.w ^ b.w ^ c.w ^ d.w;
+  }
+  for (; i < n; i += stride) acc.x ^= src[i].x, acc.y ^= src[i].y, acc.z ^= src[i].z, acc.w ^= src[i].w;
+  if (flag) sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+
+// Read ceiling in GB/s (4 GiB read, best of two grid sizes).
+double read_ceiling_gbps() {
+  const size_t bytes = size_t(4) << 30;
+  DeviceBuffer<uint8_t> a(bytes);
+  DeviceBuffer<uint4> sink(size_t(132) * 64 * 256);
+  M3_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  const int sms = m3::cuda::sm_count();
+  double best = 0;
+  for (int per_sm : {4, 8}) {
+    const Timing t = time_graph(
+        [&](cudaStream_t s) {
+          read_kernel<<<sms * per_sm, 256, 0, s>>>(reinterpret_cast<const uint4*>(a.get()), bytes / 16, sink.get(), 0);
+          M3_CUDA_CHECK(cudaGetLastError());
+        },
+        1);
+    best = std::max(best, double(bytes) / (t.median_us * 1e3));
+  }
+  return best;
+}
+
 // Copy ceiling in GB/s (read + write bytes over time; 1 GiB each way): best of a copy kernel and cudaMemcpyAsync.
 double copy_ceiling_gbps() {
   const size_t bytes = size_t(1) << 30;
@@ -114,7 +149,8 @@ int main(int argc, char** argv) {
     M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     const double copy = copy_ceiling_gbps();
-    std::printf("copy ceiling (read + write): %.0f GB/s\n", copy);
+    const double rd = read_ceiling_gbps();
+    std::printf("copy ceiling (read + write): %.0f GB/s; read-only ceiling: %.0f GB/s\n", copy, rd);
 
     const int64_t H = 6144, E = 128, K = 4, I = 3072, Is = 3072;
     const size_t expert_bytes = size_t(3 * I * H) * 2, shared_bytes = size_t(3 * Is * H) * 2;
@@ -144,11 +180,13 @@ int main(int argc, char** argv) {
     m3::cuda::FfnScratch ffn;
 
     std::printf("| T | calls/graph | median µs | CV | experts read/call | bytes/call MB | floor µs | floor/measured | "
-                "TFLOP/s | sync path (eager) µs |\n|---|---|---|---|---|---|---|---|---|---|\n");
+                "TFLOP/s | read floor µs | read floor/measured | sync path (eager) µs |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<int64_t> Ts = {1, 8, 32, 64, 4096};
     if (quick) Ts = {1, 64};
     m3::cuda::MoeGroupedScratch scr;
     m3::cuda::moe_reserve(scr, 4096, H, E, K, I, Is);  // everything allocated before any capture
+    std::vector<std::string> breakdown;
     for (int64_t T : Ts) {
       const int rot = T >= 1024 ? 2 : 8;
       std::vector<DeviceBuffer<float>> xn(static_cast<size_t>(rot)), x(static_cast<size_t>(rot));
@@ -197,11 +235,40 @@ int main(int argc, char** argv) {
       }
       char sync_s[32] = "—";
       if (sync_us > 0) std::snprintf(sync_s, sizeof sync_s, "%.1f", sync_us);
-      std::printf("| %lld | %d | %.1f | %.3f | %.2f | %.0f | %.1f | %.0f %% | %.1f | %s |\n", (long long)T, rot,
-                  t.median_us, t.cv, active, bytes / 1e6, floor_us, 100.0 * floor_us / t.median_us,
-                  flops / (t.median_us * 1e6), sync_s);
+      const double rfloor_us = bytes / (rd * 1e3);
+      std::printf("| %lld | %d | %.1f | %.3f | %.2f | %.0f | %.1f | %.0f %% | %.1f | %.1f | %.0f %% | %s |\n",
+                  (long long)T, rot, t.median_us, t.cv, active, bytes / 1e6, floor_us, 100.0 * floor_us / t.median_us,
+                  flops / (t.median_us * 1e6), rfloor_us, 100.0 * rfloor_us / t.median_us, sync_s);
+      // Per-kernel breakdown, eager (launch gaps included in the kernel that follows): median of 9.
+      {
+        m3::cuda::MoeStageEvents me;
+        for (auto& e : me.ev) M3_CUDA_CHECK(cudaEventCreate(&e));
+        std::vector<std::vector<double>> parts(5);
+        for (int i = 0; i < 11; ++i) {
+          m3::cuda::moe_grouped_forward(w, xn[i % rot].get(), T, H, x[i % rot].get(), scr, nullptr, &me);
+          M3_CUDA_CHECK(cudaEventSynchronize(me.ev[5]));
+          if (i < 2) continue;
+          for (int k = 0; k < 5; ++k) {
+            float ms = 0;
+            M3_CUDA_CHECK(cudaEventElapsedTime(&ms, me.ev[k], me.ev[k + 1]));
+            parts[k].push_back(1e3 * ms);
+          }
+        }
+        breakdown.push_back("| " + std::to_string(T));
+        for (auto& v : parts) {
+          std::sort(v.begin(), v.end());
+          char b[32];
+          std::snprintf(b, sizeof b, " | %.1f", v[v.size() / 2]);
+          breakdown.back() += b;
+        }
+        breakdown.back() += " |";
+        for (auto& e : me.ev) cudaEventDestroy(e);
+      }
       std::fflush(stdout);
     }
+    std::printf("\nEager breakdown (µs, median of 9; events between the launches):\n\n"
+                "| T | router | route + group | gate/up + SwiGLU | down | combine |\n|---|---|---|---|---|---|\n");
+    for (const auto& l : breakdown) std::printf("%s\n", l.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_moe: %s\n", e.what());

@@ -60,8 +60,13 @@ void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int6
 
 // x[t] += Σ_k w[t,k]·expert_{id[t,k]}(xn[t]) + shared(xn[t]) for t < T. xn, x: fp32 [T, H]. No host sync and no
 // allocation when the scratch was reserved for T (while capturing, an unreserved T is an error).
+// Optional events recorded around the five launches (bench breakdown): [0] before the router, [1] after it,
+// [2] after grouping, [3] after gate/up, [4] after down, [5] after the combine.
+struct MoeStageEvents {
+  cudaEvent_t ev[6];
+};
 void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T, int64_t H, float* x,
-                         MoeGroupedScratch& scr, cudaStream_t s);
+                         MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks = nullptr);
 
 // Rows per GEMM tile the forward picks for T rows (16 for decode-sized steps, 64 for prefill).
 int moe_tile_rows(int64_t T, int64_t E, int64_t top_k);
