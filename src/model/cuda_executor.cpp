@@ -20,6 +20,7 @@
 #include "backend/cuda/msa_decode_index.cuh"
 #include "backend/cuda/msa_indexer.cuh"
 #include "backend/cuda/msa_prefill.cuh"
+#include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
 #include "backend/cuda/msa_topk.cuh"
 #include "backend/cuda/norm_rope.cuh"
@@ -111,7 +112,8 @@ struct CudaExecutor::Impl {
   // Tensor-core kernels (docs/KERNELS.md §8–9), used where the shapes are theirs and the cache is bf16.
   cuda::MsaDecodeIndex dec_index;
   cuda::PagedDecodeTc dense_tc, sparse_tc;
-  cuda::MsaPrefillUnion msa_union;
+  cuda::MsaPrefillUnion msa_union;    // dense causal prefill (run_dense)
+  cuda::MsaPrefillSparse msa_sparse;  // sparse prefill: union-tile or KV-block-major, routed per tile on the device
   GpuStepProfile prof;  // M3_STEP_PROFILE=1: per-category GPU time of every step
 
   Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pages, CudaExecutorOptions o);
@@ -270,8 +272,8 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
                         K <= cuda::MsaDecodeIndex::kMaxTopK;
   const bool tc_prefill = tc && !decode && any_sparse && G == 16 && K <= 16;
   const bool tc_dense_prefill = tc && !decode && any_dense && G == 16;  // union kernel in dense causal mode
-  if (tc_prefill || tc_dense_prefill)
-    msa_union.plan(T, int(Hkv), int(G), int(D), int(B), int(std::clamp<int64_t>(K, 1, 16)));
+  if (tc_dense_prefill) msa_union.plan(T, int(Hkv), int(G), int(D), int(B), 16);
+  if (tc_prefill) msa_sparse.plan(T, int(Hkv), int(G), int(D), int(B), int(K), int64_t(pool->capacity()));
   if (any_dense && !tc_dense_prefill) {
     dense.plan(pos, rows, int(Hkv), int(G), int(D), int(B), ppu, decode, s);
     if (tc_decode) dense_tc.plan(int(T * Hkv), int(G), dense.max_pages(), true);
@@ -374,8 +376,8 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
           cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
           const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                          kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
-          msa_union.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
-          if (opt.validate) msa_union.check(s);
+          msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
+          if (opt.validate) msa_sparse.check(s);
         } else if (decode) {
           msa_decode.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
           if (opt.validate) msa_decode.check(s);
