@@ -459,6 +459,8 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
         m.experts.push_back(cuda::MlpDev{L.experts_gate_up.mem.get() + size_t(e * 2 * I * H) * esz,
                                          L.experts_down.mem.get() + size_t(e * H * I) * esz, wt, I});
       if (L.shared.I > 0) m.shared = cuda::MlpDev{L.shared.gate_up.get(), L.shared.down.get(), wt, L.shared.I};
+      if (wt == cuda::WType::BF16)  // the grouped device path (no host sync); fp32 keeps the exact sync path
+        m.stacked_gate_up = L.experts_gate_up.mem.get(), m.stacked_down = L.experts_down.mem.get(), m.expert_I = I;
       m.E = E, m.top_k = c.num_experts_per_tok, m.routed_scale = c.routed_scaling_factor;
       m.alpha = c.swiglu_alpha, m.limit = c.swiglu_limit;
       cuda::moe_forward(*gemm, m, xn.get(), T, H, x.get(), ffn, s);
