@@ -109,7 +109,7 @@ TEST(GpuLoad, DummyWeightsAreDeterministicAndEqualTheirCpuTwin) {
     CudaExecutor twin(c, dummy_weights(c, 5), 16, o);
     expect_same_device_weights(*a, *b, c);
     expect_same_device_weights(*a, twin, c);
-    const WeightSlot& embed = weight_plan(c)[0];
+    const WeightSlot embed = weight_plan(c)[0];  // a copy: the plan is a temporary
     EXPECT_NE(a->weight_bytes(embed), other->weight_bytes(embed));
     const std::vector<float> l = logits_of(*a, 40);
     for (float x : l) ASSERT_TRUE(std::isfinite(x));
