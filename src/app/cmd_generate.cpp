@@ -43,6 +43,7 @@ struct GenerateOptions {
   float repetition_penalty = 1.f;
   int logprobs = -1;
   std::string device = "auto";
+  LoadOptions load;
 };
 
 GenerationParams generation_params(const GenerateOptions& o) {
@@ -91,6 +92,7 @@ CommandRun register_generate(CLI::App& app) {
                   "Print each token's logprob and this many alternatives (0-20) as JSON lines after the output");
   cmd->add_option("--device", opt->device, "auto (CUDA when built with it and a GPU is present), cpu or cuda")
       ->check(CLI::IsMember(device_choices()));
+  add_load_flags(*cmd, opt->load);
   return [opt]() -> int {
     // Text in/out when a tokenizer is available; ids otherwise.
     std::optional<Tokenizer> tok;
@@ -111,7 +113,7 @@ CommandRun register_generate(CLI::App& app) {
 
     auto t_load = std::chrono::steady_clock::now();
     const int64_t total = int64_t(req.prompt.size()) + opt->max_tokens;
-    const std::unique_ptr<ModelExecutor> ex = make_executor(opt->model, opt->device, KvBudget{0, total});
+    const std::unique_ptr<ModelExecutor> ex = make_executor(opt->model, opt->device, KvBudget{0, total}, opt->load);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     EngineConfig ec;
     ec.max_num_seqs = 1;

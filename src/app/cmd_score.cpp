@@ -30,6 +30,7 @@ struct ScoreOptions {
   int top = 20;
   int64_t chunk = 0;
   std::string device = "cpu";
+  LoadOptions load;
 };
 
 std::string read_all(const std::string& path) {
@@ -51,12 +52,13 @@ CommandRun register_score(CLI::App& app) {
   cmd->add_option("--chunk", opt->chunk, "Prefill chunk size (0 = one shot); results must not depend on it");
   cmd->add_option("--device", opt->device, "cpu (reference, default), cuda or auto")
       ->check(CLI::IsMember(device_choices()));
+  add_load_flags(*cmd, opt->load);
   return [opt]() -> int {
     M3_CHECK(!opt->ids.empty() || !opt->ids_file.empty(), "score: give --ids or --ids-file");
     std::vector<int32_t> ids = parse_id_list(opt->ids.empty() ? read_all(opt->ids_file) : opt->ids);
     M3_CHECK(!ids.empty(), "score: no token ids");
     const int64_t T = int64_t(ids.size());
-    const std::unique_ptr<ModelExecutor> executor = make_executor(opt->model, opt->device, KvBudget{0, T});
+    const std::unique_ptr<ModelExecutor> executor = make_executor(opt->model, opt->device, KvBudget{0, T}, opt->load);
     ModelExecutor& ex = *executor;
     const M3Config& c = ex.config();
     SequenceKV seq(ex.pool(), c.sparse_block_size);

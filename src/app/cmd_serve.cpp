@@ -52,6 +52,7 @@ struct ServeOptions {
   int io_threads = 2;
   std::string default_thinking_mode;
   std::string device = "auto";
+  LoadOptions load;
 };
 
 // "2GiB", "512MiB", "1.5G", "1000000" → bytes.
@@ -114,7 +115,7 @@ int64_t expected_load_bytes(const std::string& dir) {
 // Loads the model onto `device` while a thread draws a progress bar on stderr. Progress = resident memory grown /
 // bytes the load will touch (an estimate: the loader has no callback), clamped below 100 % until it returns.
 std::unique_ptr<ModelExecutor> load_with_progress(const std::string& dir, const std::string& device,
-                                                  KvBudget kv) {
+                                                  KvBudget kv, const LoadOptions& load) {
   const int64_t expected = expected_load_bytes(dir);
   const int64_t rss0 = resident_bytes();
   std::atomic<bool> done{false};
@@ -141,7 +142,7 @@ std::unique_ptr<ModelExecutor> load_with_progress(const std::string& dir, const 
     }
   });
   try {
-    std::unique_ptr<ModelExecutor> m = make_executor(dir, device, kv);
+    std::unique_ptr<ModelExecutor> m = make_executor(dir, device, kv, load);
     done = true;
     bar.join();
     draw(1.0, true);
@@ -195,6 +196,7 @@ CommandRun register_serve(CLI::App& app) {
   cmd->add_option("--device", o->device, "auto (CUDA when built with it and a GPU is present), cpu or cuda")
       ->check(CLI::IsMember(device_choices()))
       ->capture_default_str();
+  add_load_flags(*cmd, o->load);
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body; larger ones get 413")
       ->capture_default_str();
   cmd->add_option("--max-connections", o->max_connections, "Concurrent connections; more get 429 + Retry-After")
@@ -267,7 +269,7 @@ CommandRun register_serve(CLI::App& app) {
     // --kv-cache-memory is divided by the chosen executor's own page size (checked before the weights load).
     KvBudget kv;
     if (!o->kv_cache_memory.empty()) kv.bytes = parse_bytes(o->kv_cache_memory, "--kv-cache-memory");
-    const std::unique_ptr<ModelExecutor> executor = load_with_progress(o->model, o->device, kv);
+    const std::unique_ptr<ModelExecutor> executor = load_with_progress(o->model, o->device, kv, o->load);
     const M3Config& c = executor->config();
     if (int64_t(tokenizer->vocab_size()) > c.vocab_size)
       std::fprintf(stderr, "warning: tokenizer has %zu ids but the model's vocabulary is %d; larger ids are rejected\n",

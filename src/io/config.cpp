@@ -274,4 +274,15 @@ M3Config load_m3_config(const std::string& path) {
   return parse_m3_config(ss.str(), path);
 }
 
+M3Config truncate_layers(const M3Config& cfg, int num_layers) {
+  M3_CHECK(num_layers >= 1, "--num-layers must be at least 1, got {}", num_layers);
+  M3_CHECK(num_layers <= cfg.num_layers, "--num-layers {} exceeds the model's {} layers", num_layers, cfg.num_layers);
+  M3Config c = cfg;
+  c.num_layers = num_layers;
+  c.attn_kinds.resize(size_t(num_layers));
+  c.mlp_kinds.resize(size_t(num_layers));
+  c.validate();
+  return c;
+}
+
 }  // namespace m3

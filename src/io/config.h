@@ -66,4 +66,9 @@ struct M3Config {
 M3Config parse_m3_config(const std::string& json_text, const std::string& source = "config.json");
 M3Config load_m3_config(const std::string& path);
 
+// The config's first `num_layers` layers plus the head (embedding, final norm, LM head): the dense/sparse attention
+// and dense/MoE MLP kinds of layers 0..num_layers-1 are kept as they are, so M3's real widths can run on one GPU
+// (`--num-layers`). Throws m3::Error for num_layers < 1 or > cfg.num_layers.
+M3Config truncate_layers(const M3Config& cfg, int num_layers);
+
 }  // namespace m3

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "backend/cuda/attention_dense.cuh"
 #include "backend/cuda/common.cuh"
@@ -19,7 +20,9 @@
 #include "backend/cuda/msa_decode.cuh"
 #include "backend/cuda/msa_decode_index.cuh"
 #include "backend/cuda/msa_indexer.cuh"
+#include "backend/cuda/msa_indexer_tc.cuh"
 #include "backend/cuda/msa_prefill.cuh"
+#include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
 #include "backend/cuda/msa_topk.cuh"
 #include "backend/cuda/norm_rope.cuh"
@@ -27,6 +30,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "model/checkpoint.h"
+#include "model/cuda_weight_loader.h"
 #include "model/gpu_step_profile.h"
 
 namespace m3 {
@@ -108,13 +112,29 @@ struct CudaExecutor::Impl {
   cuda::MsaPrefill msa_prefill;
   cuda::MsaDecode msa_decode;
   cuda::MsaIndexer indexer;
+  cuda::MsaIndexerTc indexer_tc;  // tensor-core prefill scores (bf16 index-K cache, Di 128)
   // Tensor-core kernels (docs/KERNELS.md §8–9), used where the shapes are theirs and the cache is bf16.
   cuda::MsaDecodeIndex dec_index;
   cuda::PagedDecodeTc dense_tc, sparse_tc;
-  cuda::MsaPrefillUnion msa_union;
+  cuda::MsaPrefillUnion msa_union;    // dense causal prefill (run_dense)
+  cuda::MsaPrefillSparse msa_sparse;  // sparse prefill: union-tile or KV-block-major, routed per tile on the device
   GpuStepProfile prof;  // M3_STEP_PROFILE=1: per-category GPU time of every step
 
-  Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pages, CudaExecutorOptions o);
+  LoadStats load_stats;  // how the weights got here (streamed / dummy; zero for the host-fp32 constructor)
+  std::string weights_source = "host fp32";
+
+  // Construction in three steps (model/cuda_weight_loader.h): device + stream, then the weights (host fp32 upload,
+  // streamed safetensors, or dummy), then the KV pools sized by what the weights left free.
+  Impl(const M3Config& cfg, CudaExecutorOptions o);
+  Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pages, CudaExecutorOptions o) : Impl(cfg, o) {
+    upload(w);
+    alloc_kv(num_pages);
+  }
+  void upload(const M3Weights& w);
+  void alloc_kv(int32_t num_pages);
+  // The device storage of one weight slot (model/weight_plan.h), allocated on first use; what the streaming loader
+  // and the dummy fill write into.
+  DeviceSlot bind(const WeightSlot& s);
   ~Impl() {
     if (stream) cudaStreamDestroy(stream);
   }
@@ -129,7 +149,7 @@ struct CudaExecutor::Impl {
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace);
 };
 
-CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pages, CudaExecutorOptions o)
+CudaExecutor::Impl::Impl(const M3Config& cfg, CudaExecutorOptions o)
     : c(cfg), opt(o), wt(o.bf16_weights ? cuda::WType::BF16 : cuda::WType::F32) {
   M3_CHECK(cuda::device_count() > opt.device, "CUDA executor: no CUDA device {} (found {})", opt.device,
            cuda::device_count());
@@ -141,12 +161,15 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pa
   M3_CUDA_CHECK(cudaSetDevice(opt.device));
   M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<cuda::Gemm>();
+  put_f32(inv_freq, cuda::rope_inv_freq(c.rotary_dim, c.rope_theta));
+  layers.resize(size_t(c.num_layers));
+}
+
+void CudaExecutor::Impl::upload(const M3Weights& w) {
   const int64_t H = c.hidden_size;
   put(embed, w.embed.data(), w.embed.size(), wt);
   put(lm_head, w.lm_head.data(), w.lm_head.size(), wt);
   put_f32(final_norm, w.final_norm);
-  put_f32(inv_freq, cuda::rope_inv_freq(c.rotary_dim, c.rope_theta));
-  layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     DevLayer& d = layers[l];
@@ -186,6 +209,52 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, const M3Weights& w, int32_t num_pa
       }
     }
   }
+}
+
+DeviceSlot CudaExecutor::Impl::bind(const WeightSlot& s) {
+  const bool bf16 = s.matrix && wt == cuda::WType::BF16;
+  const size_t esz = bf16 ? 2 : 4, n = size_t(s.numel());
+  auto mat = [&](DevMat& m, size_t elems, size_t at) {
+    m.wt = wt;
+    m.mem.grow(elems * esz);  // keeps an existing allocation of that size (experts share one stacked buffer)
+    return DeviceSlot{m.mem.get() + at * esz, bf16};
+  };
+  auto vec = [&](DeviceBuffer<float>& d) {
+    d.grow(n);
+    return DeviceSlot{d.get(), false};
+  };
+  if (s.layer < 0) {
+    if (s.kind == SlotKind::FinalNorm) return vec(final_norm);
+    return mat(s.kind == SlotKind::Embed ? embed : lm_head, n, 0);
+  }
+  DevLayer& d = layers[size_t(s.layer)];
+  switch (s.kind) {
+    case SlotKind::InputNorm: return vec(d.input_norm);
+    case SlotKind::PostAttnNorm: return vec(d.post_attn_norm);
+    case SlotKind::QNorm: return vec(d.q_norm);
+    case SlotKind::KNorm: return vec(d.k_norm);
+    case SlotKind::IndexQNorm: return vec(d.index_q_norm);
+    case SlotKind::IndexKNorm: return vec(d.index_k_norm);
+    case SlotKind::Router: return vec(d.router);
+    case SlotKind::RouterBias: return vec(d.router_bias);
+    case SlotKind::Wqkv: return mat(d.wqkv, n, 0);
+    case SlotKind::Wo: return mat(d.wo, n, 0);
+    case SlotKind::WIndexQk: return mat(d.w_index_qk, n, 0);
+    case SlotKind::MlpGateUp: d.mlp.I = c.dense_intermediate_size; return mat(d.mlp.gate_up, n, 0);
+    case SlotKind::MlpDown: return mat(d.mlp.down, n, 0);
+    case SlotKind::SharedGateUp: d.shared.I = c.shared_intermediate_size; return mat(d.shared.gate_up, n, 0);
+    case SlotKind::SharedDown: return mat(d.shared.down, n, 0);
+    case SlotKind::ExpertGateUp:  // stacked [E, 2I, H]
+      d.expert_I = c.moe_intermediate_size;
+      return mat(d.experts_gate_up, n * size_t(c.num_experts), n * size_t(s.expert));
+    case SlotKind::ExpertDown:  // stacked [E, H, I]
+      return mat(d.experts_down, n * size_t(c.num_experts), n * size_t(s.expert));
+    default: break;
+  }
+  fail("CUDA executor: no device storage for weight slot {}", s.label());
+}
+
+void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
   // KV pools: bf16 with bf16 weights (serving), fp32 with fp32 weights (the exact verification path).
   const int64_t B = c.sparse_block_size, D = c.head_dim;
   kv_type = wt == cuda::WType::BF16 ? cuda::KvType::BF16 : cuda::KvType::F32;
@@ -270,8 +339,9 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
                         K <= cuda::MsaDecodeIndex::kMaxTopK;
   const bool tc_prefill = tc && !decode && any_sparse && G == 16 && K <= 16;
   const bool tc_dense_prefill = tc && !decode && any_dense && G == 16;  // union kernel in dense causal mode
-  if (tc_prefill || tc_dense_prefill)
-    msa_union.plan(T, int(Hkv), int(G), int(D), int(B), int(std::clamp<int64_t>(K, 1, 16)));
+  const bool tc_prefill_index = tc_prefill && Di == 128 && Hi >= 1 && 128 % Hi == 0;  // MsaIndexerTc
+  if (tc_dense_prefill) msa_union.plan(T, int(Hkv), int(G), int(D), int(B), 16);
+  if (tc_prefill) msa_sparse.plan(T, int(Hkv), int(G), int(D), int(B), int(K), int64_t(pool->capacity()));
   if (any_dense && !tc_dense_prefill) {
     dense.plan(pos, rows, int(Hkv), int(G), int(D), int(B), ppu, decode, s);
     if (tc_decode) dense_tc.plan(int(T * Hkv), int(G), dense.max_pages(), true);
@@ -285,13 +355,18 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
         msa_decode.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), true, s);
       else if (!tc_prefill)  // (the union kernel was planned above)
         msa_prefill.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), s);
-      indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
-      scores.grow(size_t(Hi * T * indexer.max_cols()));
+      if (tc_prefill_index) {
+        indexer_tc.plan(pos, row_seq, int(Hi), int(Di), int(B), s);
+        scores.grow(size_t(Hi * T * indexer_tc.max_cols()));
+      } else {
+        indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
+        scores.grow(size_t(Hi * T * indexer.max_cols()));
+      }
       d_sel.grow(size_t(Hi * T * K));
     }
     iqk.grow(size_t(T * (Hi + 1) * Di));
     iq.grow(size_t(T * Hi * Di));
-    if (tc_index) iqb.grow(size_t(T * Hi * Di));
+    if (tc_index || tc_prefill_index) iqb.grow(size_t(T * Hi * Di));
   }
   if (tc_decode || tc_prefill || tc_dense_prefill) qb.grow(size_t(T * Hq * D));
   if (tc_decode) attnb.grow(size_t(T * Hq * D));
@@ -366,16 +441,25 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
         prof.mark(GpuStepProfile::kAttention, s);
         o_bf16 = true;
       } else {
-        indexer.run(iq.get(), ikv, rows, scores.get(), s);
-        cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos.get(), int(B), indexer.max_cols(), int(K), d_sel.get(),
+        int64_t cols = 0;
+        if (tc_prefill_index) {
+          cuda::f32_to_bf16(iq.get(), T * Hi * Di, iqb.get(), s);
+          indexer_tc.run(iqb.get(), static_cast<const uint16_t*>(ikv.ik), ikv.page_stride, int64_t(pool->capacity()),
+                         rows, scores.get(), s);
+          cols = indexer_tc.max_cols();
+        } else {
+          indexer.run(iq.get(), ikv, rows, scores.get(), s);
+          cols = indexer.max_cols();
+        }
+        cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos.get(), int(B), cols, int(K), d_sel.get(),
                        s);
         prof.mark(GpuStepProfile::kIndexer, s);
         if (tc_prefill) {
           cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
           const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                          kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
-          msa_union.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
-          if (opt.validate) msa_union.check(s);
+          msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
+          if (opt.validate) msa_sparse.check(s);
         } else if (decode) {
           msa_decode.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
           if (opt.validate) msa_decode.check(s);
@@ -440,6 +524,8 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
         m.experts.push_back(cuda::MlpDev{L.experts_gate_up.mem.get() + size_t(e * 2 * I * H) * esz,
                                          L.experts_down.mem.get() + size_t(e * H * I) * esz, wt, I});
       if (L.shared.I > 0) m.shared = cuda::MlpDev{L.shared.gate_up.get(), L.shared.down.get(), wt, L.shared.I};
+      if (wt == cuda::WType::BF16)  // the grouped device path (no host sync); fp32 keeps the exact sync path
+        m.stacked_gate_up = L.experts_gate_up.mem.get(), m.stacked_down = L.experts_down.mem.get(), m.expert_I = I;
       m.E = E, m.top_k = c.num_experts_per_tok, m.routed_scale = c.routed_scaling_factor;
       m.alpha = c.swiglu_alpha, m.limit = c.swiglu_limit;
       cuda::moe_forward(*gemm, m, xn.get(), T, H, x.get(), ffn, s);
@@ -478,10 +564,45 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
 CudaExecutor::CudaExecutor(const M3Config& cfg, const M3Weights& weights, int32_t num_pages, CudaExecutorOptions opt)
     : impl_(std::make_unique<Impl>(cfg, weights, num_pages, opt)) {}
 
+CudaExecutor::CudaExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 std::unique_ptr<CudaExecutor> CudaExecutor::load(const std::string& model_dir, int32_t num_pages,
                                                  CudaExecutorOptions opt) {
-  const Checkpoint ck = load_checkpoint(model_dir);
-  return std::make_unique<CudaExecutor>(ck.config, ck.weights, num_pages, opt);
+  namespace fs = std::filesystem;
+  M3_CHECK(fs::is_directory(model_dir), "model directory {} does not exist", model_dir);
+  return load(load_m3_config((fs::path(model_dir) / "config.json").string()), model_dir, num_pages, opt);
+}
+
+std::unique_ptr<CudaExecutor> CudaExecutor::load(const M3Config& cfg, const std::string& model_dir,
+                                                 int32_t num_pages, CudaExecutorOptions opt, StreamOptions stream) {
+  const SafeTensors st = SafeTensors::open(model_dir);
+  auto impl = std::make_unique<Impl>(cfg, opt);
+  Impl& m = *impl;
+  m.load_stats = stream_weights_to_device(st, weight_plan(cfg), [&m](const WeightSlot& s) { return m.bind(s); },
+                                          m.stream, stream);
+  m.weights_source = "safetensors, streamed";
+  m.alloc_kv(num_pages);
+  return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
+}
+
+std::unique_ptr<CudaExecutor> CudaExecutor::dummy(const M3Config& cfg, uint64_t seed, int32_t num_pages,
+                                                  CudaExecutorOptions opt) {
+  auto impl = std::make_unique<Impl>(cfg, opt);
+  Impl& m = *impl;
+  m.load_stats = fill_dummy_weights(weight_plan(cfg), [&m](const WeightSlot& s) { return m.bind(s); }, seed, m.stream);
+  m.weights_source = "dummy";
+  m.alloc_kv(num_pages);
+  return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
+}
+
+const LoadStats& CudaExecutor::load_stats() const { return impl_->load_stats; }
+
+std::vector<uint8_t> CudaExecutor::weight_bytes(const WeightSlot& s) const {
+  const DeviceSlot d = impl_->bind(s);
+  std::vector<uint8_t> out(size_t(s.numel()) * (d.bf16 ? 2 : 4));
+  M3_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  M3_CUDA_CHECK(cudaMemcpy(out.data(), d.ptr, out.size(), cudaMemcpyDeviceToHost));
+  return out;
 }
 
 int64_t CudaExecutor::page_bytes_for(const M3Config& c, bool bf16_kv) {
@@ -512,8 +633,11 @@ std::string CudaExecutor::describe() const {
   if (cudaGetDeviceProperties(&prop, m.opt.device) == cudaSuccess) name = prop.name;
   const double mib = double(page_bytes()) * m.pool->capacity() / (1 << 20);
   const bool bf16_kv = m.kv_type == cuda::KvType::BF16;
-  return fmt::format("cuda {} ({} weights, {} KV), KV cache {} pages × {} tokens = {} tokens ({:.1f} MiB)", name,
-                     m.wt == cuda::WType::BF16 ? "bf16" : "fp32", bf16_kv ? "bf16" : "fp32", m.pool->capacity(),
+  const char* attn = m.opt.attention == AttentionBackend::Dense ? "dense" : m.opt.attention == AttentionBackend::MsaV1 ? "msa-v1" : "msa";
+  return fmt::format("cuda {} ({} weights, {} KV, attention {}, {} layers, weights {}), KV cache {} pages × {} tokens "
+                     "= {} tokens ({:.1f} MiB)", name,
+                     m.wt == cuda::WType::BF16 ? "bf16" : "fp32", bf16_kv ? "bf16" : "fp32", attn, m.c.num_layers,
+                     m.weights_source, m.pool->capacity(),
                      m.c.sparse_block_size,
                      int64_t(m.pool->capacity()) * m.c.sparse_block_size, mib);
 }

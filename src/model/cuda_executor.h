@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "model/executor.h"
+#include "model/cuda_weight_loader.h"
 #include "model/m3_weights.h"
+#include "model/weight_plan.h"
 
 namespace m3 {
 
@@ -37,6 +39,19 @@ class CudaExecutor final : public ModelExecutor {
   // Loads config.json + safetensors of a model directory (MXFP8 dequantised at load, then stored as opt says).
   static std::unique_ptr<CudaExecutor> load(const std::string& model_dir, int32_t num_pages,
                                             CudaExecutorOptions opt = {});
+  // The weights of `cfg` (possibly io/config.h truncate_layers'd) streamed from the safetensors in `model_dir` to
+  // the device and converted there (model/cuda_weight_loader.h): no host fp32 copy. Bit for bit the device weights
+  // the host-M3Weights constructor gives for the same checkpoint.
+  static std::unique_ptr<CudaExecutor> load(const M3Config& cfg, const std::string& model_dir, int32_t num_pages,
+                                            CudaExecutorOptions opt, StreamOptions stream = {});
+  // Random weights of cfg's shapes made on the device (`--load-format dummy`), deterministic for a seed; the CPU
+  // twin is model/weight_plan.h dummy_weights.
+  static std::unique_ptr<CudaExecutor> dummy(const M3Config& cfg, uint64_t seed, int32_t num_pages,
+                                             CudaExecutorOptions opt = {});
+  // How the weights were loaded (zero for the host-M3Weights constructor).
+  const LoadStats& load_stats() const;
+  // One weight slot's device bytes (bf16 or fp32 as stored), for tests.
+  std::vector<uint8_t> weight_bytes(const WeightSlot& s) const;
   ~CudaExecutor() override;
 
   // True when at least one CUDA device is usable (never throws).
@@ -55,6 +70,7 @@ class CudaExecutor final : public ModelExecutor {
 
  private:
   struct Impl;
+  explicit CudaExecutor(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

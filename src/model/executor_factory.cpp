@@ -1,7 +1,10 @@
 #include "model/executor_factory.h"
 
 #include "base/error.h"
+#include <filesystem>
+
 #include "model/checkpoint.h"
+#include "model/weight_plan.h"
 #ifdef M3_WITH_CUDA
 #include "model/cuda_executor.h"
 #endif
@@ -25,7 +28,9 @@ int32_t pages_for(const M3Config& c, const KvBudget& kv, int64_t page_bytes) {
 
 }  // namespace
 
-std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const std::string& device, KvBudget kv) {
+std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const std::string& device, KvBudget kv,
+                                             const LoadOptions& load) {
+  namespace fs = std::filesystem;
   M3_CHECK(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got '{}'",
            device);
 #ifdef M3_WITH_CUDA
@@ -35,21 +40,26 @@ std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const
   M3_CHECK(device != "cuda", "--device cuda: this m3serve was built without CUDA (configure with -DM3_WITH_CUDA=ON)");
   [[maybe_unused]] const bool cuda = false;
 #endif
-  int32_t pages = 0;
-  Checkpoint ck = load_checkpoint(model_dir, [&](const M3Config& c) {
+  if (!cuda) check_cpu_load_options(load);
+  M3_CHECK(fs::is_directory(model_dir), "model directory {} does not exist", model_dir);
+  M3Config c = load_m3_config((fs::path(model_dir) / "config.json").string());
+  if (load.num_layers > 0) c = truncate_layers(c, load.num_layers);
 #ifdef M3_WITH_CUDA
-    if (cuda) {
-      pages = pages_for(c, kv, CudaExecutor::page_bytes_for(c));
-      return;
-    }
+  if (cuda) {
+    CudaExecutorOptions o;
+    o.bf16_weights = load.dtype != LoadDType::Float32;
+    o.attention = load.attention == LoadAttention::Dense   ? AttentionBackend::Dense
+                  : load.attention == LoadAttention::MsaV1 ? AttentionBackend::MsaV1
+                                                           : AttentionBackend::Msa;
+    const int32_t pages = pages_for(c, kv, CudaExecutor::page_bytes_for(c, o.bf16_weights));
+    if (load.dummy()) return CudaExecutor::dummy(c, load.dummy_seed, pages, o);
+    return CudaExecutor::load(c, model_dir, pages, o);
+  }
 #endif
-    pages = pages_for(c, kv, CpuExecutor::page_bytes_for(c));
-    if (pages == 0) pages = default_cpu_pages(c);
-  });
-#ifdef M3_WITH_CUDA
-  if (cuda) return std::make_unique<CudaExecutor>(ck.config, ck.weights, pages);
-#endif
-  auto model = std::make_unique<M3Model>(std::move(ck.config), std::move(ck.weights));
+  int32_t pages = pages_for(c, kv, CpuExecutor::page_bytes_for(c));
+  if (pages == 0) pages = default_cpu_pages(c);
+  M3Weights w = load.dummy() ? dummy_weights(c, load.dummy_seed) : M3Weights::load(c, SafeTensors::open(model_dir));
+  auto model = std::make_unique<M3Model>(std::move(c), std::move(w));
   return std::make_unique<CpuExecutor>(std::move(model), pages);
 }
 

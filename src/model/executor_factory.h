@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/executor.h"
+#include "model/load_options.h"
 
 namespace m3 {
 
@@ -19,9 +20,11 @@ struct KvBudget {
 };
 
 // device: "cpu", "cuda" or "auto" (CUDA when this build has it and a GPU is present). Throws m3::Error with a
-// clear message for a bad device, a budget that holds no page, or a bad checkpoint — the budget is checked
-// before the weights load.
+// clear message for a bad device, a budget that holds no page, bad load options (the CPU refuses --dtype bfloat16
+// and --attention other than msa; --num-layers beyond the config) or a bad checkpoint — all checked before the
+// weights load. On CUDA the weights stream from the mmapped safetensors to the device (model/cuda_weight_loader.h)
+// or are made there (--load-format dummy); the CPU reads them to host fp32 (or makes the dummy weights' CPU twin).
 std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const std::string& device,
-                                             KvBudget kv = {});
+                                             KvBudget kv = {}, const LoadOptions& load = {});
 
 }  // namespace m3

@@ -6,10 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/msa_indexer_tc.cuh"
+#include "backend/cuda/msa_prefill_kvmajor.cuh"
+#include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
 #include "base/dtype.h"
 #include "base/error.h"
@@ -44,9 +50,17 @@ struct Case {
   int Hkv, top_k;
 };
 
-// Runs one step on the GPU and on the CPU; `bad_row` ≥ 0 plants a block after that row's local block; dense: the
-// dense causal mode (run_dense) against cpu::attention_dense_causal.
-void run_case(const Case& c, int bad_row = -1, bool dense = false) {
+enum class Variant { Union, Dense, KvMajor, Auto };
+
+// Runs one step on the GPU and on the CPU; `bad_row` ≥ 0 plants a block after that row's local block; Dense: the
+// dense causal mode (run_dense) against cpu::attention_dense_causal; KvMajor: the KV-block-major kernel.
+// shared_prefix: every sequence's first shared_prefix pages are the same physical pages (a cached prefix), so
+// queries of different sequences meet in one CSR row of the KV-block-major kernel.
+// Auto: the per-tile router (msa_prefill_sparse.cuh) with threshold_pct; route_counts receives how many
+// (tile, KV head) pairs went to {union, KV-block-major}.
+void run_case(const Case& c, int bad_row = -1, Variant variant = Variant::Union, int shared_prefix = 0,
+              int threshold_pct = 26, std::pair<int64_t, int64_t>* route_counts = nullptr) {
+  const bool dense = variant == Variant::Dense;
   const int Hkv = c.Hkv, Hq = Hkv * kG, K = c.top_k;
   std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
   int total_pages = 0;
@@ -63,7 +77,8 @@ void run_case(const Case& c, int bad_row = -1, bool dense = false) {
       row_seq.push_back(int(si));
     }
     const int n = (s.prefix + s.len + kB - 1) / kB;
-    for (int b = 0; b < n; ++b) pt_pages.push_back(perm[next++]);
+    for (int b = 0; b < n; ++b)
+      pt_pages.push_back(si > 0 && b < shared_prefix && b < s.prefix / kB ? pt_pages[b] : perm[next++]);
     pt_indptr.push_back(int(pt_pages.size()));
   }
   const int T = int(pos.size());
@@ -115,19 +130,49 @@ void run_case(const Case& c, int bad_row = -1, bool dense = false) {
   cuda::DevStepRows rows{dpos.p(), dseq.p(), dind.p(), dpages.p(), T};
   const cuda::DevPagedKVBf16 kv{dpool.p(), dpool.p() + half, stride, num_pages, Hkv, kB, kD};
   cuda::MsaPrefillUnion attn;
+  cuda::MsaPrefillKvMajor kvm;
   attn.plan(T, Hkv, kG, kD, kB, K);
-  if (dense)
+  cuda::MsaPrefillSparse sparse;
+  if (variant == Variant::Auto) {
+    sparse.plan(T, Hkv, kG, kD, kB, K, num_pages);
+    sparse.set_threshold_pct(threshold_pct);
+    sparse.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
+    if (route_counts) sparse.last_route_counts(nullptr, &route_counts->first, &route_counts->second);
+  } else if (variant == Variant::KvMajor) {
+    kvm.plan(T, Hkv, kG, kD, kB, K, num_pages);
+    kvm.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
+    // A second run on the same plan must give the same result (the CSR counters are reset per run).
+    if (bad_row < 0) {
+      kvm.check(nullptr);
+      const std::vector<float> first = dout.get();
+      dout.poison();
+      kvm.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
+      EXPECT_EQ(dout.get(), first) << "KV-block-major: a second run differs";
+    }
+  } else if (dense) {
     attn.run_dense(dq.p(), rows, kv, scale, dout.p(), nullptr);
-  else
+  } else {
     attn.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
+  }
   if (bad_row >= 0) {
-    EXPECT_THROW(attn.check(nullptr), Error);
+    if (variant == Variant::Auto)
+      EXPECT_THROW(sparse.check(nullptr), Error);
+    else if (variant == Variant::KvMajor)
+      EXPECT_THROW(kvm.check(nullptr), Error);
+    else
+      EXPECT_THROW(attn.check(nullptr), Error);
     return;
   }
   attn.check(nullptr);
+  if (variant == Variant::KvMajor) kvm.check(nullptr);
+  if (variant == Variant::Auto) sparse.check(nullptr);
   std::string shape = "T=" + std::to_string(T) + " Hkv=" + std::to_string(Hkv) + " K=" + std::to_string(K) + " seqs";
   for (const Seq& s : c.seqs) shape += " " + std::to_string(s.prefix) + "+" + std::to_string(s.len);
-  expect_close(dense ? "dense_prefill_tc bf16" : "msa_prefill_union bf16", shape, dout.get(), ref, 1e-2);
+  const char* name = variant == Variant::Dense     ? "dense_prefill_tc bf16"
+                     : variant == Variant::KvMajor ? "msa_prefill_kvmajor bf16"
+                     : variant == Variant::Auto    ? "msa_prefill_routed bf16"
+                                                   : "msa_prefill_union bf16";
+  expect_close(name, shape, dout.get(), ref, 1e-2);
 }
 
 TEST(GpuMsaPrefillTc, UnionTileMatchesCpuOnRaggedStepsWithPrefixAndPadding) {
@@ -140,9 +185,129 @@ TEST(GpuMsaPrefillTc, UnionTileMatchesCpuOnRaggedStepsWithPrefixAndPadding) {
 
 TEST(GpuMsaPrefillTc, DenseCausalModeMatchesCpuOnRaggedStepsWithPrefix) {
   M3_SKIP_WITHOUT_GPU();
-  run_case({{{0, 300}}, 4, 16}, -1, true);                          // from position 0, partial last page
-  run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16}, -1, true);  // ragged: tiles that span two sequences
-  run_case({{{20000, 129}}, 1, 16}, -1, true);                     // 157 pages per row
+  run_case({{{0, 300}}, 4, 16}, -1, Variant::Dense);                          // from position 0, partial last page
+  run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16}, -1, Variant::Dense);  // ragged: tiles that span two sequences
+  run_case({{{20000, 129}}, 1, 16}, -1, Variant::Dense);                     // 157 pages per row
+}
+
+TEST(GpuMsaPrefillTc, KvBlockMajorMatchesCpuOnRaggedStepsWithPrefixAndPadding) {
+  M3_SKIP_WITHOUT_GPU();
+  const Variant v = Variant::KvMajor;
+  run_case({{{0, 300}}, 4, 16}, -1, v);                             // −1 padding; rows with 1–3 queries per page
+  run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16}, -1, v);     // ragged, mid-block start, a 1-row sequence
+  run_case({{{20000, 129}}, 1, 8}, -1, v);                          // top_k 8 of 157 blocks
+  run_case({{{3 * 128 + 5, 40}, {16 * 128, 300}}, 4, 16}, -1, v);  // rows crossing the 16-block boundary
+  run_case({{{0, 2000}}, 2, 16}, -1, v);                            // hot pages: > 100 queries (many tiles) per row
+}
+
+TEST(GpuMsaPrefillTc, KvBlockMajorServesSharedPrefixPagesOfSeveralSequencesInOneRow) {
+  M3_SKIP_WITHOUT_GPU();
+  run_case({{{1024, 100}, {1024, 60}, {1500, 33}}, 2, 16}, -1, Variant::KvMajor, /*shared_prefix=*/8);
+}
+
+TEST(GpuMsaPrefillTc, KvBlockMajorReportsABlockAfterTheLocalBlock) {
+  M3_SKIP_WITHOUT_GPU();
+  run_case({{{1000, 20}}, 1, 16}, /*bad_row=*/5, Variant::KvMajor);
+}
+
+TEST(GpuMsaPrefillTc, RouterSendsWideUnionTilesToKvBlockMajorAndNarrowOnesToUnionTile) {
+  M3_SKIP_WITHOUT_GPU();
+  // Rows of the short sequence select every block they can see (narrow unions); the 20k-context rows pick 15
+  // random history blocks each (wide unions): one step holds both kinds, each kernel writes only its own rows.
+  std::pair<int64_t, int64_t> counts{0, 0};
+  run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 26, &counts);
+  EXPECT_GT(counts.first, 0) << "no tile routed to the union-tile kernel";
+  EXPECT_GT(counts.second, 0) << "no tile routed to the KV-block-major kernel";
+  run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 0, &counts);  // every tile KV-block-major
+  EXPECT_EQ(counts.first, 0);
+  run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 1 << 20, &counts);  // every tile union
+  EXPECT_EQ(counts.second, 0);
+  run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16}, -1, Variant::Auto);  // ragged tiles across sequences
+}
+
+TEST(GpuMsaPrefillTc, RoutedPrefillReportsABlockAfterTheLocalBlock) {
+  M3_SKIP_WITHOUT_GPU();
+  run_case({{{1000, 20}}, 1, 16}, /*bad_row=*/5, Variant::Auto);
+}
+
+// Tensor-core prefill indexer (msa_indexer_tc.cuh) against cpu::msa_block_scores on the same bf16-rounded iq and
+// index keys: ragged multi-sequence steps, prefix > 0, tiles cut at sequence boundaries, 4 and 2 index heads, a
+// page stride larger than a page. Every element is checked: −inf exactly where the CPU has −inf.
+void run_indexer_case(const std::vector<Seq>& seqs, int Hi) {
+  constexpr int Di = 128;
+  std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
+  int total_pages = 0;
+  for (const Seq& s : seqs) total_pages += (s.prefix + s.len + kB - 1) / kB;
+  const int num_pages = total_pages + 2;
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng());
+  int next = 0;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    for (int i = 0; i < seqs[si].len; ++i) {
+      pos.push_back(seqs[si].prefix + i);
+      row_seq.push_back(int(si));
+    }
+    const int n = (seqs[si].prefix + seqs[si].len + kB - 1) / kB;
+    for (int b = 0; b < n; ++b) pt_pages.push_back(perm[next++]);
+    pt_indptr.push_back(int(pt_pages.size()));
+  }
+  const int T = int(pos.size());
+  const int64_t stride = int64_t(kB) * Di + 256;  // page [B, Di] + padding
+  std::vector<float> ik = rand_vec(size_t(stride * num_pages)), iq = rand_vec(size_t(T) * Hi * Di);
+  const std::vector<uint16_t> ik_bits = to_bf16(ik), iq_bits = to_bf16(iq);
+
+  cuda::MsaIndexerTc idx;
+  idx.plan(pos, row_seq, Hi, Di, kB, nullptr);
+  const int64_t cols = idx.max_cols();
+  std::vector<float> ref(size_t(Hi) * T * cols, -INFINITY);
+  int row0 = 0;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const int n = seqs[si].len;
+    std::vector<float> one(size_t(Hi) * n * cols);
+    cpu::msa_block_scores(&iq[size_t(row0) * Hi * Di], n, Hi, &pos[size_t(row0)], cpu::PagedIndexK{ik.data(), stride, kB, Di},
+                          &pt_pages[size_t(pt_indptr[si])], cols, one.data());
+    for (int h = 0; h < Hi; ++h)
+      std::copy_n(&one[size_t(h) * n * cols], size_t(n) * cols, &ref[(size_t(h) * T + row0) * cols]);
+    row0 += n;
+  }
+  Dev<uint16_t> dik(ik_bits), diq(iq_bits);
+  Dev<int32_t> dpos(pos), dseq(row_seq), dind(pt_indptr), dpages(pt_pages);
+  Dev<float> dout(ref.size());
+  dout.poison();
+  const cuda::DevStepRows rows{dpos.p(), dseq.p(), dind.p(), dpages.p(), T};
+  idx.run(diq.p(), dik.p(), stride, num_pages, rows, dout.p(), nullptr);
+  const std::vector<float> out = dout.get();
+  double worst = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i])) {
+      bad += !(std::isinf(out[i]) && out[i] < 0);
+    } else {
+      const double e = std::fabs(double(out[i]) - ref[i]) / std::max(1.0, std::fabs(double(ref[i])));
+      worst = std::max(worst, e);
+      bad += !(e <= 1e-4);
+    }
+  }
+  std::printf("[gpu-op] msa_indexer_tc bf16 T=%d Hi=%d cols=%lld worst rel %.3g bad %zu of %zu\n", T, Hi,
+              (long long)cols, worst, bad, ref.size());
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(GpuMsaPrefillTc, TensorCoreIndexerMatchesCpuBlockScoresOnRaggedSteps) {
+  M3_SKIP_WITHOUT_GPU();
+  run_indexer_case({{0, 300}}, 4);                              // rows of the first blocks: few or no history columns
+  run_indexer_case({{5000, 77}, {0, 1}, {2304, 250}}, 4);       // ragged: tiles cut at sequence boundaries
+  run_indexer_case({{20000, 129}}, 2);                          // 156 history pages, 64 tokens per tile
+  run_indexer_case({{3 * 128 + 5, 40}, {16 * 128, 300}}, 4);
+}
+
+TEST(GpuMsaPrefillTc, TensorCoreIndexerRefusesUnsupportedShapes) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::MsaIndexerTc idx;
+  const std::vector<int32_t> pos{0, 1}, seq{0, 0};
+  EXPECT_THROW(idx.plan(pos, seq, 3, 128, 128, nullptr), Error);  // 128 % 3 != 0
+  EXPECT_THROW(idx.plan(pos, seq, 4, 64, 128, nullptr), Error);   // index dim 64
 }
 
 TEST(GpuMsaPrefillTc, UnionTileReportsABlockAfterTheLocalBlock) {
@@ -156,6 +321,10 @@ TEST(GpuMsaPrefillTc, UnionTileRefusesUnsupportedShapes) {
   EXPECT_THROW(attn.plan(10, 4, 8, 128, 128, 16), Error);   // group 8
   EXPECT_THROW(attn.plan(10, 4, 16, 64, 128, 16), Error);   // head_dim 64
   EXPECT_THROW(attn.plan(10, 4, 16, 128, 128, 32), Error);  // top_k 32
+  cuda::MsaPrefillKvMajor kvm;
+  EXPECT_THROW(kvm.plan(10, 4, 8, 128, 128, 16, 100), Error);         // group 8
+  EXPECT_THROW(kvm.plan(10, 4, 16, 128, 128, 17, 100), Error);        // top_k 17
+  EXPECT_THROW(kvm.plan(int64_t(1) << 24, 4, 16, 128, 128, 16, 100), Error);  // T ≥ 2^24 (packed CSR entries)
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 // [0, local) with a per-head offset: neighbouring rows pick the same blocks, the MSA harness's synthetic).
 // Useful FLOPs by the MSA convention: 4·D·Hq·Σ selected_tokens(p); η = Σ selected blocks / (4·Σ |union| of each
 // 4-token warpgroup) is the share of issued MMA work that is useful. CUDA-event median of 20 after 3 warm-ups.
-// Also the dense causal mode (run_dense) on the same chunk: useful FLOPs 4·D·Hq·Σ (p + 1), median of 10.
+// The KV-block-major kernel (msa_prefill_kvmajor.cuh) on the same selections: CSR build + attention + combine timed
+// together (one run() call), with the max |difference| to the union-tile output. Also the dense causal mode
+// (run_dense) on the same chunk: useful FLOPs 4·D·Hq·Σ (p + 1), median of 10.
 //   bench_prefill_tc [--kv N ...]
 #include <cuda_runtime.h>
 
@@ -22,6 +24,10 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/msa_indexer_tc.cuh"
+#include "backend/cuda/msa_prefill_kvmajor.cuh"
+#include "backend/cuda/msa_topk.cuh"
+#include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
 #include "bench_common/event_timer.h"
 
@@ -105,7 +111,7 @@ int main(int argc, char** argv) {
     std::string json;
     cuda::DeviceBuffer<uint16_t> q(size_t(kT) * kHq * kD);
     fill_bf16(q, q.size(), 11);
-    cuda::DeviceBuffer<float> out(size_t(kT) * kHq * kD);
+    cuda::DeviceBuffer<float> out(size_t(kT) * kHq * kD), kvout(size_t(kT) * kHq * kD);
     for (int kv : kvs) {
       const int prefix = kv - kT, num_pages = (kv + kB - 1) / kB + 1;
       std::vector<int32_t> pos(kT), row_seq(kT, 0), pt_indptr{0, num_pages - 1}, pt_pages(num_pages - 1);
@@ -153,6 +159,58 @@ int main(int argc, char** argv) {
                       "%.1f, \"eta\": %.3f}\n",
                       kv / 1024, name, med * 1e3, tf, eta);
         json += rec;
+
+        // KV-block-major on the same selection: the same output up to bf16 partials.
+        cuda::MsaPrefillKvMajor kvm;
+        kvm.plan(kT, kHkv, kG, kD, kB, kTopK, num_pages);
+        M3_CUDA_CHECK(cudaMemset(kvout.get(), 0xFF, kvout.size() * 4));
+        auto fk = [&] {
+          kvm.run(q.get(), dsel.get(), rows, kvc, 1.f / std::sqrt(float(kD)), kvout.get(), nullptr);
+        };
+        fk();
+        kvm.check(nullptr);
+        std::vector<float> hk(kvout.size());
+        M3_CUDA_CHECK(cudaMemcpy(hk.data(), kvout.get(), hk.size() * 4, cudaMemcpyDeviceToHost));
+        double maxdiff = 0, maxref = 0;
+        for (size_t i = 0; i < hk.size(); ++i) {
+          if (!std::isfinite(hk[i])) cuda::failf("kv-major: output %zu not written / not finite", i);
+          maxdiff = std::max(maxdiff, double(std::fabs(hk[i] - h[i])));
+          maxref = std::max(maxref, double(std::fabs(h[i])));
+        }
+        const std::vector<float> tk = bench::time_sorted_ms(fk, 3, 20);
+        const float medk = tk[tk.size() / 2];
+        const double tfk = useful / (medk * 1e-3) / 1e12;
+        std::printf("| %dk | %s, KV-block-major | %.3f | %.3f–%.3f | %.0f | 1 (max|Δ| vs union %.2g of %.2g; workspace %.2f GB) |\n",
+                    kv / 1024, name, medk, tk.front(), tk.back(), tfk, maxdiff, maxref, kvm.workspace_bytes() / 1e9);
+        std::snprintf(rec, sizeof rec,
+                      "{\"op\": \"msa_prefill_attention\", \"shape\": \"T16384 KV%dk 64q/4kv D128 B128 top16\", "
+                      "\"variant\": \"kv-block-major tc bf16, %s selection\", \"median_us\": %.1f, \"useful_tflops\": "
+                      "%.1f}\n",
+                      kv / 1024, name, medk * 1e3, tfk);
+        json += rec;
+
+        // The per-tile router (msa_prefill_sparse.cuh): its pick and its time next to both kernels.
+        cuda::MsaPrefillSparse routed;
+        routed.plan(kT, kHkv, kG, kD, kB, kTopK, num_pages);
+        auto fr = [&] {
+          routed.run(q.get(), dsel.get(), rows, kvc, 1.f / std::sqrt(float(kD)), kvout.get(), nullptr);
+        };
+        fr();
+        routed.check(nullptr);
+        int64_t nu = 0, nk = 0;
+        routed.last_route_counts(nullptr, &nu, &nk);
+        const std::vector<float> tr = bench::time_sorted_ms(fr, 3, 20);
+        const float medr = tr[tr.size() / 2];
+        const double tfr = useful / (medr * 1e-3) / 1e12;
+        std::printf("| %dk | %s, routed per tile | %.3f | %.3f–%.3f | %.0f | %lld union / %lld KV-major tiles; best single %.3f |\n",
+                    kv / 1024, name, medr, tr.front(), tr.back(), tfr, (long long)nu, (long long)nk,
+                    std::min(med, medk));
+        std::snprintf(rec, sizeof rec,
+                      "{\"op\": \"msa_prefill_attention\", \"shape\": \"T16384 KV%dk 64q/4kv D128 B128 top16\", "
+                      "\"variant\": \"routed per tile (union / kv-major), %s selection\", \"median_us\": %.1f, "
+                      "\"useful_tflops\": %.1f}\n",
+                      kv / 1024, name, medr * 1e3, tfr);
+        json += rec;
       }
       {  // dense causal mode (run_dense): every row reads blocks 0..local; useful = 4·D·Hq·Σ (p + 1)
         double dense_useful = 0;
@@ -176,6 +234,40 @@ int main(int argc, char** argv) {
                       "{\"op\": \"dense_prefill_attention\", \"shape\": \"T16384 KV%dk 64q/4kv D128 B128 causal\", "
                       "\"variant\": \"union-tile tc bf16, dense mode\", \"median_us\": %.1f, \"useful_tflops\": %.1f}\n",
                       kv / 1024, med * 1e3, tf);
+        json += rec;
+      }
+      {  // prefill indexer: tensor-core block scores (4 index heads × 128) + the existing top-16
+        constexpr int kHi = 4, kDi = 128;
+        const int64_t ik_stride = int64_t(kB) * kDi;
+        cuda::DeviceBuffer<uint16_t> ikp(size_t(ik_stride) * num_pages), iq(size_t(kT) * kHi * kDi);
+        fill_bf16(ikp, ikp.size(), 300 + kv);
+        fill_bf16(iq, iq.size(), 400 + kv);
+        cuda::MsaIndexerTc idx;
+        idx.plan(pos, row_seq, kHi, kDi, kB, nullptr);
+        cuda::DeviceBuffer<float> scores(size_t(kHi) * kT * idx.max_cols());
+        cuda::DeviceBuffer<int32_t> isel(size_t(kHi) * kT * kTopK);
+        auto fs = [&] { idx.run(iq.get(), ikp.get(), ik_stride, num_pages, rows, scores.get(), nullptr); };
+        auto fst = [&] {
+          fs();
+          cuda::msa_topk(scores.get(), kT, kHi, dpos.get(), kB, idx.max_cols(), kTopK, isel.get(), nullptr);
+        };
+        fst();
+        M3_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> ts = bench::time_sorted_ms(fs, 3, 20), tst = bench::time_sorted_ms(fst, 3, 20);
+        double flops = 0;  // useful: 2·Di per (row, history key)
+        for (int p : pos) flops += double(p / kB) * kB;
+        flops *= 2.0 * kDi * kHi;
+        const float mts = ts[ts.size() / 2], mtst = tst[tst.size() / 2];
+        std::printf("| %dk | indexer scores (tc) | %.3f | %.3f–%.3f | %.0f | – |\n", kv / 1024, mts, ts.front(), ts.back(),
+                    flops / (mts * 1e-3) / 1e12);
+        std::printf("| %dk | indexer scores + top-16 | %.3f | %.3f–%.3f | – | – |\n", kv / 1024, mtst, tst.front(),
+                    tst.back());
+        char rec[512];
+        std::snprintf(rec, sizeof rec,
+                      "{\"op\": \"msa_prefill_indexer\", \"shape\": \"T16384 KV%dk 4x128 index heads B128 top16\", "
+                      "\"variant\": \"tc scores + msa_topk\", \"median_us\": %.1f, \"scores_us\": %.1f, "
+                      "\"useful_tflops\": %.1f}\n",
+                      kv / 1024, mtst * 1e3, mts * 1e3, flops / (mts * 1e-3) / 1e12);
         json += rec;
       }
     }

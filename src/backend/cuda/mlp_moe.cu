@@ -117,8 +117,32 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
   g.nt(scr.act.get(), T, m.I, m.down, m.wt, H, y, accumulate, s);
 }
 
+bool moe_uses_grouped(const MoeArgs& a, int64_t H) {
+  const bool shared = a.shared.I > 0;
+  return a.stacked_gate_up && a.stacked_down && (a.experts.empty() || a.experts[0].wt == WType::BF16) &&
+         (!shared || a.shared.wt == WType::BF16) &&
+         moe_grouped_supported(H, a.E, a.top_k, a.expert_I, shared ? a.shared.I : 0);
+}
+
 void moe_forward(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,
                  cudaStream_t s) {
+  if (!moe_uses_grouped(a, H)) return moe_forward_sync(g, a, xn, T, H, x, scr, s);
+  MoeGroupedWeights w;
+  w.router = a.router, w.router_bias = a.router_bias;
+  w.gate_up = static_cast<const __nv_bfloat16*>(a.stacked_gate_up);
+  w.down = static_cast<const __nv_bfloat16*>(a.stacked_down);
+  if (a.shared.I > 0) {
+    w.shared_gate_up = static_cast<const __nv_bfloat16*>(a.shared.gate_up);
+    w.shared_down = static_cast<const __nv_bfloat16*>(a.shared.down);
+    w.Is = a.shared.I;
+  }
+  w.E = a.E, w.top_k = a.top_k, w.I = a.expert_I;
+  w.routed_scale = a.routed_scale, w.alpha = a.alpha, w.limit = a.limit;
+  moe_grouped_forward(w, xn, T, H, x, scr.moe, s);
+}
+
+void moe_forward_sync(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,
+                      cudaStream_t s) {
   if (T <= 0) return;
   const int64_t E = a.E, K = a.top_k, TK = T * K;
   M3_CUDA_REQUIRE(int64_t(a.experts.size()) == E, "moe_forward: %zu expert weight sets for %lld experts",

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/moe_grouped.cuh"
 
 namespace m3::cuda {
 
@@ -35,6 +36,7 @@ struct MlpDev {
 struct FfnScratch {
   DeviceBuffer<float> gu, act, y, shared_y, xe, logits, weights;
   DeviceBuffer<int32_t> ids, gather_src, slot_pos;
+  MoeGroupedScratch moe;  // the grouped (no host sync) MoE path's buffers, reserved at capacity
 };
 
 // y[T, H] = MLP(x) (or y += MLP(x) when accumulate).
@@ -42,18 +44,30 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
              bool accumulate, FfnScratch& scr, cudaStream_t s);
 
 // Routed experts + shared expert, added to the residual: x[t] += Σ_k w[t,k]·expert_{id[t,k]}(xn[t]) + shared(xn[t]).
-// The grouped path: route on the device, copy the ids to the host (one sync), gather each expert's rows into one
-// contiguous block, run gate_up / SwiGLU / down per expert with cuBLASLt, then combine per token in slot order
-// (so a token's result does not depend on the batch, like the CPU reference).
+// Two implementations, both summing per token in slot order (a token's result does not depend on the batch, like
+// the CPU reference):
+// - grouped (moe_grouped.cuh): bf16 experts given as stacked pointers; routing, grouping and the expert GEMMs all
+//   on the device, no host sync, capture-safe — taken when `stacked_gate_up` is set, every weight is bf16 and the
+//   shape is supported;
+// - sync (moe_forward_sync): route on the device, copy the ids to the host (one sync), gather each expert's rows,
+//   run gate_up / SwiGLU / down per expert with cuBLASLt. Kept for fp32 weights: the verification path stays exact
+//   to the CPU reference.
 struct MoeArgs {
   const float* router = nullptr;       // [E, H] fp32
   const float* router_bias = nullptr;  // [E] or null
-  std::vector<MlpDev> experts;         // [E]
+  std::vector<MlpDev> experts;         // [E] (the sync path)
   MlpDev shared;                       // I = 0 → none
+  const void* stacked_gate_up = nullptr;  // [E, 2I, H] bf16 (the grouped path), or null
+  const void* stacked_down = nullptr;     // [E, H, I] bf16
+  int64_t expert_I = 0;
   int64_t E = 0, top_k = 0;
   float routed_scale = 1.f, alpha = 1.702f, limit = 7.f;
 };
 void moe_forward(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,
                  cudaStream_t s);
+void moe_forward_sync(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,
+                      cudaStream_t s);
+// True when moe_forward takes the grouped path for these arguments.
+bool moe_uses_grouped(const MoeArgs& a, int64_t H);
 
 }  // namespace m3::cuda

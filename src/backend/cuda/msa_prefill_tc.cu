@@ -42,6 +42,7 @@ struct Params {
   const int32_t* pt_pages;
   float* out;  // [T, Hq, D]
   int* error;
+  const uint8_t* route;  // [⌈T / 8⌉, Hkv]: 1 = this tile is served by the KV-block-major kernel, skip it; or null
   int T, Hkv, top_k;
   float scale_log2;
 };
@@ -127,6 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* union_size = reinterpret_cast<int*>(q_full + 1);
 
   const int t0 = blockIdx.x * kTok, h = blockIdx.y;
+  if (p.route && p.route[blockIdx.x * p.Hkv + h]) return;  // the whole CTA: routed to the KV-block-major kernel
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     tma_prefetch_map(&map_q);
@@ -313,7 +315,7 @@ void MsaPrefillUnion::plan(int64_t T, int num_kv_heads, int group, int head_dim,
 }
 
 void MsaPrefillUnion::run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows,
-                          const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s) {
+                          const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s, const uint8_t* route) {
   M3_CUDA_REQUIRE(rows.T == T_, "MsaPrefillUnion::run: %d rows, planned for %lld", rows.T, (long long)T_);
   M3_CUDA_REQUIRE(kv.num_kv_heads == Hkv_ && kv.head_dim == kD && kv.block_size == kB && kv.num_pages > 0,
                   "MsaPrefillUnion::run: cache shape does not match the plan");
@@ -335,9 +337,8 @@ void MsaPrefillUnion::run(const uint16_t* q, const int32_t* selection, const Dev
   const uint32_t kbox[3] = {64, uint32_t(kB), 1};
   const CUtensorMap mk = make_tma_map_3d(kv.k, TmaDtype::BF16, kdims, kstr, kbox, TmaSwizzle::B128);
   const CUtensorMap mv = make_tma_map_3d(kv.v, TmaDtype::BF16, kdims, kstr, kbox, TmaSwizzle::B128);
-  Params p{selection, rows.pos,  rows.row_seq, rows.pt_indptr,           rows.pt_pages,
-           out,       error_.get(), int(T_),   Hkv_,
-           K_,        float(scale * 1.4426950408889634)};
+  Params p{selection, rows.pos,     rows.row_seq, rows.pt_indptr, rows.pt_pages, out,
+           error_.get(), route, int(T_),      Hkv_,           K_,            float(scale * 1.4426950408889634)};
   const dim3 grid(unsigned((T_ + kTok - 1) / kTok), unsigned(Hkv_));
   if (selection)
     msa_prefill_union_kernel<false><<<grid, kThreads, kSmem, s>>>(mq, mk, mv, p);

@@ -31,8 +31,10 @@ class MsaPrefillUnion {
   void plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k);
   // q: [T, Hq, D] bf16; selection: [Hkv, T, top_k] (valid prefix, local block included, −1 padding); rows: the
   // step's positions and page tables; out: [T, Hq, D] fp32. Allocates nothing after the first call.
+  // route (optional, [⌈T / 8⌉, Hkv] bytes): tiles marked 1 are skipped and their rows left untouched (the
+  // KV-block-major kernel writes them; msa_prefill_sparse.cuh).
   void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
-           float scale, float* out, cudaStream_t s);
+           float scale, float* out, cudaStream_t s, const uint8_t* route = nullptr);
   // Dense causal attention with the same kernel (issue 10: tensor-core dense prefill): no selection, every row
   // reads blocks 0..local of its sequence (the tile walks the pages of the sequences its rows belong to). plan()
   // as above; its top_k is ignored here.

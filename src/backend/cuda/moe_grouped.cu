@@ -1,0 +1,529 @@
+// Grouped MoE on the device (docs/KERNELS.md §10): router logits, routing + grouping in one CTA, two grouped
+// tensor-core GEMMs (SwiGLU-OAI fused into gate/up), a per-token combine in slot order. No host sync, no
+// routing-dependent launch parameter.
+#include "backend/cuda/moe_grouped.cuh"
+
+#include <algorithm>
+
+#include "backend/cuda/warp_mma.cuh"
+
+namespace m3::cuda {
+
+namespace {
+
+constexpr int kRouterTT = 8;        // tokens per router CTA (router rows are re-read once per 8 tokens)
+constexpr int kRouterExperts = 4;   // experts per router CTA (one per warp)
+constexpr int kGroupThreads = 1024;
+constexpr int kMaxE = 256, kMaxK = 8;
+constexpr int kBN = 64;             // GEMM columns per CTA (gate/up: 32 gate + 32 up)
+constexpr int kRowBytes = 256;      // a smem tile row = 128 bf16 of K (the swz128 layout of warp_mma.cuh)
+
+__device__ __forceinline__ float sigmoidf_(float l) { return 1.0f / (1.0f + expf(-l)); }
+
+// True when (ka, a) ranks strictly before (kb, b): higher key, then lower id (cpu::moe_route's partial_sort order).
+__device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
+  return ka > kb || (ka == kb && a < b);
+}
+
+// logits[t, e] = Σ_h xn[t, h]·router[e, h]. CTA = (8 tokens, 4 experts); warp = one expert; lane j sums the
+// float4 columns j, j + 32, … in order, then a butterfly sum: the order depends on H only, never on T or on which
+// other tokens share the CTA. CTAs of column 0 also write xn as bf16 (the A operand of the gate/up GEMM).
+__global__ void __launch_bounds__(128) router_logits_kernel(const float* __restrict__ xn, int T, int H,
+                                                            const float* __restrict__ router, int E,
+                                                            float* __restrict__ logits,
+                                                            __nv_bfloat16* __restrict__ xb) {
+  const int t0 = blockIdx.x * kRouterTT, nt = min(kRouterTT, T - t0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (blockIdx.y == 0) {
+    const int half = H / 2;
+    for (int i = threadIdx.x; i < nt * half; i += blockDim.x) {
+      const int t = i / half, c = i % half;
+      const float2 v = reinterpret_cast<const float2*>(xn + int64_t(t0 + t) * H)[c];
+      reinterpret_cast<__nv_bfloat162*>(xb + int64_t(t0 + t) * H)[c] = __floats2bfloat162_rn(v.x, v.y);
+    }
+  }
+  const int e = blockIdx.y * kRouterExperts + warp;
+  if (e >= E) return;
+  const float4* w4 = reinterpret_cast<const float4*>(router + int64_t(e) * H);
+  float acc[kRouterTT];
+#pragma unroll
+  for (int t = 0; t < kRouterTT; ++t) acc[t] = 0.f;
+  // Unrolled so 8 iterations' loads are in flight (a decode step has 32 CTAs here); the FMA order is unchanged.
+#pragma unroll 8
+  for (int c = lane; c < H / 4; c += 32) {
+    const float4 w = w4[c];
+#pragma unroll
+    for (int t = 0; t < kRouterTT; ++t) {
+      if (t < nt) {
+        const float4 v = reinterpret_cast<const float4*>(xn + int64_t(t0 + t) * H)[c];
+        acc[t] = fmaf(w.x, v.x, acc[t]);
+        acc[t] = fmaf(w.y, v.y, acc[t]);
+        acc[t] = fmaf(w.z, v.z, acc[t]);
+        acc[t] = fmaf(w.w, v.w, acc[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kRouterTT; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0 && t < nt) logits[int64_t(t0 + t) * E + e] = v;
+  }
+}
+
+// One CTA: route every token (warp per token), histogram, scan, stable scatter, shared rows, tile list.
+// smem: cnt[E], base[E], wc[32][E].
+__global__ void __launch_bounds__(kGroupThreads) group_kernel(const float* __restrict__ logits, int T, int E, int K,
+                                                              const float* __restrict__ bias, float scale, int BM,
+                                                              int has_shared, int32_t* __restrict__ ids,
+                                                              float* __restrict__ weights,
+                                                              int32_t* __restrict__ offsets,
+                                                              int32_t* __restrict__ row_tok,
+                                                              int32_t* __restrict__ row_slot,
+                                                              int32_t* __restrict__ tiles,
+                                                              int32_t* __restrict__ counters) {
+  extern __shared__ int32_t gsm[];
+  int32_t* cnt = gsm;
+  int32_t* base = gsm + E;
+  int32_t* wc = gsm + 2 * E;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int e = tid; e < E; e += kGroupThreads) cnt[e] = 0;
+  __syncthreads();
+
+  // Routing. Round k picks the best expert ranking strictly after round k−1's pick in the total order
+  // (choice desc, id asc): the CPU's partial_sort order without an "already taken" set.
+  for (int t = warp; t < T; t += kGroupThreads / 32) {
+    const float* l = logits + int64_t(t) * E;
+    float prev_c = 0.f, sum = 0.f;
+    int prev_e = -1, mine = -1;
+    for (int k = 0; k < K; ++k) {
+      int best = -1;
+      float best_c = 0.f;
+      for (int e = lane; e < E; e += 32) {
+        float c = sigmoidf_(l[e]) + (bias ? bias[e] : 0.0f);
+        if (isnan(c)) c = -INFINITY;
+        if (prev_e >= 0 && !ranks_before(prev_c, prev_e, c, e)) continue;
+        if (best < 0 || ranks_before(c, e, best_c, best)) best = e, best_c = c;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float oc = __shfl_xor_sync(0xffffffffu, best_c, o);
+        const int oe = __shfl_xor_sync(0xffffffffu, best, o);
+        if (oe >= 0 && (best < 0 || ranks_before(oc, oe, best_c, best))) best = oe, best_c = oc;
+      }
+      if (lane == k) mine = best;
+      sum += sigmoidf_(l[best]);  // every lane: same picks, same order as the CPU's sum
+      prev_c = best_c, prev_e = best;
+      if (lane == 0) atomicAdd(&cnt[best], 1);
+    }
+    if (lane < K) {
+      ids[int64_t(t) * K + lane] = mine;
+      weights[int64_t(t) * K + lane] = sigmoidf_(l[mine]) / sum * scale;
+    }
+  }
+  __syncthreads();  // ids (global) and cnt visible to the whole CTA
+
+  const int TK = T * K;
+  // Group offsets and the tile list: warp 0 scans (rows, tiles) of 32 groups at a time; group E = shared.
+  if (warp == 0) {
+    int run = 0, ntl = 0, active = 0;
+    for (int g0 = 0; g0 <= E; g0 += 32) {
+      const int g = g0 + lane;
+      const int n = g < E ? cnt[g] : (g == E && has_shared ? T : 0);
+      const int nt = (n + BM - 1) / BM;
+      int sn = n, st = nt;  // inclusive scans over the lanes
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int vn = __shfl_up_sync(0xffffffffu, sn, o), vt = __shfl_up_sync(0xffffffffu, st, o);
+        if (lane >= o) sn += vn, st += vt;
+      }
+      const int off = run + sn - n, toff = ntl + st - nt;
+      if (g <= E) offsets[g] = off;
+      if (g < E) base[g] = off;
+      for (int i = 0; i < nt; ++i) tiles[2 * (toff + i)] = g, tiles[2 * (toff + i) + 1] = off + i * BM;
+      active += __popc(__ballot_sync(0xffffffffu, g < E && n > 0));
+      run += __shfl_sync(0xffffffffu, sn, 31), ntl += __shfl_sync(0xffffffffu, st, 31);
+    }
+    if (lane == 0) offsets[E + 1] = run, counters[0] = ntl, counters[1] = active;
+  }
+  __syncthreads();
+
+  // Stable scatter, 1024 pairs per round: rank within the warp by match_any, warps ordered by a per-expert scan.
+  for (int c0 = 0; c0 < TK; c0 += kGroupThreads) {
+    for (int i = tid; i < 32 * E; i += kGroupThreads) wc[i] = 0;
+    __syncthreads();
+    const int p = c0 + tid;
+    const bool valid = p < TK;
+    const int e = valid ? ids[p] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    if (valid && rank == 0) wc[warp * E + e] = __popc(peers);
+    __syncthreads();
+    for (int e2 = tid; e2 < E; e2 += kGroupThreads) {
+      int run = base[e2];
+      for (int w = 0; w < 32; ++w) {
+        const int v = wc[w * E + e2];
+        wc[w * E + e2] = run;
+        run += v;
+      }
+      base[e2] = run;
+    }
+    __syncthreads();
+    if (valid) {
+      const int pos = wc[warp * E + e] + rank;
+      row_tok[pos] = p / K;
+      row_slot[pos] = p;
+    }
+    __syncthreads();
+  }
+  if (has_shared)
+    for (int t = tid; t < T; t += kGroupThreads) row_tok[TK + t] = t, row_slot[TK + t] = TK + t;
+}
+
+struct GemmParams {
+  const __nv_bfloat16* a;  // gate/up: xb [T, lda] (row = token of the grouped row); down: act [rows, lda]
+  int64_t lda;
+  const int32_t* row_tok;
+  const int32_t* row_slot;
+  const int32_t* offsets;
+  const int32_t* tiles;
+  const int32_t* counters;
+  const __nv_bfloat16* w;         // stacked experts
+  const __nv_bfloat16* w_shared;  // group E
+  int E, I, Is, H;
+  __nv_bfloat16* act;  // gate/up output [rows, ld_act]
+  int64_t ld_act;
+  float* y;  // down output [slots, H]
+  float alpha, limit;
+};
+
+template <int BM, int kStages>
+constexpr int gemm_smem_bytes() {
+  return kStages * (BM + kBN) * kRowBytes;
+}
+
+// Grouped y = A·Wᵀ over one tile: rows [r0, r0 + nrows) of group g, 64 weight rows, K in steps of 128.
+// 4 warps as WM × (4 / WM); warp tile (BM / WM) × (64 / WN); mma.sync m16n8k16, fp32 accumulate; cp.async ring
+// of kStages stages, rows past the tile and K past the end zero-filled.
+template <int BM, int WM, int kStages, bool kGateUp>
+__global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
+  constexpr int WN = 4 / WM, RW = BM / WM, MT = RW / 16, CW = kBN / WN, NP = CW / 16;
+  constexpr int kStageBytes = (BM + kBN) * kRowBytes, kABytes = BM * kRowBytes;
+  static_assert(MT >= 1 && NP >= 1, "warp tile");
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tile = blockIdx.y;
+  if (tile >= p.counters[0]) return;  // grid sized at capacity
+  const int g = p.tiles[2 * tile], r0 = p.tiles[2 * tile + 1];
+  const int nrows = min(BM, p.offsets[g + 1] - r0);
+  const int Ig = g < p.E ? p.I : p.Is;
+  int n0, K;
+  const __nv_bfloat16* W;
+  if (kGateUp) {
+    n0 = blockIdx.x * (kBN / 2);
+    if (n0 >= Ig) return;
+    K = p.H;
+    W = g < p.E ? p.w + int64_t(g) * 2 * p.I * p.H : p.w_shared;
+  } else {
+    n0 = blockIdx.x * kBN;
+    K = Ig;
+    W = g < p.E ? p.w + int64_t(g) * p.H * p.I : p.w_shared;
+  }
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t sbase = smem_addr(smem);
+  // Load assignment: chunk (16 bytes) ch = tid & 15 of rows (tid >> 4) + 8i; fixed for the whole K loop.
+  const int ch = tid & 15, rsub = tid >> 4;
+  const __nv_bfloat16* asrc[BM / 8];
+  bool aok[BM / 8];
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+    const int row = rsub + 8 * i;
+    aok[i] = row < nrows;
+    const int64_t ar = aok[i] ? (kGateUp ? int64_t(p.row_tok[r0 + row]) : int64_t(r0 + row)) : 0;
+    asrc[i] = p.a + ar * p.lda;
+  }
+  const __nv_bfloat16* bsrc[kBN / 8];
+#pragma unroll
+  for (int i = 0; i < kBN / 8; ++i) {
+    const int j = rsub + 8 * i;
+    const int64_t wr = kGateUp ? (j < kBN / 2 ? n0 + j : Ig + n0 + j - kBN / 2) : n0 + j;
+    bsrc[i] = W + wr * K;
+  }
+  const int nk = (K + 127) / 128;
+  auto load = [&](int kb, int stage) {
+    const int k0 = kb * 128 + ch * 8;
+    const bool kok = k0 < K;
+    const uint32_t as = sbase + stage * kStageBytes, bs = as + kABytes;
+#pragma unroll
+    for (int i = 0; i < BM / 8; ++i) {
+      const bool ok = aok[i] && kok;
+      cp_async16(as + swz128(rsub + 8 * i, ch), ok ? asrc[i] + k0 : p.a, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) cp_async16(bs + swz128(rsub + 8 * i, ch), kok ? bsrc[i] + k0 : W, kok ? 16 : 0);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nk) load(s, s);
+    cp_async_commit();
+  }
+  const int wm = warp / WN, wn = warp % WN;
+  float acc[MT][2 * NP][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 2 * NP; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+  for (int kb = 0; kb < nk; ++kb) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kb landed for all; the stage refilled below was consumed in iteration kb − 1
+    if (kb + kStages - 1 < nk) load(kb + kStages - 1, (kb + kStages - 1) % kStages);
+    cp_async_commit();
+    const uint32_t as = sbase + (kb % kStages) * kStageBytes, bs = as + kABytes;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        ldmatrix_x4(as + swz128(wm * RW + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)),
+                    af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+#pragma unroll
+      for (int np = 0; np < NP; ++np) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(bs + swz128(wn * CW + np * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0,
+                    b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16_16816(acc[mt][2 * np], af[mt], b0, b1);
+          mma_bf16_16816(acc[mt][2 * np + 1], af[mt], b2, b3);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Accumulator (mt, j, e): row wm·RW + mt·16 + lane/4 (+8 for e ≥ 2), column wn·CW + j·8 + 2·(lane%4) + e%2.
+  if (kGateUp) {
+    constexpr int LD = kBN + 4;
+    __syncthreads();  // every warp is done with the ring: reuse it as [BM][LD] fp32
+    float* cs = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 2 * NP; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = wm * RW + mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+          const int col = wn * CW + j * 8 + 2 * (lane & 3) + (e & 1);
+          cs[row * LD + col] = acc[mt][j][e];
+        }
+    __syncthreads();
+    for (int idx = tid; idx < nrows * (kBN / 2); idx += 128) {
+      const int r = idx / (kBN / 2), j = idx % (kBN / 2);
+      // SwiGLU-OAI (cpu::swiglu_oai): gate clamped above, up clamped both sides, σ(α·g)·g·(u + 1).
+      const float gv = cs[r * LD + j], uv = cs[r * LD + kBN / 2 + j];
+      const float gc = fminf(gv, p.limit);
+      const float uc = fminf(fmaxf(uv, -p.limit), p.limit);
+      const float sig = 1.0f / (1.0f + expf(-p.alpha * gc));
+      p.act[int64_t(r0 + r) * p.ld_act + n0 + j] = __float2bfloat16_rn(gc * sig * (uc + 1.0f));
+    }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = wm * RW + mt * 16 + (lane >> 2) + hf * 8;
+        if (row >= nrows) continue;
+        float* yr = p.y + int64_t(p.row_slot[r0 + row]) * p.H + n0;
+#pragma unroll
+        for (int j = 0; j < 2 * NP; ++j) {
+          const int col = wn * CW + j * 8 + 2 * (lane & 3);
+          *reinterpret_cast<float2*>(yr + col) = make_float2(acc[mt][j][2 * hf], acc[mt][j][2 * hf + 1]);
+        }
+      }
+  }
+}
+
+// x[t] += Σ_k w[t,k]·y[t·K + k] (+ y[T·K + t]), in slot order (M3Model::forward's sum). One CTA per token.
+__global__ void combine_kernel(float* __restrict__ x, int H, int K, int TK, const float* __restrict__ w,
+                               const float* __restrict__ y, int has_shared) {
+  const int t = blockIdx.x;
+  for (int h = threadIdx.x * 4; h < H; h += blockDim.x * 4) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < K; ++k) {
+      const float wk = w[t * K + k];
+      const float4 v = *reinterpret_cast<const float4*>(y + int64_t(t * K + k) * H + h);
+      acc.x += wk * v.x, acc.y += wk * v.y, acc.z += wk * v.z, acc.w += wk * v.w;
+    }
+    if (has_shared) {
+      const float4 v = *reinterpret_cast<const float4*>(y + int64_t(TK + t) * H + h);
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+    }
+    float4* xp = reinterpret_cast<float4*>(x + int64_t(t) * H + h);
+    float4 o = *xp;
+    o.x += acc.x, o.y += acc.y, o.z += acc.z, o.w += acc.w;
+    *xp = o;
+  }
+}
+
+// Decode-sized tiles keep 4 warps side by side on the weight columns (BM 16); prefill tiles trade them for rows.
+constexpr int kStagesSmall = 4, kStagesLarge = 3;
+
+template <int BM, int WM, int kStages, bool kGateUp>
+void set_gemm_attribute() {
+  M3_CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<BM, WM, kStages, kGateUp>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes<BM, kStages>()));
+}
+
+// Opt-in shared memory for every GEMM instantiation, once, outside any capture (from moe_reserve).
+void ensure_attributes() {
+  static const bool done = [] {
+    set_gemm_attribute<16, 1, kStagesSmall, true>();
+    set_gemm_attribute<16, 1, kStagesSmall, false>();
+    set_gemm_attribute<64, 2, kStagesLarge, true>();
+    set_gemm_attribute<64, 2, kStagesLarge, false>();
+    return true;
+  }();
+  (void)done;
+}
+
+template <int BM, int WM, int kStages, bool kGateUp>
+void launch_gemm(const GemmParams& p, dim3 grid, cudaStream_t s) {
+  moe_gemm_kernel<BM, WM, kStages, kGateUp><<<grid, 128, gemm_smem_bytes<BM, kStages>(), s>>>(p);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+int64_t max_tiles(int64_t T, int64_t E, int64_t K, int BM, bool shared) {
+  const int64_t TK = T * K;
+  return (TK + BM - 1) / BM + std::min(E, TK) + (shared ? (T + BM - 1) / BM : 0);
+}
+
+struct Sizes {
+  size_t logits, tk, xb, offsets, rows, tiles, act, y;
+};
+Sizes sizes_for(int64_t T, int64_t H, int64_t E, int64_t K, int64_t I, int64_t Is) {
+  const int64_t R = T * K + T;
+  return Sizes{size_t(T * E), size_t(T * K), size_t(T * H), size_t(E + 2), size_t(R),
+               size_t(2 * max_tiles(T, E, K, 16, true)), size_t(R * std::max(I, Is)), size_t(R * H)};
+}
+
+bool fits(const MoeGroupedScratch& s, const Sizes& z) {
+  return s.logits.size() >= z.logits && s.ids.size() >= z.tk && s.weights.size() >= z.tk && s.xb.size() >= z.xb &&
+         s.offsets.size() >= z.offsets && s.row_tok.size() >= z.rows && s.row_slot.size() >= z.rows &&
+         s.tiles.size() >= z.tiles && s.counters.size() >= 2 && s.act.size() >= z.act && s.y.size() >= z.y;
+}
+
+}  // namespace
+
+bool moe_grouped_supported(int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is) {
+  return H > 0 && H % kBN == 0 && E >= 1 && E <= kMaxE && top_k >= 1 && top_k <= kMaxK && top_k <= E && I > 0 &&
+         I % (kBN / 2) == 0 && Is >= 0 && Is % (kBN / 2) == 0;
+}
+
+int moe_tile_rows(int64_t T, int64_t E, int64_t top_k) { return T * top_k <= 24 * E ? 16 : 64; }
+
+void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is) {
+  M3_CUDA_REQUIRE(moe_grouped_supported(H, E, top_k, I, Is),
+                  "moe_reserve: unsupported shape H %lld, E %lld, top_k %lld, I %lld, shared I %lld", (long long)H,
+                  (long long)E, (long long)top_k, (long long)I, (long long)Is);
+  ensure_attributes();
+  const Sizes z = sizes_for(std::max<int64_t>(T_max, 1), H, E, top_k, I, Is);
+  s.logits.grow(z.logits), s.ids.grow(z.tk), s.weights.grow(z.tk), s.xb.grow(z.xb), s.offsets.grow(z.offsets);
+  s.row_tok.grow(z.rows), s.row_slot.grow(z.rows), s.tiles.grow(z.tiles), s.counters.grow(2), s.act.grow(z.act);
+  s.y.grow(z.y);
+  s.cap_T = std::max(s.cap_T, T_max), s.cap_H = H, s.cap_E = E, s.cap_K = top_k, s.cap_I = std::max(I, Is);
+}
+
+void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T, int64_t H, float* x,
+                         MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks) {
+  auto mark = [&](int i) {
+    if (marks) M3_CUDA_CHECK(cudaEventRecord(marks->ev[i], s));
+  };
+  if (T <= 0) return;
+  const bool shared = w.shared_gate_up != nullptr && w.Is > 0;
+  const int64_t E = w.E, K = w.top_k, I = w.I, Is = shared ? w.Is : 0, TK = T * K;
+  M3_CUDA_REQUIRE(moe_grouped_supported(H, E, K, I, Is),
+                  "moe_grouped_forward: unsupported shape H %lld, E %lld, top_k %lld, I %lld, shared I %lld",
+                  (long long)H, (long long)E, (long long)K, (long long)I, (long long)Is);
+  M3_CUDA_REQUIRE(w.router && w.gate_up && w.down, "moe_grouped_forward: missing weights");
+  M3_CUDA_REQUIRE(TK + T < (int64_t(1) << 31) / 2, "moe_grouped_forward: %lld rows is too many", (long long)T);
+  if (!fits(scr, sizes_for(T, H, E, K, I, Is))) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    M3_CUDA_CHECK(cudaStreamIsCapturing(s, &cs));
+    M3_CUDA_REQUIRE(cs == cudaStreamCaptureStatusNone,
+                    "moe_grouped_forward: scratch not reserved for %lld rows while capturing a graph (moe_reserve)",
+                    (long long)T);
+    moe_reserve(scr, T, H, E, K, I, Is);
+  }
+
+  mark(0);
+  router_logits_kernel<<<dim3(unsigned((T + kRouterTT - 1) / kRouterTT), unsigned((E + kRouterExperts - 1) / kRouterExperts)),
+                         128, 0, s>>>(xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get());
+  M3_CUDA_LAUNCH_CHECK();
+  mark(1);
+  const int BM = moe_tile_rows(T, E, K);
+  group_kernel<<<1, kGroupThreads, size_t(34 * E) * 4, s>>>(
+      scr.logits.get(), int(T), int(E), int(K), w.router_bias, w.routed_scale, BM, shared ? 1 : 0, scr.ids.get(),
+      scr.weights.get(), scr.offsets.get(), scr.row_tok.get(), scr.row_slot.get(), scr.tiles.get(),
+      scr.counters.get());
+  M3_CUDA_LAUNCH_CHECK();
+  mark(2);
+
+  GemmParams p{};
+  p.row_tok = scr.row_tok.get(), p.row_slot = scr.row_slot.get(), p.offsets = scr.offsets.get();
+  p.tiles = scr.tiles.get(), p.counters = scr.counters.get();
+  p.E = int(E), p.I = int(I), p.Is = int(Is), p.H = int(H);
+  p.act = scr.act.get(), p.ld_act = std::max(I, Is), p.y = scr.y.get(), p.alpha = w.alpha, p.limit = w.limit;
+  const unsigned ntiles = unsigned(max_tiles(T, E, K, BM, shared));
+  // gate/up: A = xb rows by token.
+  GemmParams pg = p;
+  pg.a = scr.xb.get(), pg.lda = H, pg.w = w.gate_up, pg.w_shared = w.shared_gate_up;
+  const dim3 grid_gu(unsigned(std::max(I, Is) / (kBN / 2)), ntiles);
+  // down: A = act rows.
+  GemmParams pd = p;
+  pd.a = scr.act.get(), pd.lda = std::max(I, Is), pd.w = w.down, pd.w_shared = w.shared_down;
+  const dim3 grid_dn(unsigned(H / kBN), ntiles);
+  if (BM == 16) {
+    launch_gemm<16, 1, kStagesSmall, true>(pg, grid_gu, s);
+    mark(3);
+    launch_gemm<16, 1, kStagesSmall, false>(pd, grid_dn, s);
+  } else {
+    launch_gemm<64, 2, kStagesLarge, true>(pg, grid_gu, s);
+    mark(3);
+    launch_gemm<64, 2, kStagesLarge, false>(pd, grid_dn, s);
+  }
+  mark(4);
+  combine_kernel<<<unsigned(T), 256, 0, s>>>(x, int(H), int(K), int(TK), scr.weights.get(), scr.y.get(),
+                                             shared ? 1 : 0);
+  M3_CUDA_LAUNCH_CHECK();
+  mark(5);
+}
+
+namespace {
+__device__ __forceinline__ float hash_unit(uint64_t seed, int64_t i) {
+  uint64_t z = seed ^ (uint64_t(i) * 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return float(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+__global__ void fill_bf16_kernel(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16_rn(scale * hash_unit(seed, i));
+}
+__global__ void fill_f32_kernel(float* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = scale * hash_unit(seed, i);
+}
+}  // namespace
+
+void fill_hash_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale, cudaStream_t s) {
+  if (n <= 0) return;
+  fill_bf16_kernel<<<4096, 256, 0, s>>>(p, n, seed, scale);
+  M3_CUDA_LAUNCH_CHECK();
+}
+void fill_hash_f32(float* p, int64_t n, uint64_t seed, float scale, cudaStream_t s) {
+  if (n <= 0) return;
+  fill_f32_kernel<<<4096, 256, 0, s>>>(p, n, seed, scale);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,81 @@
+// Grouped MoE on the device with no host synchronisation (issue 9 item 4; docs/KERNELS.md §10).
+//
+// Five launches, every launch parameter a function of the step's row count T only (never of the routing), so the
+// call can be captured in a CUDA graph per batch-size bucket:
+//   1. moe_router_logits: logits [T, E] = xn · routerᵀ in fp32, a fixed reduction order per (token, expert) (the
+//      same bits whatever else is in the batch); the first column of CTAs also writes xn as bf16 [T, H].
+//   2. moe_group: one CTA — routing (cpu::moe_route's rule: top-k of sigmoid + bias, NaN last, ties to the lower id;
+//      weights = unbiased sigmoid renormalised × scale), histogram of the T·K (token, slot) pairs by expert,
+//      exclusive scan → group offsets, a stable scatter (pairs of an expert keep ascending t·K + k order), the
+//      shared expert as group E over all T tokens, and the tile list (group, first row) of the grouped GEMMs.
+//   3. moe_gemm<gate_up>: grouped bf16 GEMM on mma.sync tensor cores; a CTA = (64 columns: 32 gate + the matching
+//      32 up rows, one tile of BM grouped rows); SwiGLU-OAI fused in the epilogue → act bf16 [rows, I].
+//   4. moe_gemm<down>: act · downᵀ → y fp32 [slot, H] (slot = t·K + k, shared rows at T·K + t): no atomics.
+//   5. moe_combine: x[t] += Σ_k w[t,k]·y[t·K+k] + y[T·K+t], summed in slot order like M3Model::forward.
+// The GEMM grids are sized at capacity (every possible tile); CTAs past the device-side tile count exit at once.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace m3::cuda {
+
+// Device weights of one MoE layer for the grouped path (bf16 experts, fp32 router).
+struct MoeGroupedWeights {
+  const float* router = nullptr;       // [E, H]
+  const float* router_bias = nullptr;  // [E] or null
+  const __nv_bfloat16* gate_up = nullptr;  // stacked [E, 2I, H]: per expert gate rows then up rows
+  const __nv_bfloat16* down = nullptr;     // stacked [E, H, I]
+  const __nv_bfloat16* shared_gate_up = nullptr;  // [2·Is, H] or null (no shared expert)
+  const __nv_bfloat16* shared_down = nullptr;     // [H, Is]
+  int64_t E = 0, top_k = 0, I = 0, Is = 0;
+  float routed_scale = 1.f, alpha = 1.702f, limit = 7.f;
+};
+
+// Every buffer of the grouped path, allocated at capacity by moe_reserve (before any graph capture).
+struct MoeGroupedScratch {
+  int64_t cap_T = 0, cap_H = 0, cap_E = 0, cap_K = 0, cap_I = 0;
+  DeviceBuffer<float> logits;           // [T, E]
+  DeviceBuffer<int32_t> ids;            // [T, K]
+  DeviceBuffer<float> weights;          // [T, K]
+  DeviceBuffer<__nv_bfloat16> xb;       // [T, H]
+  DeviceBuffer<int32_t> offsets;        // [E + 2]: group g's rows are [offsets[g], offsets[g+1]); group E = shared
+  DeviceBuffer<int32_t> row_tok;        // [T·K + T] grouped row → token
+  DeviceBuffer<int32_t> row_slot;       // [T·K + T] grouped row → output slot
+  DeviceBuffer<int32_t> tiles;          // [2 · max tiles]: (group, first grouped row)
+  DeviceBuffer<int32_t> counters;       // [2]: tile count, routed experts with ≥ 1 row (for the bench floor)
+  DeviceBuffer<__nv_bfloat16> act;      // [T·K + T, max(I, Is)]
+  DeviceBuffer<float> y;                // [T·K + T, H]
+};
+
+// True when the grouped kernels take these shapes (H % 64, I and Is % 32, E ≤ 256, top_k ≤ 8, H % 8 for loads).
+bool moe_grouped_supported(int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is);
+
+// Allocates every buffer for steps of up to T_max rows (grows only; call before capturing a graph).
+void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is);
+
+// x[t] += Σ_k w[t,k]·expert_{id[t,k]}(xn[t]) + shared(xn[t]) for t < T. xn, x: fp32 [T, H]. No host sync and no
+// allocation when the scratch was reserved for T (while capturing, an unreserved T is an error).
+// Optional events recorded around the five launches (bench breakdown): [0] before the router, [1] after it,
+// [2] after grouping, [3] after gate/up, [4] after down, [5] after the combine.
+struct MoeStageEvents {
+  cudaEvent_t ev[6];
+};
+void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T, int64_t H, float* x,
+                         MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks = nullptr);
+
+// Rows per GEMM tile the forward picks for T rows (16 for decode-sized steps, 64 for prefill).
+int moe_tile_rows(int64_t T, int64_t E, int64_t top_k);
+
+}  // namespace m3::cuda
+
+namespace m3::cuda {
+// For tests and benchmarks (gigabytes of expert weights; a host fill would dominate): p[i] = scale·u(seed, i),
+// u uniform in [−1, 1) from a 64-bit hash of (seed, i) — the same values whatever the launch shape.
+void fill_hash_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+void fill_hash_f32(float* p, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+}  // namespace m3::cuda

@@ -1,0 +1,187 @@
+// Tensor-core prefill indexer (msa_indexer_tc.cuh). CTA = one tile of 128 (token, head) rows of one sequence, 384
+// threads: warpgroup 0's first thread streams the tile's q rows once ([128 rows, 64] × 2, 128B-swizzled TMA boxes)
+// and then K of history pages 0 .. max_local − 1 ([128 keys, 64] × 2 each) into a 4-stage ring; consumer warpgroups
+// 1 and 2 (rows 0–63, 64–127) compute S = Q·Kᵀ (8 × wgmma m64n128k16), reduce each row's 128 values to one max and
+// write scores[h, t, b] for the rows whose local block is after b. The other columns were set to −inf first.
+#include "backend/cuda/msa_indexer_tc.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/hopper/mbarrier.cuh"
+#include "backend/cuda/hopper/tma.cuh"
+#include "backend/cuda/hopper/warpgroup.cuh"
+#include "backend/cuda/hopper/wgmma.cuh"
+
+namespace m3::cuda {
+namespace {
+
+using namespace hopper;
+
+constexpr int kRows = 128, kDi = 128, kB = 128, kStages = 4, kThreads = 384;
+constexpr uint32_t kAtom = 128 * 128;        // [128 rows, 64 bf16] 128B-swizzled: 16 KiB
+constexpr uint32_t kStageBytes = 2 * kAtom;  // one index-K page [128 keys, 128]
+constexpr size_t kSmem = 1024 + 2 * kAtom + kStages * kStageBytes + (2 * kStages + 1) * 8;
+static_assert(kSmem <= 232448, "shared memory over the sm_90 per-block limit");
+
+struct Params {
+  const MsaIndexerTc::Tile* tiles;
+  const int32_t* pos;
+  const int32_t* pt_indptr;
+  const int32_t* pt_pages;
+  float* scores;
+  int T, H;
+  int64_t max_cols;
+};
+
+__global__ void fill_neg_inf_kernel(float* p, int64_t n) {
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (i + 3 < n) {
+    *reinterpret_cast<float4*>(p + i) = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+  } else {
+    for (int64_t j = i; j < n; ++j) p[j] = -INFINITY;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    msa_indexer_tc_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                          const Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* q_tile = smem;              // [2 boxes][128 rows][64]
+  uint8_t* stages = smem + 2 * kAtom;  // [kStages][2 boxes][128 keys][64]
+  uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+  uint64_t* q_full = empty + kStages;
+
+  const MsaIndexerTc::Tile tile = p.tiles[blockIdx.x];
+  const int wg = warpgroup_index();
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&map_q);
+    tma_prefetch_map(&map_k);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);  // lane 0 of each consumer warp
+    }
+    mbar_init(q_full, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  const int32_t* pt = p.pt_pages + p.pt_indptr[tile.seq];
+
+  if (wg == 0) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(q_full, 2 * kAtom);
+      for (int b = 0; b < 2; ++b) tma_load_2d(q_tile + b * kAtom, &map_q, q_full, 64 * b, tile.t0 * p.H);
+      PipeState<kStages> ps;
+      for (int blk = 0; blk < tile.max_local; ++blk) {
+        const int page = pt[blk];
+        mbar_wait(&empty[ps.stage], ps.phase ^ 1u);
+        mbar_arrive_expect_tx(&full[ps.stage], kStageBytes);
+        uint8_t* st = stages + ps.stage * kStageBytes;
+        for (int b = 0; b < 2; ++b) tma_load_3d(st + b * kAtom, &map_k, &full[ps.stage], 64 * b, 0, page);
+        ps.advance();
+      }
+    }
+  } else {
+    setmaxnreg_inc<232>();
+    const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    // This thread's two rows (tile-local 64c + 16·warp + lane / 4, + 8): token, head, local block.
+    const int r0 = 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
+    const int tl0 = r0 / p.H, tl1 = r1 / p.H;
+    const int t0 = tile.t0 + tl0, t1 = tile.t0 + tl1;
+    const int local0 = tl0 < tile.n ? p.pos[t0] / kB : 0, local1 = tl1 < tile.n ? p.pos[t1] / kB : 0;
+    float* out0 = p.scores + (int64_t(r0 % p.H) * p.T + t0) * p.max_cols;
+    float* out1 = p.scores + (int64_t(r1 % p.H) * p.T + t1) * p.max_cols;
+    const uint64_t dq = smem_desc_sw128(q_tile + c * (64 * 128));
+    mbar_wait(q_full, 0);
+    PipeState<kStages> ps;
+    for (int blk = 0; blk < tile.max_local; ++blk) {
+      mbar_wait(&full[ps.stage], ps.phase);
+      const uint64_t dk = smem_desc_sw128(stages + ps.stage * kStageBytes);
+      float s[64];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        Wgmma<bf16_t, 128>::mma_ss(s, desc_advance(dq, (kk / 4) * kAtom + (kk % 4) * 32),
+                                   desc_advance(dk, (kk / 4) * kAtom + (kk % 4) * 32), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
+      if (lane == 0) mbar_arrive(&empty[ps.stage]);
+      float m0 = -INFINITY, m1 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        if ((i / 2) % 2 == 0)
+          m0 = fmaxf(m0, s[i]);
+        else
+          m1 = fmaxf(m1, s[i]);
+      }
+#pragma unroll
+      for (int x = 1; x <= 2; x <<= 1) {
+        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, x));
+        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, x));
+      }
+      if (lane % 4 == 0) {
+        if (blk < local0) out0[blk] = m0;
+        if (blk < local1) out1[blk] = m1;
+      }
+      ps.advance();
+    }
+  }
+}
+
+}  // namespace
+
+void MsaIndexerTc::plan(const std::vector<int32_t>& pos, const std::vector<int32_t>& row_seq, int num_heads,
+                        int index_dim, int block_size, cudaStream_t s) {
+  M3_CUDA_REQUIRE(index_dim == kDi && block_size == kB && num_heads >= 1 && num_heads <= kRows &&
+                      kRows % num_heads == 0,
+                  "MsaIndexerTc supports index dim 128, block 128 and index heads dividing 128 (got Di %d, B %d, "
+                  "heads %d)",
+                  index_dim, block_size, num_heads);
+  M3_CUDA_REQUIRE(pos.size() == row_seq.size(), "MsaIndexerTc::plan: pos and row_seq differ in length");
+  H_ = num_heads;
+  T_ = int(pos.size());
+  const int per = kRows / num_heads;  // tokens per tile
+  h_tiles_.clear();
+  max_cols_ = 1;
+  for (int t = 0; t < T_;) {
+    Tile tl{t, 0, 0, row_seq[size_t(t)]};
+    while (t < T_ && tl.n < per && row_seq[size_t(t)] == tl.seq) {
+      tl.max_local = std::max(tl.max_local, pos[size_t(t)] / kB);
+      ++tl.n, ++t;
+    }
+    max_cols_ = std::max<int64_t>(max_cols_, tl.max_local + 1);
+    h_tiles_.push_back(tl);
+  }
+  // Longest first: the last wave is made of short tiles.
+  std::stable_sort(h_tiles_.begin(), h_tiles_.end(), [](const Tile& a, const Tile& b) { return a.max_local > b.max_local; });
+  tiles_.grow(std::max<size_t>(h_tiles_.size(), 1));
+  if (!h_tiles_.empty()) upload(tiles_, h_tiles_.data(), h_tiles_.size(), s);
+}
+
+void MsaIndexerTc::run(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages,
+                       const DevStepRows& rows, float* scores, cudaStream_t s) {
+  M3_CUDA_REQUIRE(rows.T == T_, "MsaIndexerTc::run: %d rows, planned for %d", rows.T, T_);
+  if (T_ == 0) return;
+  static const bool configured = [] {
+    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_indexer_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)configured;
+  const int64_t n = int64_t(H_) * T_ * max_cols_;
+  fill_neg_inf_kernel<<<unsigned((n / 4 + 256) / 256), 256, 0, s>>>(scores, n);
+  M3_CUDA_LAUNCH_CHECK();
+  const CUtensorMap mq = make_tma_map_2d(iq, TmaDtype::BF16, uint64_t(T_) * H_, kDi, kDi, kRows, 64, TmaSwizzle::B128);
+  const uint64_t kdims[3] = {uint64_t(kDi), uint64_t(kB), uint64_t(num_pages)};
+  const uint64_t kstr[2] = {uint64_t(kDi), uint64_t(page_stride)};
+  const uint32_t kbox[3] = {64, uint32_t(kB), 1};
+  const CUtensorMap mk = make_tma_map_3d(ik, TmaDtype::BF16, kdims, kstr, kbox, TmaSwizzle::B128);
+  const Params p{tiles_.get(), rows.pos, rows.pt_indptr, rows.pt_pages, scores, T_, H_, max_cols_};
+  msa_indexer_tc_kernel<<<unsigned(h_tiles_.size()), kThreads, kSmem, s>>>(mq, mk, p);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,50 @@
+// MSA sparse prefill attention, KV-block-major loop order (the seed's first technique; docs/KERNELS.md §11,
+// ../shared/docs/MSA_KERNELS.md §4.3): selected KV blocks outside, the queries that chose them inside. Each
+// (KV head, physical page) is one row of a device-built block → queries CSR; a persistent tensor-core kernel takes
+// tiles of 8 queries × 16 heads of one row, loads the page's K and V and the 8 queries' Q by TMA, and writes one
+// normalised partial output + log-sum-exp per (query, selection slot); a combine kernel merges each query's ≤ 16
+// partials by LSE. Unlike the union-tile kernel (msa_prefill_tc.cuh) no MMA row is ever masked for "did not
+// select", so its speed does not fall when neighbouring queries pick different blocks (random / long contexts);
+// the price is the partials' traffic (16 heads × (128 × 2 + 4) bytes per (query, block)).
+// bf16 q and bf16 paged HND cache, fp32 accumulate, fp32 output (the same contract as MsaPrefillUnion).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/msa_prefill_tc.cuh"
+
+namespace m3::cuda {
+
+class MsaPrefillKvMajor {
+ public:
+  // Sizes every buffer for T rows over a cache of num_pages pages: the CSR (Hkv · num_pages rows), the tile list
+  // and the partials [top_k, T, Hq, D] bf16 + [top_k, T, Hq] fp32. Supports head_dim 128, block_size 128, group 16,
+  // top_k ≤ 16, T < 2^24; else m3::Error. Allocates only when the sizes grow.
+  void plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k, int64_t num_pages);
+  // q: [T, Hq, D] bf16; selection: [Hkv, T, top_k] (valid prefix, local block included, −1 padding); out:
+  // [T, Hq, D] fp32. Device-only: CSR build (count, one scan, scatter, tile emit), the attention kernel, the
+  // combine; no host synchronisation. kv.num_pages must equal the plan's. route (optional, [⌈T / 8⌉, Hkv] bytes):
+  // only the tiles of 8 rows marked 1 are served, the others' rows are left untouched (msa_prefill_sparse.cuh).
+  void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
+           float scale, float* out, cudaStream_t s, const uint8_t* route = nullptr);
+  // Throws m3::Error when a run() since the last check saw a selected block after the row's local block.
+  void check(cudaStream_t s);
+  // Bytes of device workspace the plan holds (partials dominate: 16 · T · Hq · 260 B at top-16).
+  size_t workspace_bytes() const;
+
+ private:
+  int64_t T_ = 0, P_ = 0;
+  int Hkv_ = 0, G_ = 0, K_ = 0, sms_ = 0;
+  DeviceBuffer<int> error_, cnt_, rank_, edge_row_, csr_, n_tiles_;
+  DeviceBuffer<unsigned long long> packed_, packed_off_;
+  DeviceBuffer<int2> tiles_;
+  DeviceBuffer<uint16_t> o_part_;
+  DeviceBuffer<float> lse_part_;
+  DeviceBuffer<uint8_t> scan_tmp_;
+  size_t scan_tmp_bytes_ = 0;
+};
+
+}  // namespace m3::cuda

@@ -1,0 +1,83 @@
+// Per-tile choice between the union-tile and the KV-block-major MSA prefill kernels (msa_prefill_sparse.cuh).
+#include "backend/cuda/msa_prefill_sparse.cuh"
+
+#include <vector>
+
+namespace m3::cuda {
+namespace {
+
+constexpr int kTok = 8, kB = 128;
+
+// One CTA of 128 threads per (tile of 8 rows, KV head); thread i = entry (row i / top_k, slot i % top_k) of the
+// tile's selections. |U| = entries whose physical page has no earlier equal entry; E = valid entries.
+__global__ void msa_route_kernel(const int32_t* selection, const int32_t* pos, const int32_t* row_seq,
+                                 const int32_t* pt_indptr, const int32_t* pt_pages, int T, int Hkv, int top_k,
+                                 int threshold_pct, uint8_t* route) {
+  __shared__ int32_t key[kTok * 16];
+  __shared__ int counts[2];
+  const int tile = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+  const int tl = i / top_k, slot = i % top_k, t = tile * kTok + tl;
+  int page = -1;
+  if (tl < kTok && t < T) {
+    const int b = selection[(int64_t(h) * T + t) * top_k + slot];
+    if (b >= 0 && b <= pos[t] / kB) page = pt_pages[pt_indptr[row_seq[t]] + b];
+  }
+  key[i] = page;
+  if (i < 2) counts[i] = 0;
+  __syncthreads();
+  bool first = page >= 0;
+  for (int j = 0; j < i && first; ++j) first = key[j] != page;
+  if (page >= 0) atomicAdd(&counts[1], 1);
+  if (first) atomicAdd(&counts[0], 1);
+  __syncthreads();
+  if (i == 0) route[tile * Hkv + h] = uint8_t(int64_t(counts[0]) * 100 > int64_t(counts[1]) * threshold_pct);
+}
+
+}  // namespace
+
+void MsaPrefillSparse::plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k,
+                            int64_t num_pages, Mode mode) {
+  union_.plan(T, num_kv_heads, group, head_dim, block_size, top_k);
+  if (mode != Mode::Union) kvmajor_.plan(T, num_kv_heads, group, head_dim, block_size, top_k, num_pages);
+  mode_ = mode;
+  T_ = T;
+  Hkv_ = num_kv_heads;
+  K_ = top_k;
+  route_.grow(size_t(std::max<int64_t>((T + kTok - 1) / kTok * num_kv_heads, 1)));
+}
+
+void MsaPrefillSparse::run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows,
+                           const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s) {
+  if (T_ == 0) return;
+  if (mode_ == Mode::Union) return union_.run(q, selection, rows, kv, scale, out, s);
+  if (mode_ == Mode::KvMajor) return kvmajor_.run(q, selection, rows, kv, scale, out, s);
+  const dim3 grid(unsigned((T_ + kTok - 1) / kTok), unsigned(Hkv_));
+  msa_route_kernel<<<grid, kTok * 16, 0, s>>>(selection, rows.pos, rows.row_seq, rows.pt_indptr, rows.pt_pages,
+                                               int(T_), Hkv_, K_, threshold_pct_, route_.get());
+  M3_CUDA_LAUNCH_CHECK();
+  union_.run(q, selection, rows, kv, scale, out, s, route_.get());
+  kvmajor_.run(q, selection, rows, kv, scale, out, s, route_.get());
+}
+
+void MsaPrefillSparse::check(cudaStream_t s) {
+  union_.check(s);
+  if (mode_ != Mode::Union) kvmajor_.check(s);
+}
+
+void MsaPrefillSparse::last_route_counts(cudaStream_t s, int64_t* union_tiles, int64_t* kvmajor_tiles) {
+  const int64_t n = (T_ + kTok - 1) / kTok * Hkv_;
+  std::vector<uint8_t> h(size_t(std::max<int64_t>(n, 0)));
+  if (mode_ != Mode::Auto) {
+    *union_tiles = mode_ == Mode::Union ? n : 0;
+    *kvmajor_tiles = mode_ == Mode::KvMajor ? n : 0;
+    return;
+  }
+  if (n > 0) M3_CUDA_CHECK(cudaMemcpyAsync(h.data(), route_.get(), size_t(n), cudaMemcpyDeviceToHost, s));
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  int64_t kv = 0;
+  for (uint8_t r : h) kv += r;
+  *kvmajor_tiles = kv;
+  *union_tiles = n - kv;
+}
+
+}  // namespace m3::cuda

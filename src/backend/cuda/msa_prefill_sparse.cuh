@@ -1,0 +1,47 @@
+// MSA sparse prefill with the loop order chosen per tile on the device (docs/KERNELS.md §8, "Choosing";
+// ../shared/docs/MSA_KERNELS.md §4.4): a route kernel measures, for every tile of 8 consecutive rows and KV head,
+// the width of the union of the rows' selected pages |U| against the tile's selected entries E; tiles whose union is
+// wide (|U| · 100 > E · threshold_pct) go to the KV-block-major kernel (msa_prefill_kvmajor.cuh), the rest to the
+// union-tile kernel (msa_prefill_tc.cuh). Both then run over the same output, each writing only its own tiles'
+// rows. No host synchronisation: the route is device data.
+// Why per tile: the union-tile kernel's cost grows with |U| (one page load and two MMAs per union page for 8 rows),
+// the KV-block-major kernel's with E (one MMA tile per 8 (row, page) edges plus 4.2 KB of partials per edge); the
+// measured per-unit costs on H200 (bench_prefill_tc, 16k chunk) put the crossover near |U| ≈ 0.26 · E.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/msa_prefill_kvmajor.cuh"
+#include "backend/cuda/msa_prefill_tc.cuh"
+
+namespace m3::cuda {
+
+class MsaPrefillSparse {
+ public:
+  enum class Mode { Auto, Union, KvMajor };
+  // As MsaPrefillKvMajor::plan (the same limits); the KV-block-major workspace is sized unless mode is Union.
+  void plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k, int64_t num_pages,
+            Mode mode = Mode::Auto);
+  // q: [T, Hq, D] bf16; selection [Hkv, T, top_k]; out [T, Hq, D] fp32. Capture-safe apart from the TMA maps,
+  // which are rebuilt per call (as in both kernels).
+  void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
+           float scale, float* out, cudaStream_t s);
+  void check(cudaStream_t s);
+  // Routing threshold in percent (|U| · 100 > E · pct → KV-block-major); tests set 0 / huge to force a kernel.
+  void set_threshold_pct(int pct) { threshold_pct_ = pct; }
+  // Test / bench hook (synchronises): how many (tile, KV head) pairs the last run routed to each kernel.
+  void last_route_counts(cudaStream_t s, int64_t* union_tiles, int64_t* kvmajor_tiles);
+
+ private:
+  MsaPrefillUnion union_;
+  MsaPrefillKvMajor kvmajor_;
+  DeviceBuffer<uint8_t> route_;
+  Mode mode_ = Mode::Auto;
+  int64_t T_ = 0;
+  int Hkv_ = 0, K_ = 0, threshold_pct_ = 26;
+};
+
+}  // namespace m3::cuda

@@ -1,0 +1,64 @@
+#include "model/load_options.h"
+
+#include <map>
+
+#include <CLI/CLI.hpp>
+
+#include "base/error.h"
+
+namespace m3 {
+
+void add_load_flags(CLI::App& cmd, LoadOptions& o) {
+  const std::map<std::string, LoadDType> dtypes{
+      {"auto", LoadDType::Auto}, {"bfloat16", LoadDType::BFloat16}, {"float32", LoadDType::Float32}};
+  const std::map<std::string, LoadFormat> formats{
+      {"auto", LoadFormat::Auto}, {"safetensors", LoadFormat::Safetensors}, {"dummy", LoadFormat::Dummy}};
+  const std::map<std::string, LoadAttention> attns{
+      {"msa", LoadAttention::Msa}, {"msa-v1", LoadAttention::MsaV1}, {"dense", LoadAttention::Dense}};
+  cmd.add_option("--dtype", o.dtype,
+                 "Weights and KV cache: auto (bfloat16 on CUDA, float32 on the CPU), bfloat16 or float32")
+      ->transform(CLI::CheckedTransformer(dtypes));
+  cmd.add_option("--load-format", o.load_format,
+                 "auto/safetensors (the checkpoint) or dummy (random weights of the config's shapes, made on the "
+                 "device; config.json is still read)")
+      ->transform(CLI::CheckedTransformer(formats));
+  cmd.add_option("--num-layers", o.num_layers,
+                 "Build only the config's first N layers plus the head (0 = all), keeping their dense/MSA/MoE kinds")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd.add_option("--attention", o.attention,
+                 "Attention of the MSA layers (CUDA): msa (tensor-core kernels where they apply), msa-v1 (the "
+                 "query-major kernels) or dense (dense causal attention, a benchmark baseline)")
+      ->transform(CLI::CheckedTransformer(attns));
+}
+
+const char* name(LoadDType d) {
+  switch (d) {
+    case LoadDType::BFloat16: return "bfloat16";
+    case LoadDType::Float32: return "float32";
+    default: return "auto";
+  }
+}
+const char* name(LoadFormat f) {
+  switch (f) {
+    case LoadFormat::Safetensors: return "safetensors";
+    case LoadFormat::Dummy: return "dummy";
+    default: return "auto";
+  }
+}
+const char* name(LoadAttention a) {
+  switch (a) {
+    case LoadAttention::MsaV1: return "msa-v1";
+    case LoadAttention::Dense: return "dense";
+    default: return "msa";
+  }
+}
+
+void check_cpu_load_options(const LoadOptions& o) {
+  M3_CHECK(o.dtype != LoadDType::BFloat16,
+           "--dtype bfloat16 needs --device cuda: the CPU executor computes in float32 only");
+  M3_CHECK(o.attention == LoadAttention::Msa,
+           "--attention {} needs --device cuda: the CPU executor runs the model's own MSA attention only",
+           name(o.attention));
+}
+
+}  // namespace m3

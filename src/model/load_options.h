@@ -1,0 +1,42 @@
+// How a model is loaded, shared by the `serve`, `generate` and `score` subcommands (issue 9 item 5), in the spirit of
+// vLLM's --dtype / --load-format: the compute dtype of the weights (and with it the KV cache), where the weights come
+// from (the checkpoint's safetensors, or random values of the right shapes made on the device), how many of the
+// config's layers to build, and which attention kernels the MSA layers run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace m3 {
+
+enum class LoadDType { Auto, BFloat16, Float32 };  // auto: bf16 on CUDA, fp32 on the CPU (its only dtype)
+enum class LoadFormat { Auto, Safetensors, Dummy };  // auto = safetensors
+enum class LoadAttention { Msa, MsaV1, Dense };      // maps to CudaExecutorOptions::attention (AttentionBackend)
+
+struct LoadOptions {
+  LoadDType dtype = LoadDType::Auto;
+  LoadFormat load_format = LoadFormat::Auto;
+  int num_layers = 0;  // 0 = all of the config's layers; else its first N (io/config.h truncate_layers)
+  LoadAttention attention = LoadAttention::Msa;
+  uint64_t dummy_seed = 0;  // seed of the dummy weights (src/base/counter_hash.h)
+
+  bool dummy() const { return load_format == LoadFormat::Dummy; }
+};
+
+// Adds --dtype, --load-format, --num-layers and --attention to a subcommand. Bad values fail at parse time with
+// CLI11's message (exit code ≠ 0, no crash); the device-dependent checks (CPU refuses bfloat16 and the non-msa
+// attention backends) happen in make_executor (model/executor_factory.h).
+void add_load_flags(CLI::App& cmd, LoadOptions& o);
+
+const char* name(LoadDType d);
+const char* name(LoadFormat f);
+const char* name(LoadAttention a);
+
+// Throws m3::Error naming the flag when the options cannot run on the CPU executor.
+void check_cpu_load_options(const LoadOptions& o);
+
+}  // namespace m3

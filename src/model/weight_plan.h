@@ -1,0 +1,64 @@
+// The weights a config needs, as a list of slots (issue 9 item 5): one slot per tensor the executors store (the CPU's
+// M3Weights vectors, the CUDA executor's device buffers), each made of checkpoint tensors concatenated along rows
+// (wqkv = q, k, v; gate_up = gate, up). M3Weights::load (host fp32), the streaming CUDA loader
+// (model/cuda_weight_loader.h) and the dummy weights all walk this one list, so names, shapes and concatenation
+// order are written down once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "model/m3_weights.h"
+
+namespace m3 {
+
+enum class SlotKind : uint8_t {
+  Embed, FinalNorm, LmHead,
+  InputNorm, PostAttnNorm, Wqkv, Wo, QNorm, KNorm, WIndexQk, IndexQNorm, IndexKNorm,
+  MlpGateUp, MlpDown, Router, RouterBias, ExpertGateUp, ExpertDown, SharedGateUp, SharedDown,
+};
+
+// One checkpoint tensor: its accepted spellings (released vs HF save_pretrained; the first present wins) and shape.
+struct WeightPiece {
+  std::vector<std::string> names;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+
+struct WeightSlot {
+  SlotKind kind = SlotKind::Embed;
+  int layer = -1;   // -1: embedding / final norm / LM head
+  int expert = -1;  // routed experts only
+  // Matrices are stored in the executor's compute dtype (bf16 or fp32); norms, the router and its bias stay fp32.
+  bool matrix = false;
+  // LM head with tie_word_embeddings: when the checkpoint has no lm_head.weight it is a copy of the embedding.
+  bool may_tie_to_embed = false;
+  std::vector<WeightPiece> pieces;  // concatenated along the first dim, in this order
+  float dummy_scale = 0.f;         // dummy weights are uniform in [-dummy_scale, dummy_scale)
+
+  int64_t numel() const;
+  int64_t rows() const;  // sum of the pieces' first dims
+  std::string label() const;  // e.g. "layers.3.wqkv", "layers.4.experts.17.gate_up"
+  uint64_t stream_id() const;  // the dummy fill's counter-hash stream: (kind, layer, expert), not the list position
+};
+
+// Every slot of `c`, in load order: embed, final norm, LM head, then each layer's slots.
+std::vector<WeightSlot> weight_plan(const M3Config& c);
+
+// Total elements and, for a compute dtype of `matrix_bytes` per element, device bytes of the plan.
+int64_t plan_bytes(const std::vector<WeightSlot>& plan, int matrix_bytes);
+
+// The name of `p` in `st`: the first accepted spelling present, else the first (st.get() then reports it missing).
+std::string resolve_name(const SafeTensors& st, const WeightPiece& p);
+
+// Where a slot lives in the host weights (resized as needed: layers and experts must exist).
+std::vector<float>& host_slot(M3Weights& w, const WeightSlot& s);
+
+// The CPU twin of the device dummy fill: the fp32 values of slot `s` for `seed` (base/counter_hash.h).
+std::vector<float> dummy_slot_values(const WeightSlot& s, uint64_t seed);
+// A whole model of dummy weights on the host (tied LM head = the embedding, as the device fill does).
+M3Weights dummy_weights(const M3Config& c, uint64_t seed);
+
+}  // namespace m3

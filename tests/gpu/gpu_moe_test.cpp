@@ -1,0 +1,309 @@
+// The grouped MoE (backend/cuda/moe_grouped.cuh, docs/KERNELS.md §10) against a CPU reference, its CUDA-graph
+// replay against eager, and its independence from the other rows of the batch.
+//
+// Reference: the GPU's router logits are checked against an fp64 CPU product (fp32 accumulation order only), then
+// routed on the CPU by cpu::moe_route (ids must be equal, weights within expf-vs-std::exp ulps), and every
+// (token, slot) runs the expert MLP on the CPU in fp64 from the same bf16 weights, with x and the SwiGLU output
+// rounded to bf16 where the GPU rounds them. What remains is fp32 accumulation order in the tensor-core GEMMs and
+// the odd act element that lands on the other side of a bf16 rounding boundary (one bf16 ulp, 2^-8 relative, of one
+// of I terms): tolerance 1e-3 of max |ref|. The error against an unrounded fp32 reference (the cost of bf16
+// activations) is printed, not asserted.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/moe_grouped.cuh"
+#include "base/dtype.h"
+#include "base/error.h"
+#include "gpu_test_util.h"
+
+namespace m3 {
+namespace {
+
+using gpu_test::Dev;
+using gpu_test::rng;
+
+struct Shape {
+  int64_t H, E, K, I, Is;
+};
+
+// One MoE layer's weights on the device (hash-filled there: M3 widths are 14 GB of experts).
+struct Layer {
+  Shape sh;
+  cuda::DeviceBuffer<float> router, bias;
+  cuda::DeviceBuffer<__nv_bfloat16> gu, dn, sgu, sdn;
+  std::vector<float> h_router, h_bias;
+  cuda::MoeGroupedWeights w;
+
+  Layer(Shape s, uint64_t seed, float bias0 = 0.f, float bias1 = 0.f) : sh(s) {
+    const int64_t H = s.H, E = s.E, I = s.I, Is = s.Is;
+    router.grow(size_t(E * H)), bias.grow(size_t(E));
+    gu.grow(size_t(E * 2 * I * H)), dn.grow(size_t(E * H * I));
+    // Logit std ≈ 1 for x uniform in ±1; gate/up std ≈ 1.3 (some values reach the SwiGLU limit of 7).
+    cuda::fill_hash_f32(router.get(), E * H, seed + 1, 3.f / std::sqrt(float(H)), nullptr);
+    cuda::fill_hash_bf16(gu.get(), E * 2 * I * H, seed + 2, 4.f / std::sqrt(float(H)), nullptr);
+    cuda::fill_hash_bf16(dn.get(), E * H * I, seed + 3, 2.f / std::sqrt(float(I)), nullptr);
+    if (Is > 0) {
+      sgu.grow(size_t(2 * Is * H)), sdn.grow(size_t(H * Is));
+      cuda::fill_hash_bf16(sgu.get(), 2 * Is * H, seed + 4, 4.f / std::sqrt(float(H)), nullptr);
+      cuda::fill_hash_bf16(sdn.get(), H * Is, seed + 5, 2.f / std::sqrt(float(Is)), nullptr);
+    }
+    h_bias = gpu_test::rand_vec(size_t(E), 0.001f, 0.1f);
+    h_bias[0] += bias0;
+    if (E > 1) h_bias[1] += bias1;
+    M3_CUDA_CHECK(cudaMemcpy(bias.get(), h_bias.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+    h_router.resize(size_t(E * H));
+    M3_CUDA_CHECK(cudaMemcpy(h_router.data(), router.get(), h_router.size() * 4, cudaMemcpyDeviceToHost));
+    w.router = router.get(), w.router_bias = bias.get(), w.gate_up = gu.get(), w.down = dn.get();
+    if (Is > 0) w.shared_gate_up = sgu.get(), w.shared_down = sdn.get();
+    w.E = E, w.top_k = s.K, w.I = I, w.Is = Is, w.routed_scale = 2.f, w.alpha = 1.702f, w.limit = 7.f;
+  }
+};
+
+std::vector<float> download_bf16(const __nv_bfloat16* p, int64_t n) {
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  M3_CUDA_CHECK(cudaMemcpy(h.data(), p, size_t(n) * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = bf16_to_f32(h[i]);
+  return f;
+}
+
+struct GpuRun {
+  std::vector<float> x, logits, weights;
+  std::vector<int32_t> ids;
+  int32_t tiles = 0, active = 0;
+};
+
+// x0 + MoE(xn) on the GPU; scratch poisoned first (every used element must be written).
+GpuRun run_gpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
+            cuda::MoeGroupedScratch& scr) {
+  Dev<float> dxn(xn), dx(x0);
+  cuda::moe_reserve(scr, T, L.sh.H, L.sh.E, L.sh.K, L.sh.I, L.sh.Is);
+  M3_CUDA_CHECK(cudaMemset(scr.y.get(), 0xFF, scr.y.size() * 4));
+  M3_CUDA_CHECK(cudaMemset(scr.act.get(), 0xFF, scr.act.size() * 2));
+  M3_CUDA_CHECK(cudaMemset(scr.logits.get(), 0xFF, scr.logits.size() * 4));
+  cuda::moe_grouped_forward(L.w, dxn.p(), T, L.sh.H, dx.p(), scr, nullptr);
+  GpuRun r;
+  r.x = dx.get();
+  r.logits.resize(size_t(T * L.sh.E)), r.ids.resize(size_t(T * L.sh.K)), r.weights.resize(size_t(T * L.sh.K));
+  M3_CUDA_CHECK(cudaMemcpy(r.logits.data(), scr.logits.get(), r.logits.size() * 4, cudaMemcpyDeviceToHost));
+  M3_CUDA_CHECK(cudaMemcpy(r.ids.data(), scr.ids.get(), r.ids.size() * 4, cudaMemcpyDeviceToHost));
+  M3_CUDA_CHECK(cudaMemcpy(r.weights.data(), scr.weights.get(), r.weights.size() * 4, cudaMemcpyDeviceToHost));
+  int32_t c[2];
+  M3_CUDA_CHECK(cudaMemcpy(c, scr.counters.get(), 8, cudaMemcpyDeviceToHost));
+  r.tiles = c[0], r.active = c[1];
+  return r;
+}
+
+// CPU expert MLP in fp64 on bf16 weights: gate_up [2I, H], down [H, I]; round = bf16 rounding of x and act.
+void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<float>& dn, int64_t H, int64_t I,
+             bool round, std::vector<double>& y) {
+  std::vector<float> xr(x, x + H), act(static_cast<size_t>(I));
+  if (round)
+    for (float& v : xr) v = round_to_bf16(v);
+  for (int64_t i = 0; i < I; ++i) {
+    double g = 0, u = 0;
+    for (int64_t h = 0; h < H; ++h) g += double(xr[h]) * gu[i * H + h], u += double(xr[h]) * gu[(I + i) * H + h];
+    float a;
+    cpu::swiglu_oai(std::array<float, 2>{float(g), float(u)}.data(), 1, 1, 1.702f, 7.f, &a);
+    act[i] = round ? round_to_bf16(a) : a;
+  }
+  y.assign(size_t(H), 0.0);
+  for (int64_t h = 0; h < H; ++h) {
+    double s = 0;
+    for (int64_t i = 0; i < I; ++i) s += double(act[i]) * dn[h * I + i];
+    y[h] = s;
+  }
+}
+
+struct RefResult {
+  double err = 0, err_unrounded = 0, ref_max = 0;
+};
+
+// Checks logits and routing of `g` and returns the output errors against the bf16-mirroring reference.
+RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
+                            const GpuRun& g, const std::string& what) {
+  const int64_t H = L.sh.H, E = L.sh.E, K = L.sh.K, I = L.sh.I, Is = L.sh.Is;
+  // 1. logits: fp32 on the GPU vs fp64 here.
+  double lerr = 0, lmax = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      double s = 0;
+      for (int64_t h = 0; h < H; ++h) s += double(xn[t * H + h]) * L.h_router[e * H + h];
+      lerr = std::max(lerr, std::abs(s - g.logits[size_t(t * E + e)]));
+      lmax = std::max(lmax, std::abs(s));
+    }
+  EXPECT_LE(lerr, 1e-5 * lmax) << what << ": router logits";
+  // 2. routing of the GPU logits by the CPU rule: ids exact, weights to a few ulps.
+  std::vector<int32_t> ids(size_t(T * K));
+  std::vector<float> wts(size_t(T * K));
+  cpu::moe_route(g.logits.data(), T, E, L.h_bias.data(), int(K), 2.f, ids.data(), wts.data());
+  EXPECT_EQ(ids, g.ids) << what << ": routing";
+  double werr = 0;
+  for (size_t i = 0; i < wts.size(); ++i) werr = std::max(werr, double(std::abs(wts[i] - g.weights[i])));
+  EXPECT_LE(werr, 2e-6) << what << ": routing weights";
+  // 3. the experts, one at a time (only the chosen ones are downloaded).
+  std::vector<double> ref(x0.begin(), x0.end()), refu(x0.begin(), x0.end());
+  std::vector<double> y;
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t> pairs;
+    for (int64_t p = 0; p < T * K; ++p)
+      if (ids[size_t(p)] == e) pairs.push_back(p);
+    if (pairs.empty()) continue;
+    const std::vector<float> gu = download_bf16(L.gu.get() + e * 2 * I * H, 2 * I * H);
+    const std::vector<float> dn = download_bf16(L.dn.get() + e * H * I, H * I);
+    for (int64_t p : pairs) {
+      const int64_t t = p / K;
+      for (int pass = 0; pass < 2; ++pass) {
+        cpu_mlp(&xn[size_t(t * H)], gu, dn, H, I, pass == 0, y);
+        std::vector<double>& r = pass == 0 ? ref : refu;
+        for (int64_t h = 0; h < H; ++h) r[size_t(t * H + h)] += double(wts[size_t(p)]) * y[size_t(h)];
+      }
+    }
+  }
+  if (Is > 0) {
+    const std::vector<float> gu = download_bf16(L.sgu.get(), 2 * Is * H), dn = download_bf16(L.sdn.get(), H * Is);
+    for (int64_t t = 0; t < T; ++t)
+      for (int pass = 0; pass < 2; ++pass) {
+        cpu_mlp(&xn[size_t(t * H)], gu, dn, H, Is, pass == 0, y);
+        std::vector<double>& r = pass == 0 ? ref : refu;
+        for (int64_t h = 0; h < H; ++h) r[size_t(t * H + h)] += y[size_t(h)];
+      }
+  }
+  RefResult rr;
+  size_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(g.x[i])) ++bad;
+    rr.err = std::max(rr.err, std::abs(ref[i] - g.x[i]));
+    rr.err_unrounded = std::max(rr.err_unrounded, std::abs(refu[i] - g.x[i]));
+    rr.ref_max = std::max(rr.ref_max, std::abs(ref[i]));
+  }
+  EXPECT_EQ(bad, 0u) << what << ": non-finite outputs";
+  std::printf("[gpu-op] moe_grouped %s: max|err|/max|ref| %.3g (bf16-mirroring ref), %.3g (fp32 activations ref); "
+              "logits %.3g, weights %.3g, tiles %d, active experts %d\n",
+              what.c_str(), rr.err / rr.ref_max, rr.err_unrounded / rr.ref_max, lerr / lmax, werr, g.tiles, g.active);
+  EXPECT_LE(rr.err, 1e-3 * rr.ref_max) << what;
+  return rr;
+}
+
+std::string name_of(const Shape& s, int64_t T) {
+  char b[160];
+  std::snprintf(b, sizeof b, "T %lld H %lld E %lld k %lld I %lld shared %lld", (long long)T, (long long)s.H,
+                (long long)s.E, (long long)s.K, (long long)s.I, (long long)s.Is);
+  return b;
+}
+
+void check_case(const Shape& s, int64_t T, uint64_t seed) {
+  Layer L(s, seed);
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const GpuRun g = run_gpu(L, xn, x0, T, scr);
+  check_against_cpu(L, xn, x0, T, g, name_of(s, T) + (cuda::moe_tile_rows(T, s.E, s.K) == 16 ? " BM16" : " BM64"));
+}
+
+TEST(GpuMoe, GroupedMoeMatchesCpuReferenceAtSmallWidths) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape tiny{128, 8, 2, 64, 64};
+  for (int64_t T : {1, 7, 33, 200}) check_case(tiny, T, 100 + uint64_t(T));  // 200 rows: BM 64 tiles
+  check_case(Shape{128, 8, 2, 64, 0}, 20, 7);                                  // no shared expert
+  check_case(Shape{256, 128, 4, 128, 64}, 64, 8);                              // M3's router, narrow experts
+  check_case(Shape{256, 16, 4, 96, 160}, 300, 9);  // shared wider than the experts, ragged tiles, BM 64
+}
+
+TEST(GpuMoe, GroupedMoeMatchesCpuReferenceAtM3Widths) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape m3{6144, 128, 4, 3072, 3072};  // 14.5 GB of bf16 experts
+  check_case(m3, 3, 11);
+}
+
+TEST(GpuMoe, ExpertWithNoTokensAndExpertWithAllTokens) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape s{128, 8, 2, 64, 64};
+  const int64_t T = 50;
+  Layer L(s, 21, /*bias0=*/100.f, /*bias1=*/-100.f);  // expert 0 always first, expert 1 never chosen
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const GpuRun g = run_gpu(L, xn, x0, T, scr);
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_EQ(g.ids[size_t(t * s.K)], 0) << t;
+    EXPECT_NE(g.ids[size_t(t * s.K + 1)], 1) << t;
+  }
+  EXPECT_LE(g.active, int(s.E - 1));
+  check_against_cpu(L, xn, x0, T, g, "all tokens on expert 0, none on expert 1");
+}
+
+TEST(GpuMoe, CudaGraphReplayIsBitwiseEqualToEager) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape s{256, 16, 4, 128, 128};
+  const int64_t T = 24;
+  Layer L(s, 31);
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const GpuRun eager = run_gpu(L, xn, x0, T, scr);  // also reserves the scratch: nothing allocates under capture
+
+  Dev<float> dxn(xn), dx0(x0), dx(size_t(T * s.H));
+  cudaStream_t st;
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  M3_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  M3_CUDA_CHECK(cudaMemcpyAsync(dx.p(), dx0.p(), size_t(T * s.H) * 4, cudaMemcpyDeviceToDevice, st));
+  cuda::moe_grouped_forward(L.w, dxn.p(), T, s.H, dx.p(), scr, st);
+  M3_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    dx.poison();
+    M3_CUDA_CHECK(cudaMemset(scr.y.get(), 0xFF, scr.y.size() * 4));
+    M3_CUDA_CHECK(cudaMemset(scr.act.get(), 0xFF, scr.act.size() * 2));
+    M3_CUDA_CHECK(cudaMemset(scr.ids.get(), 0xFF, scr.ids.size() * 4));
+    M3_CUDA_CHECK(cudaMemset(scr.tiles.get(), 0xFF, scr.tiles.size() * 4));
+    M3_CUDA_CHECK(cudaDeviceSynchronize());  // the poison (legacy stream) lands before the non-blocking replay
+    M3_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    M3_CUDA_CHECK(cudaStreamSynchronize(st));
+    const std::vector<float> got = dx.get();
+    EXPECT_EQ(0, std::memcmp(got.data(), eager.x.data(), got.size() * 4)) << "replay " << rep;
+  }
+  std::printf("[gpu-op] moe_grouped graph replay (T %lld, E %lld, k %lld): 3 replays bitwise equal to eager\n",
+              (long long)T, (long long)s.E, (long long)s.K);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+TEST(GpuMoe, ResultsDoNotDependOnOtherRowsInTheBatch) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape s{128, 8, 2, 64, 64};
+  const int64_t T = 200;  // BM 64 tiles; the subsets below run with BM 16
+  Layer L(s, 41);
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const GpuRun full = run_gpu(L, xn, x0, T, scr);
+  for (const std::vector<int64_t>& rows : {std::vector<int64_t>{5}, std::vector<int64_t>{199, 0, 17, 5, 120, 64, 3}}) {
+    std::vector<float> sxn, sx0;
+    for (int64_t r : rows) {
+      sxn.insert(sxn.end(), xn.begin() + r * s.H, xn.begin() + (r + 1) * s.H);
+      sx0.insert(sx0.end(), x0.begin() + r * s.H, x0.begin() + (r + 1) * s.H);
+    }
+    const GpuRun sub = run_gpu(L, sxn, sx0, int64_t(rows.size()), scr);
+    for (size_t i = 0; i < rows.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(&sub.x[i * s.H], &full.x[size_t(rows[i] * s.H)], size_t(s.H) * 4))
+          << "row " << rows[i] << " alone vs in the batch of " << T;
+  }
+}
+
+TEST(GpuMoe, UnsupportedShapesAreRefused) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::MoeGroupedScratch scr;
+  EXPECT_THROW(cuda::moe_reserve(scr, 4, 100, 8, 2, 64, 64), Error);  // H not a multiple of 64
+  EXPECT_THROW(cuda::moe_reserve(scr, 4, 128, 8, 2, 48, 64), Error);  // I not a multiple of 32
+  EXPECT_THROW(cuda::moe_reserve(scr, 4, 128, 512, 2, 64, 64), Error);  // E > 256
+  EXPECT_FALSE(cuda::moe_grouped_supported(128, 8, 9, 64, 0));          // top_k > 8
+  EXPECT_TRUE(cuda::moe_grouped_supported(6144, 128, 4, 3072, 3072));
+}
+
+}  // namespace
+}  // namespace m3

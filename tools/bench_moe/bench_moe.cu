@@ -1,0 +1,277 @@
+// bench_moe: the grouped MoE (backend/cuda/moe_grouped.cuh) at M3's widths — hidden 6144, 128 experts, top-4,
+// expert width 3072, shared expert 3072 — for T = 1, 8, 32, 64 (decode) and a 4096-token prefill.
+//
+// Protocol (the MSA_KERNELS benchmark protocol, adapted): a CUDA graph of `rot` back-to-back calls on rotated
+// inputs (distinct xn per call, so each call chooses its own experts; one call's weights, ≥ 566 MB, are > 10× L2),
+// 5 warm-up replays, 25 timed replays queued back to back, median per call and CV. The floor is bytes / the copy
+// ceiling measured in the same run, where bytes = weights of the experts the calls actually chose (counted on the
+// device by the grouping kernel) + the shared expert + the router + activations (xn read, x read and written).
+// Also timed: the previous synchronous path (moe_forward_sync: host sync + one cuBLASLt GEMM per expert), eager.
+//   bench_moe [--quick]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/mlp_moe.cuh"
+#include "backend/cuda/moe_grouped.cuh"
+
+namespace {
+
+using m3::cuda::DeviceBuffer;
+
+struct Timing {
+  double median_us = 0, cv = 0;
+};
+
+// Graph of `calls(stream)` (rot calls); median per call over 25 back-to-back replays after 5 warm-ups.
+template <typename F>
+Timing time_graph(F calls, int rot) {
+  cudaStream_t s;
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  calls(s);  // eager once (first-use attributes outside capture)
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  M3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  calls(s);
+  M3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  M3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  constexpr int kTimed = 25;
+  std::vector<cudaEvent_t> ev(kTimed + 1);
+  for (auto& e : ev) M3_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < 5; ++i) M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  M3_CUDA_CHECK(cudaEventRecord(ev[0], s));
+  for (int i = 0; i < kTimed; ++i) {
+    M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    M3_CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
+  }
+  M3_CUDA_CHECK(cudaEventSynchronize(ev[kTimed]));
+  std::vector<double> t;
+  for (int i = 0; i < kTimed; ++i) {
+    float ms = 0;
+    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+    t.push_back(1e3 * ms / rot);
+  }
+  std::vector<double> sorted = t;
+  std::sort(sorted.begin(), sorted.end());
+  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
+  double var = 0;
+  for (double x : t) var += (x - mean) * (x - mean);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+  return Timing{sorted[sorted.size() / 2], std::sqrt(var / t.size()) / mean};
+}
+
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a, dst[i + stride] = b, dst[i + 2 * stride] = c, dst[i + 3 * stride] = d;
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+// Read-only stream (what the expert weights are): XOR of 16-byte loads, 4 in flight per thread; one store per thread
+// that never happens (the flag is 0) keeps the loads alive.
+__global__ void read_kernel(const uint4* __restrict__ src, size_t n, uint4* __restrict__ sink, int flag) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    acc.x ^= a.x ^ b.x ^ c.x ^ d.x, acc.y ^= a.y ^ b.y ^ c.y ^ d.y;
+    acc.z ^= a.z ^ b.z ^ c.z ^ d.z, acc.w ^= a.w ^ b.w ^ c.w ^ d.w;
+  }
+  for (; i < n; i += stride) acc.x ^= src[i].x, acc.y ^= src[i].y, acc.z ^= src[i].z, acc.w ^= src[i].w;
+  if (flag) sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+
+// Read ceiling in GB/s (4 GiB read, best of two grid sizes).
+double read_ceiling_gbps() {
+  const size_t bytes = size_t(4) << 30;
+  DeviceBuffer<uint8_t> a(bytes);
+  DeviceBuffer<uint4> sink(size_t(132) * 64 * 256);
+  M3_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  const int sms = m3::cuda::sm_count();
+  double best = 0;
+  for (int per_sm : {4, 8}) {
+    const Timing t = time_graph(
+        [&](cudaStream_t s) {
+          read_kernel<<<sms * per_sm, 256, 0, s>>>(reinterpret_cast<const uint4*>(a.get()), bytes / 16, sink.get(), 0);
+          M3_CUDA_CHECK(cudaGetLastError());
+        },
+        1);
+    best = std::max(best, double(bytes) / (t.median_us * 1e3));
+  }
+  return best;
+}
+
+// Copy ceiling in GB/s (read + write bytes over time; 1 GiB each way): best of a copy kernel and cudaMemcpyAsync.
+double copy_ceiling_gbps() {
+  const size_t bytes = size_t(1) << 30;
+  DeviceBuffer<uint8_t> a(bytes), b(bytes);
+  M3_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  const int sms = m3::cuda::sm_count();
+  double best = 0;
+  for (int per_sm : {4, 16}) {
+    const Timing t = time_graph(
+        [&](cudaStream_t s) {
+          copy_kernel<<<sms * per_sm, 256, 0, s>>>(reinterpret_cast<const uint4*>(a.get()),
+                                                   reinterpret_cast<uint4*>(b.get()), bytes / 16);
+          M3_CUDA_CHECK(cudaGetLastError());
+        },
+        1);
+    best = std::max(best, 2.0 * bytes / (t.median_us * 1e3));
+  }
+  const Timing tm = time_graph(
+      [&](cudaStream_t s) { M3_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s)); }, 1);
+  return std::max(best, 2.0 * bytes / (tm.median_us * 1e3));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  try {
+    cudaDeviceProp prop{};
+    M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    const double copy = copy_ceiling_gbps();
+    const double rd = read_ceiling_gbps();
+    std::printf("copy ceiling (read + write): %.0f GB/s; read-only ceiling: %.0f GB/s\n", copy, rd);
+
+    const int64_t H = 6144, E = 128, K = 4, I = 3072, Is = 3072;
+    const size_t expert_bytes = size_t(3 * I * H) * 2, shared_bytes = size_t(3 * Is * H) * 2;
+    DeviceBuffer<float> router(static_cast<size_t>(E * H)), bias(static_cast<size_t>(E));
+    DeviceBuffer<__nv_bfloat16> gu(static_cast<size_t>(E * 2 * I * H)), dn(static_cast<size_t>(E * H * I)),
+        sgu(static_cast<size_t>(2 * Is * H)), sdn(static_cast<size_t>(H * Is));
+    m3::cuda::fill_hash_f32(router.get(), E * H, 1, 3.f / std::sqrt(float(H)), nullptr);
+    m3::cuda::fill_hash_f32(bias.get(), E, 2, 0.05f, nullptr);
+    m3::cuda::fill_hash_bf16(gu.get(), E * 2 * I * H, 3, 4.f / std::sqrt(float(H)), nullptr);
+    m3::cuda::fill_hash_bf16(dn.get(), E * H * I, 4, 2.f / std::sqrt(float(I)), nullptr);
+    m3::cuda::fill_hash_bf16(sgu.get(), 2 * Is * H, 5, 4.f / std::sqrt(float(H)), nullptr);
+    m3::cuda::fill_hash_bf16(sdn.get(), H * Is, 6, 2.f / std::sqrt(float(Is)), nullptr);
+    m3::cuda::MoeGroupedWeights w;
+    w.router = router.get(), w.router_bias = bias.get(), w.gate_up = gu.get(), w.down = dn.get();
+    w.shared_gate_up = sgu.get(), w.shared_down = sdn.get();
+    w.E = E, w.top_k = K, w.I = I, w.Is = Is, w.routed_scale = 2.5f;
+    std::printf("weights: %lld experts × %.1f MB + shared %.1f MB (bf16), router fp32\n\n", (long long)E,
+                expert_bytes / 1e6, shared_bytes / 1e6);
+
+    // The synchronous path's arguments (per-expert views of the same stacked weights).
+    m3::cuda::MoeArgs sa;
+    sa.router = router.get(), sa.router_bias = bias.get(), sa.E = E, sa.top_k = K, sa.routed_scale = 2.5f;
+    for (int64_t e = 0; e < E; ++e)
+      sa.experts.push_back(m3::cuda::MlpDev{gu.get() + e * 2 * I * H, dn.get() + e * H * I, m3::cuda::WType::BF16, I});
+    sa.shared = m3::cuda::MlpDev{sgu.get(), sdn.get(), m3::cuda::WType::BF16, Is};
+    m3::cuda::Gemm gemm;
+    m3::cuda::FfnScratch ffn;
+
+    std::printf("| T | calls/graph | median µs | CV | experts read/call | bytes/call MB | floor µs | floor/measured | "
+                "TFLOP/s | read floor µs | read floor/measured | sync path (eager) µs |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::vector<int64_t> Ts = {1, 8, 32, 64, 4096};
+    if (quick) Ts = {1, 64};
+    m3::cuda::MoeGroupedScratch scr;
+    m3::cuda::moe_reserve(scr, 4096, H, E, K, I, Is);  // everything allocated before any capture
+    std::vector<std::string> breakdown;
+    for (int64_t T : Ts) {
+      const int rot = T >= 1024 ? 2 : 8;
+      std::vector<DeviceBuffer<float>> xn(static_cast<size_t>(rot)), x(static_cast<size_t>(rot));
+      for (int r = 0; r < rot; ++r) {
+        xn[r].grow(size_t(T * H)), x[r].grow(size_t(T * H));
+        m3::cuda::fill_hash_f32(xn[r].get(), T * H, 100 + uint64_t(r) * 7 + uint64_t(T), 1.f, nullptr);
+        m3::cuda::fill_hash_f32(x[r].get(), T * H, 900 + uint64_t(r), 1.f, nullptr);
+      }
+      // Experts actually read: counted on the device by the grouping kernel, per rotated input.
+      double active = 0;
+      for (int r = 0; r < rot; ++r) {
+        m3::cuda::moe_grouped_forward(w, xn[r].get(), T, H, x[r].get(), scr, nullptr);
+        int32_t c[2];
+        M3_CUDA_CHECK(cudaMemcpy(c, scr.counters.get(), 8, cudaMemcpyDeviceToHost));
+        active += c[1];
+      }
+      active /= rot;
+      const Timing t = time_graph(
+          [&](cudaStream_t s) {
+            for (int r = 0; r < rot; ++r) m3::cuda::moe_grouped_forward(w, xn[r].get(), T, H, x[r].get(), scr, s);
+          },
+          rot);
+      const double bytes = active * expert_bytes + shared_bytes + double(E * H * 4) + double(T * H * 12);
+      const double floor_us = bytes / (copy * 1e3);
+      const double flops = 2.0 * double(T * K + T) * 3.0 * double(I) * double(H);
+      double sync_us = 0;
+      if (T <= 64) {
+        cudaEvent_t a, b;
+        M3_CUDA_CHECK(cudaEventCreate(&a));
+        M3_CUDA_CHECK(cudaEventCreate(&b));
+        std::vector<double> ts;
+        for (int i = 0; i < 13; ++i) {
+          const int r = i % rot;
+          M3_CUDA_CHECK(cudaEventRecord(a));
+          m3::cuda::moe_forward_sync(gemm, sa, xn[r].get(), T, H, x[r].get(), ffn, nullptr);
+          M3_CUDA_CHECK(cudaEventRecord(b));
+          M3_CUDA_CHECK(cudaEventSynchronize(b));
+          float ms = 0;
+          M3_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+          if (i >= 3) ts.push_back(1e3 * ms);
+        }
+        std::sort(ts.begin(), ts.end());
+        sync_us = ts[ts.size() / 2];
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+      }
+      char sync_s[32] = "—";
+      if (sync_us > 0) std::snprintf(sync_s, sizeof sync_s, "%.1f", sync_us);
+      const double rfloor_us = bytes / (rd * 1e3);
+      std::printf("| %lld | %d | %.1f | %.3f | %.2f | %.0f | %.1f | %.0f %% | %.1f | %.1f | %.0f %% | %s |\n",
+                  (long long)T, rot, t.median_us, t.cv, active, bytes / 1e6, floor_us, 100.0 * floor_us / t.median_us,
+                  flops / (t.median_us * 1e6), rfloor_us, 100.0 * rfloor_us / t.median_us, sync_s);
+      // Per-kernel breakdown, eager (launch gaps included in the kernel that follows): median of 9.
+      {
+        m3::cuda::MoeStageEvents me;
+        for (auto& e : me.ev) M3_CUDA_CHECK(cudaEventCreate(&e));
+        std::vector<std::vector<double>> parts(5);
+        for (int i = 0; i < 11; ++i) {
+          m3::cuda::moe_grouped_forward(w, xn[i % rot].get(), T, H, x[i % rot].get(), scr, nullptr, &me);
+          M3_CUDA_CHECK(cudaEventSynchronize(me.ev[5]));
+          if (i < 2) continue;
+          for (int k = 0; k < 5; ++k) {
+            float ms = 0;
+            M3_CUDA_CHECK(cudaEventElapsedTime(&ms, me.ev[k], me.ev[k + 1]));
+            parts[k].push_back(1e3 * ms);
+          }
+        }
+        breakdown.push_back("| " + std::to_string(T));
+        for (auto& v : parts) {
+          std::sort(v.begin(), v.end());
+          char b[32];
+          std::snprintf(b, sizeof b, " | %.1f", v[v.size() / 2]);
+          breakdown.back() += b;
+        }
+        breakdown.back() += " |";
+        for (auto& e : me.ev) cudaEventDestroy(e);
+      }
+      std::fflush(stdout);
+    }
+    std::printf("\nEager breakdown (µs, median of 9; events between the launches):\n\n"
+                "| T | router | route + group | gate/up + SwiGLU | down | combine |\n|---|---|---|---|---|---|\n");
+    for (const auto& l : breakdown) std::printf("%s\n", l.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_moe: %s\n", e.what());
+    return 1;
+  }
+}
