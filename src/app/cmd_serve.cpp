@@ -175,7 +175,8 @@ CommandRun register_serve(CLI::App& app) {
                                        "[, tokenizer_config.json / chat_template.jinja]")
       ->required();
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json to use instead of the model directory's");
-  cmd->add_option("--chat-template", o->chat_template, "Jinja chat template file overriding the model's");
+  cmd->add_option("--chat-template", o->chat_template,
+                  "Jinja chat template file overriding the model's (required when the model directory has none)");
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "Port (0 = any free port; the startup line says which)")
       ->check(CLI::Range(0, 65535))
@@ -240,24 +241,11 @@ CommandRun register_serve(CLI::App& app) {
     if (o->api_key.empty())
       if (const char* env = std::getenv("M3SERVE_API_KEY")) o->api_key = env;
     M3_CHECK(fs::is_directory(o->model), "--model '{}' is not a directory", o->model);
+    // The prompt format is the model's own (or --chat-template): no template is a startup error, not a 400 later.
+    auto tmpl = std::make_shared<const ChatTemplate>(server::load_serving_chat_template(o->model, o->chat_template));
     const std::string tok_path = o->tokenizer.empty() ? (fs::path(o->model) / "tokenizer.json").string() : o->tokenizer;
     M3_CHECK(fs::exists(tok_path), "no tokenizer: '{}' does not exist (pass --tokenizer FILE)", tok_path);
     auto tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_file(tok_path));
-    std::shared_ptr<const ChatTemplate> tmpl;
-    if (!o->chat_template.empty()) {
-      std::ifstream f(o->chat_template);
-      M3_CHECK(f.good(), "cannot read --chat-template '{}'", o->chat_template);
-      std::string src((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      auto base = load_chat_template(o->model);  // for bos/eos tokens
-      ChatTemplate t = ChatTemplate::parse(src, o->chat_template);
-      if (base) {
-        t.bos_token = base->bos_token;
-        t.eos_token = base->eos_token;
-      }
-      tmpl = std::make_shared<const ChatTemplate>(std::move(t));
-    } else if (auto t = load_chat_template(o->model)) {
-      tmpl = std::make_shared<const ChatTemplate>(std::move(*t));
-    }
     const int64_t max_body = parse_bytes(o->max_body_bytes, "--max-body-bytes");
     const int64_t max_buffered = parse_bytes(o->max_buffered_body_bytes, "--max-buffered-body-bytes");
 
@@ -319,7 +307,8 @@ CommandRun register_serve(CLI::App& app) {
                  "prefix caching %s | chat template %s | listening on http://%s:%u\n",
                  sc.limits.model_name.c_str(), o->model.c_str(), c.num_layers, c.hidden_size, c.vocab_size,
                  engine.executor().describe().c_str(), (long long)rc.max_model_len,
-                 rc.enable_prefix_caching ? "on" : "off", tmpl ? "yes" : "none", o->host.c_str(), http.port());
+                 rc.enable_prefix_caching ? "on" : "off", fs::path(tmpl->name()).filename().c_str(), o->host.c_str(),
+                 http.port());
     std::fflush(stdout);
 
     const int sig = http.wait_for_signal();

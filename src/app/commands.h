@@ -15,5 +15,6 @@ CommandRun register_score(CLI::App& app);           // m3serve score --model DIR
 CommandRun register_tokenize(CLI::App& app);        // m3serve tokenize --tokenizer FILE [--decode]
 CommandRun register_serve(CLI::App& app);           // m3serve serve --model DIR
 CommandRun register_bench_serve(CLI::App& app);     // m3serve bench-serve --base-url URL
+CommandRun register_chat_template(CLI::App& app);   // m3serve chat-template --model DIR --request FILE
 
 }  // namespace m3::app

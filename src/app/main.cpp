@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   add(m3::app::register_tokenize);
   add(m3::app::register_serve);
   add(m3::app::register_bench_serve);
+  add(m3::app::register_chat_template);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 
 #include "base/error.h"
 
@@ -31,30 +30,24 @@ bool ends_in_reasoning(const std::string& prompt) {
 OpenAIService::OpenAIService(ServiceConfig cfg) : cfg_(std::move(cfg)) {
   M3_CHECK(cfg_.tokenizer != nullptr, "OpenAIService needs a tokenizer");
   if (cfg_.created == 0) cfg_.created = now_seconds();
+  if (!cfg_.content_format)
+    cfg_.content_format = cfg_.chat_template ? detect_content_format(*cfg_.chat_template) : ContentFormat::kString;
 }
 
-std::string OpenAIService::render_chat(const ParsedRequest& r) const {
+std::string OpenAIService::render_chat(const ParsedRequest& r, bool allow_media) const {
   if (!cfg_.chat_template)
     throw ApiError(400,
                    "This model has no chat template (no chat_template.jinja or tokenizer_config.json chat_template "
                    "in the model directory); use /v1/completions or start the server with --chat-template FILE",
                    "messages", "no_chat_template");
-  ChatTemplateInputs in;
-  in.messages = r.messages;
-  in.tools = r.tools;
-  in.add_generation_prompt = r.add_generation_prompt;
-  in.extra_context = r.chat_template_kwargs;
-  try {
-    return cfg_.chat_template->apply(in);
-  } catch (const m3::Error& e) {
-    // Errors start with the template's name, which is its path on the server: show only the file name.
-    std::string msg = e.what();
-    const std::string& name = cfg_.chat_template->name();
-    const std::string shown = std::filesystem::path(name).filename().string();
-    for (size_t pos = 0; !name.empty() && (pos = msg.find(name, pos)) != std::string::npos; pos += shown.size())
-      msg.replace(pos, name.size(), shown);
-    throw ApiError(400, "The chat template could not render these messages: " + msg, "messages");
-  }
+  ChatPrompt p = render_chat_prompt(*cfg_.chat_template, *cfg_.content_format, r);
+  if (!p.media.empty() && !allow_media)
+    throw ApiError(400,
+                   fmt::format("Image and video input is not supported by this server yet (text only); the "
+                               "messages have {} image/video part(s)",
+                               p.media.size()),
+                   "messages", "unsupported_parameter");
+  return std::move(p.text);
 }
 
 PreparedJob OpenAIService::prepare(ApiKind kind, std::string_view body) const {

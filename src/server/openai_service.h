@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "server/backend.h"
+#include "server/chat_prompt.h"
 #include "server/choice_stream.h"
 #include "server/request_parse.h"
 #include "server/request_timings.h"
@@ -26,6 +27,8 @@ struct ServiceConfig {
   ApiLimits limits;
   std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<const ChatTemplate> chat_template;  // null: /v1/chat/completions answers 400
+  // How content part arrays reach the template; nullopt: detect_content_format(*chat_template).
+  std::optional<ContentFormat> content_format;
   int64_t created = 0;                                // /v1/models "created"
 };
 
@@ -52,8 +55,9 @@ class OpenAIService {
   std::string tokenize_body(std::string_view body) const;
   std::string detokenize_body(std::string_view body) const;
 
-  // Renders the chat template for a validated chat request (exposed for tests).
-  std::string render_chat(const ParsedRequest& r) const;
+  // Renders the chat template for a validated chat request (exposed for tests). Requests with image / video
+  // parts are refused with a 400 (no media pipeline yet) unless allow_media; the prompt then has their anchors.
+  std::string render_chat(const ParsedRequest& r, bool allow_media = false) const;
 
   // Preprocess / detokenise time per request (for /metrics).
   RequestTimings& timings() const { return timings_; }

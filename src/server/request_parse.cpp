@@ -289,8 +289,11 @@ void parse_common(const OJson& b, const ApiLimits& lim, ParsedRequest& r) {
     if (*bo != r.n) throw ApiError(400, "'best_of' is not supported; use 'n'", "best_of", "unsupported_parameter");
 }
 
-// Message content: a string, or an array of text parts (flattened to one string, joined with "\n" like
-// vLLM), or null where the role allows it. Media parts are not supported by this text-only server.
+// Message content: a string, an array of content parts, or null where the role allows it. Arrays are kept as
+// sent (the chat template layer, server/chat_prompt.h, maps media parts and flattens text for templates that
+// want a string); their parts are validated here. image_url / video_url (and the template-side image / video)
+// parts are accepted so that `m3serve chat-template` can show their anchors; generation requests with media
+// are refused later with a 400 until the media pipeline serves them. Audio and files are refused here.
 OJson check_content(const OJson& c, const std::string& where, bool null_ok) {
   if (c.is_null()) {
     if (!null_ok) bad_field("messages", "{}.content must not be null", where);
@@ -298,28 +301,31 @@ OJson check_content(const OJson& c, const std::string& where, bool null_ok) {
   }
   if (c.is_string()) return c;
   if (!c.is_array()) bad_field("messages", "{}.content must be a string or an array of content parts", where);
-  std::string text;
   for (size_t i = 0; i < c.size(); ++i) {
     const OJson& part = c[i];
     if (!part.is_object()) bad_field("messages", "{}.content[{}] must be an object", where, i);
     auto type = get_string(part, "type");
     if (!type) bad_field("messages", "{}.content[{}].type is required", where, i);
     if (*type == "text") {
-      auto t = get_string(part, "text");
-      if (!t) bad_field("messages", "{}.content[{}].text must be a string", where, i);
-      if (i) text += "\n";
-      text += *t;
-    } else if (*type == "image_url" || *type == "video_url" || *type == "input_audio" || *type == "file") {
+      if (!get_string(part, "text")) bad_field("messages", "{}.content[{}].text must be a string", where, i);
+    } else if (*type == "image_url" || *type == "video_url") {
+      // {"type":"image_url","image_url":{"url":"..."}}; a bare string URL is accepted like vLLM does.
+      const OJson* u = field(part, type->c_str());
+      const bool ok = u && (u->is_string() || (u->is_object() && u->contains("url") && (*u)["url"].is_string()));
+      if (!ok) bad_field("messages", "{}.content[{}].{}.url must be a string", where, i, *type);
+    } else if (*type == "image" || *type == "video") {
+      // Already in the template's form (e.g. from a client that speaks HF's message format).
+    } else if (*type == "input_audio" || *type == "file") {
       throw ApiError(400,
-                     fmt::format("{}.content[{}] has type '{}': media input is not supported by this server yet "
-                                 "(text only)",
+                     fmt::format("{}.content[{}] has type '{}': audio and file input are not supported by this "
+                                 "server",
                                  where, i, *type),
                      "messages", "unsupported_parameter");
     } else {
       bad_field("messages", "{}.content[{}].type '{}' is unknown", where, i, *type);
     }
   }
-  return text;
+  return c;
 }
 
 void parse_messages(const OJson& b, ParsedRequest& r) {
@@ -337,8 +343,16 @@ void parse_messages(const OJson& b, ParsedRequest& r) {
     static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool", "function"};
     bool known = false;
     for (const char* k : kRoles) known |= (*role == k);
+    // "root": MiniMax-M3's highest-priority system prompt (replaces the template's identity text); only a first
+    // message may carry it, as the template reads it only there.
+    if (*role == "root") {
+      if (i != 0) bad_field("messages", "{}.role 'root' is only allowed on the first message", where);
+      known = true;
+    }
     if (!known)
-      bad_field("messages", "{}.role '{}' is not one of system, developer, user, assistant, tool", where, *role);
+      bad_field("messages", "{}.role '{}' is not one of root (first message only), system, developer, user, "
+                            "assistant, tool",
+                where, *role);
     OJson out = m;  // keep extra keys (name, tool_call_id, reasoning_content ...) for the template
     const bool assistant = *role == "assistant";
     auto it = m.find("content");

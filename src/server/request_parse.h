@@ -3,7 +3,7 @@
 //
 // Rules (like OpenAI's server): unknown fields are ignored; a known field with the wrong type or an out-of-range
 // value is a 400 that names the field; features we do not implement (tool_choice=required, response_format
-// json_*, image parts, ...) are a 400 "not supported" — never accepted and silently ignored. JSON null means
+// json_*, audio parts, ...) are a 400 "not supported" — never accepted and silently ignored. JSON null means
 // "use the default" for every optional field.
 #pragma once
 
@@ -58,7 +58,7 @@ struct ParsedRequest {
   int priority = 0;
 
   // Chat.
-  OJson messages = OJson::array();       // validated; text-only content parts flattened to strings
+  OJson messages = OJson::array();       // validated; content part arrays kept (server/chat_prompt.h maps them)
   OJson tools;                           // null or a validated array
   bool parse_tools = false;              // tools given and tool_choice != "none"
   bool parallel_tool_calls = true;       // false: only the first tool call is returned

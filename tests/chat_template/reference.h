@@ -4,6 +4,8 @@
 // binaries work from any working directory.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,6 +27,18 @@ inline std::filesystem::path chat_template_dir() {
 #endif
 }
 inline std::filesystem::path repo_root() { return chat_template_dir().parent_path().parent_path(); }
+
+// m3serve's own M3-format test template (tests/chat_template/m3_format_synthetic.jinja).
+inline std::filesystem::path synthetic_m3_template_path() { return chat_template_dir() / "m3_format_synthetic.jinja"; }
+
+// MiniMax's released MiniMax-M3 chat_template.jinja, when a developer has put a copy at .gl/minimax_m3_official.jinja
+// (ignored by git: the file is under the MiniMax Community License and never committed; docs/TEXT_TEMPLATES.md says
+// how to get it) or names one in $M3_OFFICIAL_M3_TEMPLATE. Empty path when there is none: tests then skip.
+inline std::filesystem::path official_m3_template_path() {
+  std::filesystem::path p = repo_root() / ".gl" / "minimax_m3_official.jinja";
+  if (const char* env = std::getenv("M3_OFFICIAL_M3_TEMPLATE"); env && *env) p = env;
+  return std::filesystem::exists(p) ? p : std::filesystem::path();
+}
 
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);

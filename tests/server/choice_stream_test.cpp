@@ -249,6 +249,44 @@ TEST(Job, NonStreamingChatMessageHasReasoningAndLogprobs) {
   EXPECT_TRUE(content[0]["bytes"].is_array());
 }
 
+// Adaptive mode: M3's history writes a bare </mm:think> before every answer without reasoning, so the model may
+// open its answer with one (../shared/docs/SERVING.md §3.1). It means "no reasoning": the tag must not reach
+// content, streaming or not.
+TEST(Job, AdaptiveAnswerOpeningWithABareThinkCloserHasEmptyReasoning) {
+  M3_REQUIRE_TOKENIZER();
+  OpenAIService svc(test::service_config());
+  const std::string answer = "</mm:think>Hello there";
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streaming" : "non-streaming");
+    auto prep = svc.prepare(ApiKind::Chat, std::string(R"({"messages":[{"role":"user","content":"hi"}],"stream":)") +
+                                               (stream ? "true" : "false") +
+                                               R"(,"chat_template_kwargs":{"thinking_mode":"adaptive"}})");
+    EXPECT_FALSE(prep.choice_options[0].starts_in_reasoning);
+    Job job(svc, std::move(prep));
+    std::string bytes = job.stream_prologue() + feed(job, answer, FinishReason::Stop);
+    std::string content, reasoning;
+    if (stream) {
+      for (const auto& ev : parse_sse(bytes).events) {
+        const auto& d = ev["choices"][0]["delta"];
+        if (d.contains("content")) content += d["content"].get<std::string>();
+        if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+      }
+    } else {
+      auto msg = nlohmann::json::parse(job.final_response().second)["choices"][0]["message"];
+      content = msg["content"];
+      EXPECT_FALSE(msg.contains("reasoning_content")) << msg;
+    }
+    EXPECT_EQ(content, "Hello there");
+    EXPECT_EQ(reasoning, "");
+  }
+  // The same one token at a time through the ChoiceStream alone.
+  ChoiceOptions o;
+  ChoiceStream cs(*qwen_tokenizer(), o);
+  Collected c = run(cs, ids_of(answer), FinishReason::Stop);
+  EXPECT_EQ(c.reasoning, "");
+  EXPECT_EQ(c.content, "Hello there");
+}
+
 TEST(Job, ToolsRenderIntoThePromptAndToolChoiceNoneDisablesParsing) {
   M3_REQUIRE_TOKENIZER();
   OpenAIService svc(test::service_config());

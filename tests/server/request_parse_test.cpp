@@ -142,16 +142,23 @@ TEST(RequestParse, MessagesAreValidated) {
   chat_err(R"({"messages":[{"content":"x"}]})", 400, "messages");
   chat_err(R"({"messages":[{"role":"user"}]})", 400, "messages");
   chat_err(R"({"messages":[{"role":"user","content":null}]})", 400, "messages");
-  chat_err(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", 400,
-           "messages");
-  // Text parts are flattened; assistant content may be null when it carries tool calls.
+  // Media parts are validated here (the 400 for generation with media comes later, in OpenAIService::prepare);
+  // audio and files are refused outright.
+  chat_err(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", 400, "messages");
+  chat_err(R"({"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]})", 400, "messages");
+  chat_err(R"({"messages":[{"role":"user","content":[{"type":"hologram"}]}]})", 400, "messages");
+  EXPECT_NO_THROW(parse_chat_request(
+      R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}},{"type":"video"}]}]})",
+      limits()));
+  // Content part arrays are kept for the template layer (server/chat_prompt.h); assistant content may be null
+  // when it carries tool calls.
   auto r = parse_chat_request(
       R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
           {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
             "function":{"name":"f","arguments":"{\"x\":1}"}}]},
           {"role":"tool","tool_call_id":"c1","content":"42"}]})",
       limits());
-  EXPECT_EQ(r.messages[0]["content"], "a\nb");
+  EXPECT_EQ(r.messages[0]["content"].dump(), R"([{"type":"text","text":"a"},{"type":"text","text":"b"}])");
   EXPECT_EQ(r.messages[1]["tool_calls"][0]["function"]["arguments"]["x"], 1);  // parsed for the template
 }
 
