@@ -121,7 +121,8 @@ std::pair<size_t, size_t> compare_with_python(const std::vector<Named>& template
                       {"bos_token", t.tmpl.bos_token},
                       {"eos_token", t.tmpl.eos_token}});
   OJson ref = testref::run_reference(jobs);
-  ASSERT_EQ(ref.size(), jobs.size());
+  EXPECT_EQ(ref.size(), jobs.size());
+  if (ref.size() != jobs.size()) return {0, 0};
 
   size_t k = 0, ok = 0, errs = 0;
   for (auto& t : templates) {
