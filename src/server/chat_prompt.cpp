@@ -106,13 +106,22 @@ ChatTemplate load_serving_chat_template(const std::string& model_dir, const std:
     std::ostringstream ss;
     ss << f.rdbuf();
     ChatTemplate t = ChatTemplate::parse(ss.str(), override_file);
-    // The model's template is only consulted for bos/eos; a broken one must not stop an override from serving.
-    try {
-      if (auto base = load_chat_template(model_dir)) {
-        t.bos_token = base->bos_token;
-        t.eos_token = base->eos_token;
-      }
-    } catch (const m3::Error&) {
+    // bos/eos from the model's tokenizer_config.json (string or AddedToken object), whether or not it has a
+    // template of its own; a broken model template must not stop an override from serving.
+    const fs::path cfg_path = fs::path(model_dir) / "tokenizer_config.json";
+    if (fs::exists(cfg_path)) {
+      std::ifstream cf(cfg_path, std::ios::binary);
+      OJson cfg = OJson::parse(cf, nullptr, /*allow_exceptions=*/false);
+      M3_CHECK(!cfg.is_discarded(), "{}: invalid JSON", cfg_path.string());
+      auto token = [&](const char* key) -> std::string {
+        if (!cfg.is_object() || !cfg.contains(key)) return {};
+        const OJson& v = cfg[key];
+        if (v.is_string()) return v.get<std::string>();
+        if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+        return {};
+      };
+      t.bos_token = token("bos_token");
+      t.eos_token = token("eos_token");
     }
     return t;
   }

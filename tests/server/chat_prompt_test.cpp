@@ -190,7 +190,7 @@ TEST(ChatPromptTokens, PromptIsTokenisedWithoutAddingSpecialTokens) {
       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"));
   OpenAIService svc(c);
   PreparedJob job = svc.prepare(ApiKind::Chat, R"({"messages":[{"role":"user","content":"hi"}]})");
-  const std::string text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+  const std::string text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant";  // trailing newline dropped
   EXPECT_EQ(job.engine_requests[0].prompt, c.tokenizer->encode(text, false));
   EXPECT_EQ(job.engine_requests[0].prompt.front(), c.tokenizer->token_to_id("<|im_start|>"));
 }

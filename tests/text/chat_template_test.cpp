@@ -300,7 +300,10 @@ TEST(ChatTemplateApply, DecodeToolCallArgumentsTurnsJsonStringsIntoObjects) {
   ChatTemplate t = ChatTemplate::parse(testref::slurp(testref::synthetic_m3_template_path()), "synthetic");
   ChatTemplateInputs in;
   in.messages = d;
+  in.messages[1]["tool_calls"] = OJson::array({d[1]["tool_calls"][0], d[1]["tool_calls"][3]});
   std::string s = t.apply(in);
+  in.messages = msgs;  // undecoded: an M3-format template raises
+  EXPECT_THROW(t.apply(in), Error);
   EXPECT_NE(s.find("]<]minimax[>[<z>1]<]minimax[>[</z>"), std::string::npos) << s;
 }
 
