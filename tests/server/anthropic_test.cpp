@@ -275,6 +275,11 @@ TEST(AnthropicJob, StreamingEventsComeInAnthropicsOrderWithThinkingTextAndToolUs
   EXPECT_EQ(blocks[2]["name"], "get_weather");
   EXPECT_EQ(blocks[2]["input"], J::object());
   EXPECT_EQ(J::parse(acc[2]), J::parse(R"({"city":"Paris","days":3})"));
+  // The arguments streamed as the parameters closed: `{"city":"Paris"`, `,"days":3`, `}`.
+  int json_deltas = 0;
+  for (const auto& e : events)
+    if (e.name == "content_block_delta" && e.data["delta"]["type"] == "input_json_delta") ++json_deltas;
+  EXPECT_EQ(json_deltas, 3);
   const J& md = events[events.size() - 2].data;
   EXPECT_EQ(md["delta"]["stop_reason"], "tool_use");
   EXPECT_TRUE(md["delta"]["stop_sequence"].is_null());
@@ -418,6 +423,52 @@ TEST(PromptThinkMarkers, ClientWrittenThinkTagsDoNotStartReasoning) {
   ASSERT_EQ(m["content"].size(), 1u) << m.dump();
   EXPECT_EQ(m["content"][0]["type"], "text");
   EXPECT_EQ(m["content"][0]["text"], "plain answer");
+}
+
+}  // namespace
+}  // namespace m3::server
+
+namespace m3::server {
+namespace {
+
+// Issue 14 item 3 on the OpenAI side: delta.tool_calls carries the header at the opening tag, then one argument
+// fragment per parameter, in separate chunks as the tokens arrive; concatenated they are the arguments object.
+TEST(OpenAIToolStreaming, ArgumentFragmentsArriveInSeparateChunksAsParametersClose) {
+  M3_REQUIRE_TOKENIZER();
+  OpenAIService svc(test::service_config());
+  const std::string tools = R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}])";
+  auto prep = svc.prepare(ApiKind::Chat, R"({"messages":[{"role":"user","content":"hi"}],"stream":true,"tools":)" +
+                                             tools + "}");
+  Job job(svc, std::move(prep));
+  const std::string text = NS + "<tool_call>" + NS + "<invoke name=\"get_weather\">" + NS + "<city>Paris" + NS +
+                           "</city>" + NS + "<days>3" + NS + "</days>" + NS + "</invoke>" + NS + "</tool_call>";
+  std::string bytes = job.stream_prologue() + feed(job, text, FinishReason::Stop);
+  std::vector<std::string> fragments;
+  std::string name, finish;
+  size_t pos = 0;
+  while ((pos = bytes.find("data: ", pos)) != std::string::npos) {
+    size_t end = bytes.find("\n\n", pos);
+    std::string data = bytes.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") break;
+    J c = J::parse(data);
+    for (const auto& ch : c["choices"]) {
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+      if (!ch["delta"].contains("tool_calls")) continue;
+      for (const auto& tc : ch["delta"]["tool_calls"]) {
+        if (tc.contains("id")) name = tc["function"]["name"];
+        const std::string a = tc["function"]["arguments"];
+        if (!a.empty()) fragments.push_back(a);
+      }
+    }
+  }
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(fragments.size(), 3u);
+  std::string all;
+  for (const auto& f : fragments) all += f;
+  EXPECT_EQ(J::parse(all), J::parse(R"({"city":"Paris","days":3})"));
 }
 
 }  // namespace

@@ -452,7 +452,7 @@ bool M3OutputParser::step_invoke(ParsedDelta& out, bool at_end) {
         for (size_t n = std::min(buf_.size() - gap_start, kM3Namespace.size() - 1); n > 0 && tail == 0; --n)
           if (buf_.compare(buf_.size() - n, n, kM3Namespace, 0, n) == 0) tail = n;
       if (depth_ == 0 && !all_ws(std::string_view(buf_).substr(gap_start, buf_.size() - gap_start - tail))) {
-        fail_invoke(out, buf_.size());  // text between parameters
+        fail_invoke(out, buf_.size() - tail);  // text between parameters; a possible marker start is rescanned
         return true;
       }
       if (at_end) {
