@@ -79,6 +79,8 @@ class ChoiceStream {
   int completion_tokens() const { return completion_tokens_; }
   int reasoning_tokens() const { return reasoning_tokens_; }
   int tool_calls() const { return tool_calls_; }
+  // The stop string that ended the choice ("" when none did; Anthropic's stop_sequence).
+  const std::string& matched_stop() const { return stop_.matched_stop(); }
 
  private:
   void emit_raw(ChoiceDelta& d, const std::string& raw);

@@ -17,10 +17,16 @@ bool api_key_matches(std::string_view header, std::string_view key) {
   return diff == 0;
 }
 
+bool api_key_accepted(std::string_view authorization_header, std::string_view x_api_key, std::string_view key) {
+  if (api_key_matches(authorization_header, key)) return true;
+  if (x_api_key.empty()) return false;
+  return api_key_matches("Bearer " + std::string(x_api_key), key);
+}
+
 ApiError invalid_api_key_error() {
   return ApiError(401,
-                  "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' (the server was started "
-                  "with --api-key or M3SERVE_API_KEY).",
+                  "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>' "
+                  "(the server was started with --api-key or M3SERVE_API_KEY).",
                   "", "invalid_api_key", "invalid_request_error");
 }
 

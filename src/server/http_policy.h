@@ -14,6 +14,10 @@ namespace m3::server {
 // "Authorization: Bearer <key>" against the configured key, in time independent of where they differ.
 bool api_key_matches(std::string_view authorization_header, std::string_view key);
 
+// The key as OpenAI clients send it (Authorization: Bearer) or as Anthropic clients do (x-api-key); either may
+// carry it. Same timing properties as api_key_matches.
+bool api_key_accepted(std::string_view authorization_header, std::string_view x_api_key, std::string_view key);
+
 // OpenAI's answer to a missing or wrong key: 401, type invalid_request_error, code invalid_api_key.
 ApiError invalid_api_key_error();
 

@@ -4,8 +4,9 @@
 // or read EOF, also with pipelined bytes pending) that aborts the request's engine work, optional API key and
 // CORS, one access-log line per request, and a graceful shutdown (see shutdown()).
 //
-// Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics,
-// POST /tokenize, POST /detokenize. Every error is OpenAI's {"error": {...}} body with a 4xx/5xx status.
+// Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, POST /v1/messages/count_tokens,
+// GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize. Every error is OpenAI's
+// {"error": {...}} body with a 4xx/5xx status (Anthropic's {"type":"error",...} on the /v1/messages routes).
 #pragma once
 
 #include <atomic>

@@ -10,6 +10,8 @@
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
 
+#include "server/anthropic_job.h"
+#include "server/anthropic_request.h"
 #include "server/http_framing.h"
 #include "server/http_policy.h"
 
@@ -39,9 +41,12 @@ std::string target_path(beast::string_view target) {
 
 bool is_v1_route(const std::string& path) { return path == "/v1" || path.rfind("/v1/", 0) == 0; }
 
+// Routes of the Anthropic Messages API: their errors use Anthropic's body shape.
+bool is_anthropic_route(const std::string& path) { return path == "/v1/messages" || path.rfind("/v1/messages/", 0) == 0; }
+
 // One in-flight generation of a connection.
 struct JobCtx {
-  std::unique_ptr<Job> job;
+  std::unique_ptr<GenerationJob> job;
   bool cancelled = false;  // client went away, shutdown or submission failed: ignore further outputs
   bool complete = false;   // every choice finished and the last bytes were queued
   bool counted = true;     // still counted in HttpCounters::jobs_active
@@ -97,6 +102,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
     rec_ = AccessRecord{};
     rec_.peer = peer_;
     logged_ = false;
+    anthropic_ = false;
     if (buf_.size() == 0) {
       // Nothing of the next request yet: wait for its first byte (a fresh connection gets the header deadline, a
       // kept-alive one the idle deadline), then give the whole header the header deadline.
@@ -132,6 +138,8 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   // read the body. A Content-Length over the limit already failed in the header read.
   void on_header(beast::error_code ec, size_t n) {
     if (closed_) return;
+    // Errors on the Anthropic routes use Anthropic's body, also those of the header read (e.g. 413).
+    anthropic_ = is_anthropic_route(target_path(parser_->get().target()));
     if (ec) return on_read(ec, n);
     first_request_ = false;
     t0_ = std::chrono::steady_clock::now();
@@ -239,11 +247,20 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
       if (method == http::verb::options && !cors_origin_.empty()) return send(204, "", "text/plain", keep_alive_);
       if (srv_.draining())
         return send_error(ApiError(503, "The server is shutting down", "", "shutting_down"), false, true);
-      if (is_v1_route(path) && !api_key_matches(req_[http::field::authorization], cfg_.api_key))
+      if (is_v1_route(path) && !api_key_accepted(req_[http::field::authorization], req_["x-api-key"], cfg_.api_key))
         return send_error(invalid_api_key_error(), keep_alive_);
       if (path == "/v1/chat/completions" || path == "/v1/completions") {
         if (!need(http::verb::post)) return;
-        return start_job(path == "/v1/chat/completions" ? ApiKind::Chat : ApiKind::Completion);
+        const ApiKind kind = path == "/v1/chat/completions" ? ApiKind::Chat : ApiKind::Completion;
+        return start_job(std::make_unique<Job>(srv_.service(), srv_.service().prepare(kind, req_.body())));
+      }
+      if (path == "/v1/messages") {
+        if (!need(http::verb::post)) return;
+        return start_job(make_anthropic_job(srv_.service(), req_.body()));
+      }
+      if (path == "/v1/messages/count_tokens") {
+        if (!need(http::verb::post)) return;
+        return send(200, anthropic_count_tokens_body(srv_.service(), req_.body()), "application/json", keep_alive_);
       }
       if (path == "/health") {
         if (method != http::verb::get && method != http::verb::head && !need(http::verb::get)) return;
@@ -292,14 +309,16 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
       h += "Access-Control-Allow-Origin: " + cors_origin_ + "\r\nVary: Origin\r\n";
       if (rec_.method == "OPTIONS")
         h += "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
-             "Access-Control-Allow-Headers: Authorization, Content-Type, X-Request-Id\r\n"
+             "Access-Control-Allow-Headers: Authorization, Content-Type, X-Request-Id, X-Api-Key, "
+             "Anthropic-Version, Anthropic-Beta\r\n"
              "Access-Control-Max-Age: 600\r\n";
     }
     return h;
   }
 
   void send_error(const ApiError& e, bool keep_alive, bool retry_after = false) {
-    send(e.status, error_body(e), "application/json", keep_alive, retry_after || e.status == 429 || e.status == 503);
+    send(e.status, anthropic_ ? anthropic_error_body(e) : error_body(e), "application/json", keep_alive,
+         retry_after || e.status == 429 || e.status == 503);
   }
 
   void send(int status, std::string body, const char* content_type, bool keep_alive, bool retry_after = false) {
@@ -337,14 +356,14 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   }
 
   // ---- generations ----------------------------------------------------------------------------------------
-  void start_job(ApiKind kind) {
-    PreparedJob prep = srv_.service().prepare(kind, req_.body());  // throws ApiError → 4xx
+  // `job` was prepared from the request body (preparing throws ApiError → 4xx before anything is submitted).
+  void start_job(std::unique_ptr<GenerationJob> job) {
     auto ctx = std::make_shared<JobCtx>();
-    ctx->job = std::make_unique<Job>(srv_.service(), std::move(prep));
+    ctx->job = std::move(job);
     srv_.counters().jobs_active.fetch_add(1);
     job_ = ctx;
-    if (rec_.request_id.empty()) rec_.request_id = ctx->job->prepared().id;
-    const auto& ereqs = ctx->job->prepared().engine_requests;
+    if (rec_.request_id.empty()) rec_.request_id = ctx->job->id();
+    const auto& ereqs = ctx->job->engine_requests();
     size_t submitted = 0;
     try {
       for (; submitted < ereqs.size(); ++submitted) {
@@ -416,7 +435,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
 
   void on_engine_output(const std::shared_ptr<JobCtx>& ctx, int choice, const EngineOutput& out) {
     if (ctx->cancelled || ctx->complete) return;
-    Job::Update up = ctx->job->on_output(choice, out);
+    GenerationJob::Update up = ctx->job->on_output(choice, out);
     for (const auto& id : up.abort_ids) srv_.backend().abort(id);
     if (ctx->job->streaming()) {
       queue_chunk(up.bytes);
@@ -613,6 +632,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   std::function<void(uint64_t, beast::string_view, beast::error_code&)> chunk_cb_;  // the parser keeps a reference
   http::request<http::string_body> req_;
   bool keep_alive_ = true;
+  bool anthropic_ = false;  // the request is on an Anthropic route: errors in Anthropic's shape
   bool chunked_ = true;
   bool first_request_ = true;
   bool budget_refused_ = false;

@@ -75,7 +75,9 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
   if (kind == ApiKind::Chat) {
     Prompt p;
     p.text = render_chat(r);
-    p.in_reasoning = ends_in_reasoning(p.text);
+    // Only the generation prompt (template text) can open the think block: without it the prompt ends in client
+    // text, and a <mm:think> the client wrote there must not change how the output is parsed.
+    p.in_reasoning = r.add_generation_prompt && ends_in_reasoning(p.text);
     // The template already wrote any BOS / special tokens, so do not add them again (HF and vLLM agree).
     p.ids = tok.encode(p.text, false);
     prompts.push_back(std::move(p));

@@ -16,6 +16,7 @@
 #include "server/backend.h"
 #include "server/chat_prompt.h"
 #include "server/choice_stream.h"
+#include "server/generation_job.h"
 #include "server/request_parse.h"
 #include "server/request_timings.h"
 #include "text/jinja/chat_template.h"
@@ -70,35 +71,26 @@ class OpenAIService {
   mutable std::atomic<uint64_t> next_id_{1};
 };
 
-// One HTTP generation request in flight. Not thread-safe: the HTTP layer calls it from one strand.
-class Job {
+// One HTTP generation request in flight (OpenAI chat / completions). Not thread-safe: the HTTP layer calls it
+// from one strand.
+class Job : public GenerationJob {
  public:
   Job(const OpenAIService& svc, PreparedJob prep);
 
-  int num_choices() const { return int(choices_.size()); }
-  bool streaming() const { return prep_.req.stream; }
-  bool done() const { return finished_ == int(choices_.size()); }
+  const std::string& id() const override { return prep_.id; }
+  const std::vector<EngineRequest>& engine_requests() const override { return prep_.engine_requests; }
+  bool streaming() const override { return prep_.req.stream; }
+  bool done() const override { return finished_ == int(choices_.size()); }
   const PreparedJob& prepared() const { return prep_; }
 
-  // Streaming: the bytes to send before any output (the assistant role chunks for chat).
-  std::string stream_prologue();
-
-  struct Update {
-    std::string bytes;                   // SSE events to send now (streaming only)
-    std::vector<std::string> abort_ids;  // engine requests to abort (stop string matched)
-  };
-  // Feeds one engine event of choice `i`. When the last choice finishes, a streaming update also carries the
-  // usage chunk (if asked) and "data: [DONE]".
-  Update on_output(int i, const EngineOutput& out);
-
-  // Non-streaming, after done(): HTTP status and body.
-  std::pair<int, std::string> final_response() const;
-
-  // Engine ids of choices that have not finished (to abort on disconnect).
-  std::vector<std::string> unfinished_ids() const;
-
-  // {prompt_tokens, completion_tokens} as in the usage block, so far (for the access log).
-  std::pair<int, int> token_usage() const;
+  // Streaming: the assistant role chunks for chat.
+  std::string stream_prologue() override;
+  // When the last choice finishes, a streaming update also carries the usage chunk (if asked) and "data: [DONE]".
+  Update on_output(int i, const EngineOutput& out) override;
+  std::pair<int, std::string> final_response() const override;
+  std::vector<std::string> unfinished_ids() const override;
+  // {prompt_tokens, completion_tokens} as in the usage block, so far.
+  std::pair<int, int> token_usage() const override;
 
  private:
   struct Choice {

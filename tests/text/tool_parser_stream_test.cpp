@@ -102,34 +102,55 @@ const std::vector<Case> kToolCases = {
      "Use <tool_call> tags like <tool_call>x</tool_call>."},
     {"StrayMarkersInContent", "a ]<]minimax[>[ b ]<]minimax[>[<invoke c ]<]mini <tool_ca ]]<]<", false, "",
      "a ]<]minimax[>[ b ]<]minimax[>[<invoke c ]<]mini <tool_ca ]]<]<"},
-    // Malformed markup: the raw text comes back as content.
+    // Malformed markup: the raw text comes back as text. A call whose opening tag named a known tool was already
+    // streaming: it is closed with the parameters that parsed, and the rest of its invoke comes back as content.
     {"UnknownToolIsContent", "§<tool_call>§<invoke name=\"nope\">§<a>1§</a>§</invoke>§</tool_call>", false, "",
      "§<tool_call>§<invoke name=\"nope\">§<a>1§</a>§</invoke>§</tool_call>"},
-    {"MismatchedCloseTagIsContent",
+    {"MismatchedCloseTagEndsTheCallAndIsContent",
      "§<tool_call>§<invoke name=\"get_time\">§<tz>CET§</city>§</invoke>§</tool_call>", false, "",
-     "§<tool_call>§<invoke name=\"get_time\">§<tz>CET§</city>§</invoke>§</tool_call>"},
+     "§<tz>CET§</city>§</invoke>", {{"get_time", "{}"}}},
     {"MixedTextAndChildrenIsContent",
      "§<tool_call>§<invoke name=\"free_form\">§<a>text§<b>1§</b>§</a>§</invoke>§</tool_call>", false, "",
-     "§<tool_call>§<invoke name=\"free_form\">§<a>text§<b>1§</b>§</a>§</invoke>§</tool_call>"},
+     "§<a>text§<b>1§</b>§</a>§</invoke>", {{"free_form", "{}"}}},
     {"M2StyleParameterIsContent",
      "§<tool_call>§<invoke name=\"get_time\">§<parameter name=\"tz\">CET§</parameter>§</invoke>§</tool_call>",
-     false, "", "§<tool_call>§<invoke name=\"get_time\">§<parameter name=\"tz\">CET§</parameter>§</invoke>§</tool_call>"},
+     false, "", "§<parameter name=\"tz\">CET§</parameter>§</invoke>", {{"get_time", "{}"}}},
+    {"GoodParameterKeptBeforeBadOne",
+     "§<tool_call>§<invoke name=\"get_weather\">§<city>Paris§</city>§<days>3§</oops>§</invoke>§</tool_call>", false,
+     "", "§<days>3§</oops>§</invoke>", {{"get_weather", R"({"city":"Paris"})"}}},
+    {"TextBetweenParametersEndsTheCall",
+     "§<tool_call>§<invoke name=\"get_weather\">§<city>Paris§</city> oops §<days>3§</days>§</invoke>§</tool_call>",
+     false, "", " oops §<days>3§</days>§</invoke>", {{"get_weather", R"({"city":"Paris"})"}}},
+    // Never latch: after a bad invoke, the next well-formed one of the same block is still a call.
+    {"BadInvokeThenGoodInvokeInOneBlock",
+     "§<tool_call>§<invoke name=\"nope\">§<a>1§</a>§</invoke>\n" + kTime + "§</tool_call>after", false, "",
+     "§<tool_call>§<invoke name=\"nope\">§<a>1§</a>§</invoke>after", {{"get_time", R"({"tz":"CET"})"}}},
+    {"MalformedParameterThenGoodInvoke",
+     "§<tool_call>§<invoke name=\"get_time\">§<tz>CET§</city>§</invoke>" + kWeather + "§</tool_call>", false, "",
+     "§<tz>CET§</city>§</invoke>", {{"get_time", "{}"}, {"get_weather", R"({"city":"Paris","days":3})"}}},
+    {"NonAdjacentRepeatedParameterIsADuplicateKey",
+     "§<tool_call>§<invoke name=\"create_order\">§<tags>a§</tags>§<user_id>1§</user_id>§<tags>b§</tags>§</invoke>"
+     "§</tool_call>",
+     false, "", "", {{"create_order", R"({"tags":["a"],"user_id":1,"tags":["b"]})"}}},
     {"EmptyBlockIsContent", "§<tool_call>\n§</tool_call>", false, "", "§<tool_call>\n§</tool_call>"},
-    {"UnclosedBlockAtEndIsContent", "ok §<tool_call>\n§<invoke name=\"get_time\">§<tz>CE", false, "",
-     "ok §<tool_call>\n§<invoke name=\"get_time\">§<tz>CE"},
+    {"UnclosedInvokeAtEndKeepsTheCall", "ok §<tool_call>\n§<invoke name=\"get_time\">§<tz>CE", false, "",
+     "ok §<tz>CE", {{"get_time", "{}"}}},
+    {"UnclosedHeaderAtEndIsContent", "ok §<tool_call>\n§<invoke name=\"get_ti", false, "",
+     "ok §<tool_call>\n§<invoke name=\"get_ti"},
     {"PartialOpenerAtEndIsContent", "plain §<tool_ca", false, "", "plain §<tool_ca"},
     {"NamespaceOnlyAtEndIsContent", "plain §", false, "", "plain §"},
     {"CommittedCallKeptWhenStreamCutsNext", "plain §<tool_call>\n" + kTime + "\n§<invoke name=\"get_weather\">§<city>Pa",
-     false, "", "plain \n§<invoke name=\"get_weather\">§<city>Pa", {{"get_time", R"({"tz":"CET"})"}}},
+     false, "", "plain §<city>Pa", {{"get_time", R"({"tz":"CET"})"}, {"get_weather", "{}"}}},
+    // A forgotten NS</invoke> between parameters: the call is complete.
     {"MissingInvokeCloseBeforeBlockClose",
-     "§<tool_call>§<invoke name=\"get_time\">§<tz>CET§</tz>§</tool_call>tail", false, "",
-     "§<tool_call>§<invoke name=\"get_time\">§<tz>CET§</tz>§</tool_call>tail"},
+     "§<tool_call>§<invoke name=\"get_time\">§<tz>CET§</tz>§</tool_call>tail", false, "", "tail",
+     {{"get_time", R"({"tz":"CET"})"}}},
     {"MissingInvokeCloseBeforeNextInvoke", "§<tool_call>§<invoke name=\"get_time\">§<tz>CET§</tz>" + kWeather + "§</tool_call>",
-     false, "", "§<tool_call>§<invoke name=\"get_time\">§<tz>CET§</tz>" + kWeather + "§</tool_call>"},
+     false, "", "", {{"get_time", R"({"tz":"CET"})"}, {"get_weather", R"({"city":"Paris","days":3})"}}},
     {"GarbageBetweenInvokesAfterCommit", "§<tool_call>" + kTime + "\noops " + kWeather + "§</tool_call>", false, "",
      "\noops " + kWeather + "§</tool_call>", {{"get_time", R"({"tz":"CET"})"}}},
     {"BadInvokeAfterGoodOneKeepsGoodOne", "§<tool_call>" + kTime + "§<invoke name=\"nope\">§</invoke>§</tool_call>",
-     false, "", "§<invoke name=\"nope\">§</invoke>§</tool_call>", {{"get_time", R"({"tz":"CET"})"}}},
+     false, "", "§<invoke name=\"nope\">§</invoke>", {{"get_time", R"({"tz":"CET"})"}}},
     {"InvokeNameUnquotedAndSingleQuoted",
      "§<tool_call>§<invoke name=get_time>§<tz>A§</tz>§</invoke>§<invoke name='get_time'>§<tz>B§</tz>§</invoke>"
      "§</tool_call>",
@@ -144,28 +165,36 @@ const std::vector<Case> kToolCases = {
     {"MalformedBlockInsideReasoningStaysReasoning",
      "maybe §<tool_call>§<invoke name=\"nope\">§</invoke>§</tool_call> no</mm:think>answer", true,
      "maybe §<tool_call>§<invoke name=\"nope\">§</invoke>§</tool_call> no", "answer"},
-    {"UnfinishedBlockInsideReasoningStaysReasoning", "maybe §<tool_call>§<invoke name=\"get_time\">", true,
-     "maybe §<tool_call>§<invoke name=\"get_time\">", ""},
+    {"UnfinishedHeaderInsideReasoningStaysReasoning", "maybe §<tool_call>§<invoke name=\"get_ti", true,
+     "maybe §<tool_call>§<invoke name=\"get_ti", ""},
+    {"InvokeOpenedInsideReasoningIsACall", "maybe §<tool_call>§<invoke name=\"get_time\">", true, "maybe ", "",
+     {{"get_time", "{}"}}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Table, ToolCallCases, ::testing::ValuesIn(kToolCases),
                          [](const auto& info) { return info.param.name; });
 
-TEST(ToolCallStreaming, HeaderThenArgumentsWhenInvokeCloses) {
+TEST(ToolCallStreaming, HeaderAtTheOpeningTagThenArgumentsAsParametersClose) {
   M3OutputParser p(false, test_tools(), true, kSeed);
-  ParsedDelta d = p.push(X("Hi §<tool_call>\n§<invoke name=\"get_time\">§<tz>CE"));
+  auto args = [](const ParsedDelta& d) {
+    std::string a;
+    for (const auto& t : d.tool_calls) a += t.arguments;
+    return a;
+  };
+  ParsedDelta d = p.push(X("Hi §<tool_call>\n§<invoke name=\"get_weather\">§<city>Pa"));
   EXPECT_EQ(d.content, "Hi ");
-  EXPECT_TRUE(d.tool_calls.empty());
-  d = p.push(X("T§</tz>§</invoke>"));
-  ASSERT_EQ(d.tool_calls.size(), 2u);
+  ASSERT_EQ(d.tool_calls.size(), 1u);
   EXPECT_EQ(d.tool_calls[0].index, 0);
-  EXPECT_EQ(d.tool_calls[0].name, "get_time");
+  EXPECT_EQ(d.tool_calls[0].name, "get_weather");
   EXPECT_EQ(d.tool_calls[0].id.substr(0, 5), "call_");
   EXPECT_EQ(d.tool_calls[0].arguments, "");
-  EXPECT_EQ(d.tool_calls[1].index, 0);
-  EXPECT_TRUE(d.tool_calls[1].id.empty());
-  EXPECT_EQ(d.tool_calls[1].arguments, R"({"tz":"CET"})");
   EXPECT_EQ(p.num_tool_calls(), 1);
+  // A closed parameter waits until the next one opens with another tag (a repeat would merge into an array).
+  EXPECT_EQ(args(p.push(X("ris§</city>§<da"))), "");
+  d = p.push(X("ys>3§</days>"));
+  EXPECT_EQ(args(d), R"({"city":"Paris")");
+  EXPECT_TRUE(d.tool_calls[0].id.empty());
+  EXPECT_EQ(args(p.push(X("§</invoke>"))), R"(,"days":3})");
   d = p.push(X("\n§</tool_call>"));
   EXPECT_TRUE(d.empty());
   EXPECT_TRUE(p.finish().empty());

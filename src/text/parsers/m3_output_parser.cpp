@@ -116,7 +116,8 @@ void M3OutputParser::run(ParsedDelta& out, bool at_end) {
     switch (mode_) {
       case Mode::kText: more = step_text(out, at_end); break;
       case Mode::kBlock: more = step_block(out, at_end); break;
-      case Mode::kInvoke: more = step_invoke(out, at_end); break;
+      case Mode::kInvoke: more = call_open_ ? step_invoke(out, at_end) : step_invoke_header(out, at_end); break;
+      case Mode::kFailedInvoke: more = step_failed(out, at_end); break;
     }
     if (!more) return;
   }
@@ -273,6 +274,7 @@ bool M3OutputParser::step_block(ParsedDelta& out, bool at_end) {
     inv = match_invoke_open(b, 0, at_end, &end);
     if (inv == kFull) {
       mode_ = Mode::kInvoke;
+      call_open_ = false;
       invoke_scan_ = end;
       return true;
     }
@@ -297,53 +299,249 @@ bool M3OutputParser::step_block(ParsedDelta& out, bool at_end) {
   return true;
 }
 
-bool M3OutputParser::step_invoke(ParsedDelta& out, bool at_end) {
-  // buf_ starts with the invoke's opening NS<invoke. Find the first NS that ends it.
+// The opening tag NS<invoke name="f"> is complete once its '>' arrives. A known tool opens the call at once (its
+// header goes out, and arguments stream as parameters close); anything else fails the invoke.
+bool M3OutputParser::step_invoke_header(ParsedDelta& out, bool at_end) {
+  // An opening tag is short; one whose '>' does not come within this many bytes is not one.
+  constexpr size_t kMaxOpenTag = 1024;
+  size_t gt = buf_.find('>', invoke_scan_);
+  if (gt == std::string::npos) {
+    if (at_end) {
+      abandon_block(out, buf_.size());
+      return true;
+    }
+    if (buf_.size() <= kMaxOpenTag) {
+      invoke_scan_ = buf_.size();
+      return false;
+    }
+    fail_invoke(out, 0);
+    return true;
+  }
+  if (size_t ns = buf_.find(kM3Namespace, 1); ns < gt) {  // another marker before the tag's end: not a tag
+    fail_invoke(out, ns);
+    return true;
+  }
+  std::string open = buf_.substr(0, gt + 1);
+  std::optional<ParsedInvoke> header = parse_m3_invoke(open + std::string(kM3Namespace) + "</invoke>", tools_);
+  if (!header) {  // unknown tool or a malformed opening tag
+    fail_invoke(out, gt + 1);
+    return true;
+  }
+  call_index_ = num_calls_++;
+  out.tool_calls.push_back(ToolCallDelta{call_index_, make_call_id(call_index_), header->name, ""});
+  ++block_commits_;
+  pending_raw_.clear();
+  invoke_open_ = std::move(open);
+  buf_.erase(0, gt + 1);
+  call_open_ = true;
+  args_started_ = false;
+  depth_ = 0;
+  group_end_ = 0;
+  group_tag_.clear();
+  invoke_scan_ = 0;
+  return true;
+}
+
+void M3OutputParser::flush_group(ParsedDelta& out) {
+  if (group_end_ == 0) return;
+  // Every element of the group parsed on its own; together (one key, repeated) they parse too.
+  std::optional<ParsedInvoke> p =
+      parse_m3_invoke(invoke_open_ + buf_.substr(0, group_end_) + std::string(kM3Namespace) + "</invoke>", tools_);
+  if (p && p->arguments_json.size() > 2) {
+    std::string frag = args_started_ ? "," : "{";
+    frag.append(p->arguments_json, 1, p->arguments_json.size() - 2);  // the members, without the braces
+    args_started_ = true;
+    out.tool_calls.push_back(ToolCallDelta{call_index_, "", "", std::move(frag)});
+  }
+  buf_.erase(0, group_end_);
+  invoke_scan_ -= std::min(invoke_scan_, group_end_);
+  elem_start_ -= std::min(elem_start_, group_end_);
+  group_end_ = 0;
+  group_tag_.clear();
+}
+
+void M3OutputParser::close_call(ParsedDelta& out) {
+  flush_group(out);
+  out.tool_calls.push_back(ToolCallDelta{call_index_, "", "", args_started_ ? "}" : "{}"});
+  call_open_ = false;
+  args_started_ = false;
+  depth_ = 0;
+}
+
+// Text of a failed invoke goes out as text: as content once a call of this block committed, else where the block
+// began (reasoning or content), like abandon_block.
+void M3OutputParser::emit_failed(ParsedDelta& out, size_t upto) {
+  std::string text = std::move(pending_raw_);
+  pending_raw_.clear();
+  text.append(buf_, 0, upto);
+  buf_.erase(0, upto);
+  invoke_scan_ -= std::min(invoke_scan_, upto);
+  const Phase saved = phase_;
+  if (block_commits_ == 0 && block_from_reasoning_) phase_ = Phase::kReasoning;
+  emit_text(out, text);
+  phase_ = saved;
+}
+
+// The invoke cannot be a valid call: a call already streaming is closed with the parameters that parsed, and the
+// rest of the invoke (from buf_'s start) goes out as text until its end, after which the block goes on, so the
+// next well-formed invoke is still parsed. resume_scan: where the search for the invoke's end starts.
+void M3OutputParser::fail_invoke(ParsedDelta& out, size_t resume_scan) {
+  if (call_open_) {
+    const size_t before = buf_.size();
+    close_call(out);
+    resume_scan -= std::min(resume_scan, before - buf_.size());
+  }
+  mode_ = Mode::kFailedInvoke;
+  invoke_scan_ = resume_scan;
+}
+
+bool M3OutputParser::step_failed(ParsedDelta& out, bool at_end) {
   size_t from = invoke_scan_;
   for (;;) {
     size_t p = buf_.find(kM3Namespace, from);
     invoke_scanned_ += (p == std::string::npos ? buf_.size() : p + 1) - std::min(from, buf_.size());
     if (p == std::string::npos) {
       if (at_end) {
-        abandon_block(out, buf_.size());
+        emit_failed(out, buf_.size());
+        mode_ = Mode::kText;
         return true;
       }
-      // A marker may straddle the end of the buffer: rescan its possible start next time.
+      // Text that cannot start a marker is released now.
+      size_t keep = kM3Namespace.size() - 1;
+      size_t upto = std::max(from, buf_.size() > keep ? buf_.size() - keep : size_t{0});
+      emit_failed(out, upto);
+      return false;
+    }
+    std::string_view b = buf_;
+    size_t e = 0;
+    Match close = match_ns_tag(b, p, kInvokeClose, at_end, &e);
+    if (close == kFull) {
+      emit_failed(out, e);
+      mode_ = Mode::kBlock;
+      return true;
+    }
+    Match inv = match_invoke_open(b, p, at_end, &e);
+    Match blk = match_ns_tag(b, p, kToolCallClose, at_end, &e);
+    if (inv == kFull || blk == kFull) {  // the block goes on (or ends) at the marker
+      emit_failed(out, p);
+      mode_ = Mode::kBlock;
+      return true;
+    }
+    if (close == kPartial || inv == kPartial || blk == kPartial) {
+      emit_failed(out, p);
+      return false;
+    }
+    from = p + 1;
+  }
+}
+
+// A call is open: buf_ holds its parameters after the opening tag. Parameters are top-level elements; each closed
+// one is parsed on its own (with the tool's schema) and goes out as an argument fragment — `{"city":"Paris"` then
+// `,"days":3`, and `}` at NS</invoke> — once the next parameter opens with another tag (so a repeated tag still
+// merges into one array) or the invoke ends. Concatenated, the fragments are the arguments object.
+bool M3OutputParser::step_invoke(ParsedDelta& out, bool at_end) {
+  size_t from = invoke_scan_;
+  for (;;) {
+    size_t p = buf_.find(kM3Namespace, from);
+    invoke_scanned_ += (p == std::string::npos ? buf_.size() : p + 1) - std::min(from, buf_.size());
+    const size_t gap_start = depth_ == 0 ? group_end_ : 0;
+    if (p == std::string::npos) {
+      // A tail that may still become NS is not text (yet).
+      size_t tail = 0;
+      if (!at_end)
+        for (size_t n = std::min(buf_.size() - gap_start, kM3Namespace.size() - 1); n > 0 && tail == 0; --n)
+          if (buf_.compare(buf_.size() - n, n, kM3Namespace, 0, n) == 0) tail = n;
+      if (depth_ == 0 && !all_ws(std::string_view(buf_).substr(gap_start, buf_.size() - gap_start - tail))) {
+        fail_invoke(out, buf_.size() - tail);  // text between parameters; a possible marker start is rescanned
+        return true;
+      }
+      if (at_end) {
+        fail_invoke(out, buf_.size());  // cut off: the parameters that closed are kept
+        return true;
+      }
       size_t keep = kM3Namespace.size() - 1;
       invoke_scan_ = std::max(from, buf_.size() > keep ? buf_.size() - keep : size_t{0});
       return false;
     }
     std::string_view b = buf_;
+    if (depth_ == 0 && !all_ws(b.substr(gap_start, p - gap_start))) {
+      fail_invoke(out, p);
+      return true;
+    }
     size_t e_close = 0, e_inv = 0, e_blk = 0;
-    Match close = match_ns_tag(b, p, kInvokeClose, at_end, &e_close);
+    Match close = depth_ == 0 ? match_ns_tag(b, p, kInvokeClose, at_end, &e_close) : kNone;
     if (close == kFull) {
-      std::optional<ParsedInvoke> parsed = parse_m3_invoke(b.substr(0, e_close), tools_);
-      if (!parsed) {
-        abandon_block(out, e_close);  // unknown tool or malformed: raw text back
-        return true;
-      }
-      int index = num_calls_++;
-      out.tool_calls.push_back(ToolCallDelta{index, make_call_id(index), parsed->name, ""});
-      out.tool_calls.push_back(ToolCallDelta{index, "", "", std::move(parsed->arguments_json)});
-      ++block_commits_;
-      pending_raw_.clear();
-      buf_.erase(0, e_close);
+      close_call(out);  // flushes the group: offsets shift by its size
+      size_t shift = b.size() - buf_.size();
+      buf_.erase(0, e_close - shift);
       mode_ = Mode::kBlock;
       return true;
     }
     Match inv = match_invoke_open(b, p, at_end, &e_inv);
     Match blk = match_ns_tag(b, p, kToolCallClose, at_end, &e_blk);
     if (inv == kFull || blk == kFull) {
-      // A new invoke or the block's end before this invoke closed: malformed. The text so far goes
-      // back, and scanning resumes (as plain text) at the marker.
-      abandon_block(out, p);
+      // The invoke ends without its NS</invoke>: between parameters the model just forgot it (the call is
+      // complete); inside a parameter the parameter is lost.
+      if (depth_ == 0) {
+        close_call(out);
+        mode_ = Mode::kBlock;
+      } else {
+        fail_invoke(out, p);
+      }
       return true;
     }
     if (close == kPartial || inv == kPartial || blk == kPartial) {
       invoke_scan_ = p;
       return false;
     }
-    from = p + 1;
+    // An element tag: NS (gap) <name> or NS (gap) </name>.
+    size_t lt = skip_gap(b, p + kM3Namespace.size());
+    if (lt == b.size() && !at_end) {
+      invoke_scan_ = p;
+      return false;
+    }
+    size_t gt = lt < b.size() && b[lt] == '<' ? b.find('>', lt) : std::string::npos;
+    if (lt < b.size() && b[lt] == '<' && gt == std::string::npos && !at_end && b.size() - lt < 256) {
+      invoke_scan_ = p;
+      return false;
+    }
+    const bool is_tag = gt != std::string::npos && gt - lt < 256;
+    const bool closing = is_tag && gt > lt + 1 && b[lt + 1] == '/';
+    if (depth_ == 0) {
+      if (!is_tag || closing) {  // not a parameter
+        fail_invoke(out, p);
+        return true;
+      }
+      std::string tag(b.substr(lt + 1, gt - lt - 1));
+      if (group_end_ != 0 && tag != group_tag_) {
+        flush_group(out);
+        p -= b.size() - buf_.size();
+        gt -= b.size() - buf_.size();
+        b = buf_;
+      }
+      group_tag_ = tag;
+      elem_start_ = p;
+      depth_ = 1;
+      from = gt + 1;
+      continue;
+    }
+    if (is_tag) depth_ += closing ? -1 : 1;
+    if (depth_ > 0) {
+      from = is_tag ? gt + 1 : p + 1;
+      continue;
+    }
+    // The parameter element closed: it must parse on its own.
+    const size_t elem_end = gt + 1;
+    std::optional<ParsedInvoke> one = parse_m3_invoke(
+        invoke_open_ + buf_.substr(elem_start_, elem_end - elem_start_) + std::string(kM3Namespace) + "</invoke>",
+        tools_);
+    if (!one) {
+      fail_invoke(out, elem_end);  // the group before it is kept; this element goes out as text
+      // fail_invoke flushed the group: the failed text starts at the element's (whitespace-led) gap.
+      return true;
+    }
+    group_end_ = elem_end;
+    from = elem_end;
   }
 }
 

@@ -8,11 +8,13 @@
 // be the start of a marker is held back until disambiguated (or until finish()). Whatever the chunking,
 // the concatenation of all deltas equals parse_full() of the whole text (tests check every split).
 //
-// Tool calls are committed when their `NS</invoke>` arrives and parses: the delta then carries the
-// call's header (index, id, name, arguments "") followed by its full arguments as one fragment.
-// Committed calls are never retracted; markup that turns out malformed, names an unknown tool, or is
-// cut off by the end of the stream is returned verbatim as content (as reasoning when it started
-// inside reasoning and nothing in it was committed). Never throws on model output.
+// Tool calls are committed at their opening tag `NS<invoke name="f">` (f a known tool): the delta carries the
+// call's header (index, id, name, arguments ""); the arguments then stream one parameter at a time as the
+// model closes them (`{"city":"Paris"`, `,"days":3`, `}`), valid JSON once concatenated.
+// Committed calls are never retracted: a call whose later markup is malformed or cut off is closed with the
+// parameters that parsed. Markup that turns out malformed or names an unknown tool is returned verbatim as
+// content (as reasoning when it started inside reasoning and nothing in it was committed), and the tool_call
+// block goes on, so the next well-formed invoke is still parsed. Never throws on model output.
 #pragma once
 
 #include <cstdint>
@@ -91,13 +93,20 @@ class M3OutputParser {
   // Where we are with respect to the think block: before any (content; <mm:think> may still open
   // one), inside it, or after it (think tags are then ordinary text).
   enum class Phase { kBeforeThink, kReasoning, kAfterThink };
-  // What the buffer holds: plain text, the inside of a tool_call block between invokes, or an invoke.
-  enum class Mode { kText, kBlock, kInvoke };
+  // What the buffer holds: plain text, the inside of a tool_call block between invokes, an invoke, or the rest
+  // of an invoke that failed (its text goes out as text up to its NS</invoke>, then the block goes on).
+  enum class Mode { kText, kBlock, kInvoke, kFailedInvoke };
 
   void run(ParsedDelta& out, bool at_end);
   bool step_text(ParsedDelta& out, bool at_end);
   bool step_block(ParsedDelta& out, bool at_end);
   bool step_invoke(ParsedDelta& out, bool at_end);
+  bool step_invoke_header(ParsedDelta& out, bool at_end);
+  bool step_failed(ParsedDelta& out, bool at_end);
+  void fail_invoke(ParsedDelta& out, size_t resume_scan);
+  void emit_failed(ParsedDelta& out, size_t upto);
+  void flush_group(ParsedDelta& out);
+  void close_call(ParsedDelta& out);
   void emit_text(ParsedDelta& out, std::string_view s);
   void abandon_block(ParsedDelta& out, size_t upto);
   std::string make_call_id(int index) const;
@@ -114,7 +123,16 @@ class M3OutputParser {
   std::string pending_raw_;  // block text consumed since the last commit; returned if the block fails
   bool block_from_reasoning_ = false;
   int block_commits_ = 0;
-  size_t invoke_scan_ = 0;   // in kInvoke: buf_ offset from which the search for the end resumes
+  size_t invoke_scan_ = 0;   // in kInvoke / kFailedInvoke: buf_ offset from which the marker search resumes
+  // The call being streamed (kInvoke after its opening tag): buf_ starts after the opening tag.
+  bool call_open_ = false;
+  int call_index_ = 0;
+  std::string invoke_open_;  // its opening tag text, NS<invoke name="f">, to parse elements on their own
+  bool args_started_ = false;  // "{" went out
+  int depth_ = 0;            // element nesting at invoke_scan_ (0 = between parameters)
+  size_t elem_start_ = 0;    // buf_ offset of the open parameter element (depth_ > 0)
+  size_t group_end_ = 0;     // buf_[0, group_end_) = closed parameters with one tag, not yet emitted (0 = none)
+  std::string group_tag_;
   int num_calls_ = 0;
   uint64_t invoke_scanned_ = 0;
 };
