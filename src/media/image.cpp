@@ -1,0 +1,227 @@
+// Preprocessing of docs/M3_MODEL.md §5.1–5.3, matched to HF 5.17's CPU path (tests/media/media_fixture_test.cpp).
+#include "media/image.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "media/media_error.h"
+
+namespace m3::media {
+
+std::pair<int, int> smart_resize(int h, int w, const ResizeLimits& lim) {
+  if (h <= 0 || w <= 0) media_fail("image has an empty side ({}x{})", w, h);
+  // Aspect check first, in double, exactly 200 accepted (HF: "absolute aspect ratio must be smaller than 200").
+  const double ratio = double(std::max(h, w)) / double(std::min(h, w));
+  if (ratio > 200.0) media_fail("image aspect ratio {:.1f} ({}x{}) exceeds the limit of 200", ratio, w, h);
+  const double f = kFactor;
+  // Python round(): ties to even — nearbyint under the default FE_TONEAREST mode.
+  double hb = f * std::nearbyint(double(h) / f);
+  double wb = f * std::nearbyint(double(w) / f);
+  const double hw = double(h) * double(w);
+  if (hb * wb > double(lim.max_pixels)) {
+    const double beta = std::sqrt(hw / double(lim.max_pixels));
+    hb = std::max(f, f * std::floor(double(h) / beta / f));  // order `side / β / 28` matters (176×2816)
+    wb = std::max(f, f * std::floor(double(w) / beta / f));
+  } else if (hb * wb < double(lim.min_pixels)) {
+    const double beta = std::sqrt(double(lim.min_pixels) / hw);
+    hb = f * std::ceil(double(h) * beta / f);
+    wb = f * std::ceil(double(w) * beta / f);
+  }
+  if (hb < f || wb < f || hb > 1e6 || wb > 1e6) media_fail("image {}x{} has no valid target size", w, h);
+  return {int(hb), int(wb)};
+}
+
+namespace {
+
+// One axis of torch's uint8 antialiased resample: per output index a tap window and int16 weights at precision P.
+struct AxisTaps {
+  int P = 0;
+  int ksize = 0;                 // taps stored per output (max window)
+  std::vector<int> xmin, n;      // [out]
+  std::vector<int16_t> q;        // [out, ksize]
+};
+
+double keys_cubic(double x) {  // a = -0.5, torch's aa_filter for bicubic
+  const double a = -0.5;
+  x = std::abs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+AxisTaps make_taps(int in, int out) {
+  AxisTaps t;
+  const double scale = double(in) / double(out);
+  const double support = scale >= 1.0 ? 2.0 * scale : 2.0;
+  const double inv = scale >= 1.0 ? 1.0 / scale : 1.0;
+  t.ksize = int(std::ceil(support)) * 2 + 1;
+  t.xmin.resize(out);
+  t.n.resize(out);
+  std::vector<double> w(size_t(out) * t.ksize, 0.0);
+  double wmax = 0.0;
+  for (int i = 0; i < out; ++i) {
+    const double c = scale * (i + 0.5);
+    const int64_t xmin = std::max<int64_t>(int64_t(c - support + 0.5), 0);
+    const int64_t n = std::min<int64_t>(int64_t(c + support + 0.5), in) - xmin;
+    t.xmin[i] = int(xmin);
+    t.n[i] = int(std::clamp<int64_t>(n, 0, t.ksize));
+    double* wi = &w[size_t(i) * t.ksize];
+    double total = 0.0;
+    for (int j = 0; j < t.n[i]; ++j) {
+      wi[j] = keys_cubic((j + xmin - c + 0.5) * inv);
+      total += wi[j];
+    }
+    for (int j = 0; j < t.n[i]; ++j) {
+      if (total != 0.0) wi[j] /= total;
+      wmax = std::max(wmax, wi[j]);
+    }
+  }
+  int p = 0;
+  for (; p < 22; ++p) {
+    if (int(0.5 + wmax * double(1 << (p + 1))) >= (1 << 15)) break;
+  }
+  t.P = p;
+  t.q.assign(w.size(), 0);
+  const double s = double(1 << p);
+  for (size_t k = 0; k < w.size(); ++k) t.q[k] = int16_t(int(w[k] * s + (w[k] < 0 ? -0.5 : 0.5)));
+  return t;
+}
+
+inline uint8_t clamp_shift(int32_t acc, int P) {
+  int32_t v = acc >> P;  // arithmetic shift (C++20 defines it for negatives)
+  return uint8_t(std::clamp(v, 0, 255));
+}
+
+RgbImage resize_width(const RgbImage& src, int out_w) {
+  const AxisTaps t = make_taps(src.w, out_w);
+  RgbImage dst(out_w, src.h);
+  const int32_t half = 1 << (t.P - 1);
+  for (int y = 0; y < src.h; ++y) {
+    const uint8_t* row = &src.data[size_t(y) * src.w * 3];
+    uint8_t* orow = &dst.data[size_t(y) * out_w * 3];
+    for (int x = 0; x < out_w; ++x) {
+      const int16_t* q = &t.q[size_t(x) * t.ksize];
+      const uint8_t* p = row + size_t(t.xmin[x]) * 3;
+      int32_t a0 = half, a1 = half, a2 = half;
+      for (int j = 0; j < t.n[x]; ++j) {
+        a0 += int32_t(p[3 * j]) * q[j];
+        a1 += int32_t(p[3 * j + 1]) * q[j];
+        a2 += int32_t(p[3 * j + 2]) * q[j];
+      }
+      orow[3 * x] = clamp_shift(a0, t.P);
+      orow[3 * x + 1] = clamp_shift(a1, t.P);
+      orow[3 * x + 2] = clamp_shift(a2, t.P);
+    }
+  }
+  return dst;
+}
+
+RgbImage resize_height(const RgbImage& src, int out_h) {
+  const AxisTaps t = make_taps(src.h, out_h);
+  RgbImage dst(src.w, out_h);
+  const int32_t half = 1 << (t.P - 1);
+  const size_t stride = size_t(src.w) * 3;
+  std::vector<int32_t> acc(stride);
+  for (int y = 0; y < out_h; ++y) {
+    std::fill(acc.begin(), acc.end(), half);
+    const int16_t* q = &t.q[size_t(y) * t.ksize];
+    // Row-wise accumulation: same sum as torch's per-element loop (integer adds are exact in any order).
+    for (int j = 0; j < t.n[y]; ++j) {
+      const uint8_t* row = &src.data[size_t(t.xmin[y] + j) * stride];
+      const int32_t qj = q[j];
+      for (size_t k = 0; k < stride; ++k) acc[k] += int32_t(row[k]) * qj;
+    }
+    uint8_t* orow = &dst.data[size_t(y) * stride];
+    for (size_t k = 0; k < stride; ++k) orow[k] = clamp_shift(acc[k], t.P);
+  }
+  return dst;
+}
+
+// f32(f32(mean)·255) and f32(f32(std)·255) as bit patterns (docs/M3_MODEL.md §5.1.4).
+const float kMean[3] = {std::bit_cast<float>(0x42f58ab9u), std::bit_cast<float>(0x42e97df6u),
+                        std::bit_cast<float>(0x42d02ffeu)};
+const float kStd[3] = {std::bit_cast<float>(0x42890046u), std::bit_cast<float>(0x428543abu),
+                       std::bit_cast<float>(0x428ca575u)};
+
+struct NormTable {
+  float v[3][256];
+  NormTable() {
+    for (int c = 0; c < 3; ++c)
+      for (int x = 0; x < 256; ++x) v[c][x] = (float(x) - kMean[c]) / kStd[c];
+  }
+};
+const NormTable& norm_table() {
+  static const NormTable t;
+  return t;
+}
+
+}  // namespace
+
+float normalize_value(uint8_t x, int c) { return norm_table().v[c][x]; }
+
+RgbImage resize_bicubic_aa(const RgbImage& src, int out_h, int out_w) {
+  if (out_h <= 0 || out_w <= 0) media_fail("resize to an empty size {}x{}", out_w, out_h);
+  if (src.w == out_w && src.h == out_h) return src;
+  if (src.w != out_w) {
+    RgbImage mid = resize_width(src, out_w);
+    return src.h != out_h ? resize_height(mid, out_h) : mid;
+  }
+  return resize_height(src, out_h);
+}
+
+void append_patch_rows(const RgbImage& f0, const RgbImage& f1, std::vector<float>& out) {
+  const int gh = f0.h / kPatch, gw = f0.w / kPatch;
+  const NormTable& nt = norm_table();
+  const RgbImage* fr[2] = {&f0, &f1};
+  size_t pos = out.size();
+  out.resize(pos + size_t(gh) * gw * kRowWidth);
+  // Row: (channel, temporal, ky, kx); rows by merge-row, merge-col, then the 2×2 window row-major.
+  for (int mr = 0; mr < gh / kMerge; ++mr)
+    for (int mc = 0; mc < gw / kMerge; ++mc)
+      for (int dy = 0; dy < kMerge; ++dy)
+        for (int dx = 0; dx < kMerge; ++dx) {
+          const int py = mr * kMerge + dy, px = mc * kMerge + dx;
+          float* row = &out[pos];
+          for (int c = 0; c < 3; ++c)
+            for (int t = 0; t < kTemporal; ++t)
+              for (int ky = 0; ky < kPatch; ++ky) {
+                const uint8_t* src = &fr[t]->data[(size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3];
+                for (int kx = 0; kx < kPatch; ++kx) *row++ = nt.v[c][src[kx * 3 + c]];
+              }
+          pos += kRowWidth;
+        }
+}
+
+PixelTensor preprocess_image(const RgbImage& img, const ResizeLimits& lim) {
+  auto [th, tw] = smart_resize(img.h, img.w, lim);
+  RgbImage r = resize_bicubic_aa(img, th, tw);
+  PixelTensor pt;
+  pt.t = 1;
+  pt.gh = th / kPatch;
+  pt.gw = tw / kPatch;
+  pt.values.reserve(size_t(pt.rows()) * kRowWidth);
+  append_patch_rows(r, r, pt.values);
+  return pt;
+}
+
+PixelTensor preprocess_video(const std::vector<RgbImage>& frames, const ResizeLimits& lim) {
+  if (frames.empty()) media_fail("video has no frames");
+  const int h = frames[0].h, w = frames[0].w;
+  for (const auto& f : frames)
+    if (f.h != h || f.w != w) media_fail("video frames change size ({}x{} then {}x{})", w, h, f.w, f.h);
+  auto [th, tw] = smart_resize(h, w, lim);
+  std::vector<RgbImage> rs;
+  rs.reserve(frames.size() + 1);
+  for (const auto& f : frames) rs.push_back(resize_bicubic_aa(f, th, tw));
+  if (rs.size() % 2) rs.push_back(rs.back());  // pad to even with the last frame
+  PixelTensor pt;
+  pt.t = int(rs.size() / 2);
+  pt.gh = th / kPatch;
+  pt.gw = tw / kPatch;
+  pt.values.reserve(size_t(pt.rows()) * kRowWidth);
+  for (size_t g = 0; g < rs.size(); g += 2) append_patch_rows(rs[g], rs[g + 1], pt.values);
+  return pt;
+}
+
+}  // namespace m3::media
