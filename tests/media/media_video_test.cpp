@@ -111,7 +111,9 @@ TEST(MediaVideoDecode, DecodesAnInMemoryClipAtOneFramePerSecond) {
   EXPECT_EQ(video_timestamps(v), (std::vector<std::string>{"0.0", "2.0", "4.0"}));
   VideoLimits two;
   two.fps = 2.0;
-  EXPECT_EQ(decode_video(clip, two).frames.size(), 10u);
+  // 2 fps over 0.2-s frames: 0.0, 0.6, 1.2, … (each first frame ≥ last kept + 0.5 s), 9 frames.
+  auto v2 = decode_video(clip, two);
+  EXPECT_EQ(v2.indices, (std::vector<int64_t>{0, 3, 6, 9, 12, 15, 18, 21, 24}));
 }
 
 TEST(MediaVideoDecode, HostileInputsAreMediaErrors) {
