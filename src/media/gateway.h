@@ -101,4 +101,20 @@ class MediaGateway {
   int64_t cached_bytes_ = 0, hits_ = 0, misses_ = 0;
 };
 
+// The request-path entry point: the validated chat messages (OpenAI image_url/video_url parts, or the template's
+// normalised image/video parts) and the prompt the chat template rendered from them (one bare anchor per item).
+// Returns at once; the future yields the expanded prompt and the pixel tensors, or throws MediaError (→ HTTP 400).
+inline std::future<PreparedMedia> prepare_chat_media(MediaGateway& gw, const nlohmann::ordered_json& messages,
+                                                     std::string rendered_prompt) {
+  std::vector<MediaItem> items;
+  try {
+    items = collect_media_items(messages);
+  } catch (...) {
+    std::promise<PreparedMedia> p;
+    p.set_exception(std::current_exception());
+    return p.get_future();
+  }
+  return gw.prepare(std::move(rendered_prompt), std::move(items));
+}
+
 }  // namespace m3::media

@@ -115,6 +115,21 @@ TEST(MediaGateway, BadItemsAndLimitsComeBackAsMediaErrorsNamingTheItem) {
   EXPECT_THROW(gw2.prepare_sync("]<]image[>[", {{false, url}}), MediaError);
 }
 
+TEST(MediaGateway, ChatMessagesToExpandedPromptInOneCall) {
+  MediaGateway gw({});
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  msgs.push_back({{"role", "user"},
+                  {"content", {{{"type", "text"}, {"text", "what is this"}},
+                               {{"type", "image_url"},
+                                {"image_url", {{"url", data_url("tests/media/photos/palette_color.png")}}}}}}});
+  auto r = prepare_chat_media(gw, msgs, "<user>what is this ]<]image[>[</user>").get();
+  ASSERT_EQ(r.items.size(), 1u);
+  EXPECT_EQ(r.media_tokens, 4);  // 10x10 → 56x56 → 4x4 patches → 4 tokens
+  EXPECT_EQ(r.prompt, "<user>what is this ]<]start of image[>[]<]image[>[]<]image[>[]<]image[>[]<]image[>[]<]end of image[>[</user>");
+  auto bad = nlohmann::ordered_json::parse(R"([{"role":"user","content":[{"type":"video_url","video_url":{"url":"x","fps":9}}]}])");
+  EXPECT_THROW(prepare_chat_media(gw, bad, "]<]video[>[").get(), MediaError);
+}
+
 TEST(MediaGateway, ManyConcurrentRequestsAllComplete) {
   GatewayOptions o;
   o.threads = 3;
