@@ -93,9 +93,11 @@ inline uint8_t clamp_shift(int32_t acc, int P) {
   return uint8_t(std::clamp(v, 0, 255));
 }
 
-RgbImage resize_width(const RgbImage& src, int out_w) {
+void resize_width(const RgbImage& src, int out_w, RgbImage& dst) {
   const AxisTaps t = make_taps(src.w, out_w);
-  RgbImage dst(out_w, src.h);
+  dst.w = out_w;
+  dst.h = src.h;
+  dst.data.resize(size_t(out_w) * src.h * 3);
   const int32_t half = 1 << (t.P - 1);
   for (int y = 0; y < src.h; ++y) {
     const uint8_t* row = &src.data[size_t(y) * src.w * 3];
@@ -114,12 +116,13 @@ RgbImage resize_width(const RgbImage& src, int out_w) {
       orow[3 * x + 2] = clamp_shift(a2, t.P);
     }
   }
-  return dst;
 }
 
-RgbImage resize_height(const RgbImage& src, int out_h) {
+void resize_height(const RgbImage& src, int out_h, RgbImage& dst) {
   const AxisTaps t = make_taps(src.h, out_h);
-  RgbImage dst(src.w, out_h);
+  dst.w = src.w;
+  dst.h = out_h;
+  dst.data.resize(size_t(src.w) * out_h * 3);
   const int32_t half = 1 << (t.P - 1);
   const size_t stride = size_t(src.w) * 3;
   std::vector<int32_t> acc(stride);
@@ -135,7 +138,32 @@ RgbImage resize_height(const RgbImage& src, int out_h) {
     uint8_t* orow = &dst.data[size_t(y) * stride];
     for (size_t k = 0; k < stride; ++k) orow[k] = clamp_shift(acc[k], t.P);
   }
-  return dst;
+}
+
+// Resizes into `out` using `mid` for the width pass; returns the image to read (src itself when no pass is needed).
+// The buffers are reused across calls by preprocess_* (thread_local): fresh multi-MB buffers cost page faults.
+const RgbImage& resize_into(const RgbImage& src, int out_h, int out_w, RgbImage& mid, RgbImage& out) {
+  if (out_h <= 0 || out_w <= 0) media_fail("resize to an empty size {}x{}", out_w, out_h);
+  if (src.w == out_w && src.h == out_h) return src;
+  if (src.w != out_w) {
+    if (src.h == out_h) {
+      resize_width(src, out_w, out);
+      return out;
+    }
+    resize_width(src, out_w, mid);
+    resize_height(mid, out_h, out);
+    return out;
+  }
+  resize_height(src, out_h, out);
+  return out;
+}
+
+struct Scratch {
+  RgbImage mid, out;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
 }
 
 // f32(f32(mean)·255) and f32(f32(std)·255) as bit patterns (docs/M3_MODEL.md §5.1.4).
@@ -161,16 +189,12 @@ const NormTable& norm_table() {
 float normalize_value(uint8_t x, int c) { return norm_table().v[c][x]; }
 
 RgbImage resize_bicubic_aa(const RgbImage& src, int out_h, int out_w) {
-  if (out_h <= 0 || out_w <= 0) media_fail("resize to an empty size {}x{}", out_w, out_h);
-  if (src.w == out_w && src.h == out_h) return src;
-  if (src.w != out_w) {
-    RgbImage mid = resize_width(src, out_w);
-    return src.h != out_h ? resize_height(mid, out_h) : mid;
-  }
-  return resize_height(src, out_h);
+  RgbImage mid, out;
+  const RgbImage& r = resize_into(src, out_h, out_w, mid, out);
+  return &r == &src ? src : std::move(out);
 }
 
-void append_patch_rows(const RgbImage& f0, const RgbImage& f1, std::vector<float>& out) {
+void append_patch_rows(const RgbImage& f0, const RgbImage& f1, FloatBuffer& out) {
   const int gh = f0.h / kPatch, gw = f0.w / kPatch;
   const NormTable& nt = norm_table();
   const RgbImage* fr[2] = {&f0, &f1};
@@ -195,7 +219,8 @@ void append_patch_rows(const RgbImage& f0, const RgbImage& f1, std::vector<float
 
 PixelTensor preprocess_image(const RgbImage& img, const ResizeLimits& lim) {
   auto [th, tw] = smart_resize(img.h, img.w, lim);
-  RgbImage r = resize_bicubic_aa(img, th, tw);
+  Scratch& sc = scratch();
+  const RgbImage& r = resize_into(img, th, tw, sc.mid, sc.out);
   PixelTensor pt;
   pt.t = 1;
   pt.gh = th / kPatch;

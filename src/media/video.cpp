@@ -76,6 +76,12 @@ std::string av_err(int e) {
 VideoFrames decode_video(std::span<const uint8_t> bytes, const VideoLimits& lim) {
   if (bytes.empty()) media_fail("video data is empty");
   if (!(lim.fps >= 0.2 && lim.fps <= 5.0)) media_fail("video fps {} is outside 0.2 … 5.0", lim.fps);
+  // FFmpeg logs demuxer complaints about hostile files to stderr; the MediaError message is what the client sees.
+  static const bool quiet = [] {
+    av_log_set_level(AV_LOG_QUIET);
+    return true;
+  }();
+  (void)quiet;
   MemIn in{bytes, 0};
   const int kBuf = 1 << 16;
   auto* iobuf = static_cast<uint8_t*>(av_malloc(kBuf));
