@@ -93,29 +93,53 @@ inline uint8_t clamp_shift(int32_t acc, int P) {
   return uint8_t(std::clamp(v, 0, 255));
 }
 
+// Vertical taps over rows of `stride` bytes: out row y = Σ_j q_j · src row (xmin_y + j). The inner loop runs along a
+// whole row, so it vectorises; the horizontal pass reuses it on the transposed image.
+void vertical_pass(const uint8_t* src, size_t stride, const AxisTaps& t, int out_rows, uint8_t* dst) {
+  const int32_t half = 1 << (t.P - 1);
+  thread_local std::vector<int32_t> acc;
+  acc.resize(stride);
+  for (int y = 0; y < out_rows; ++y) {
+    std::fill(acc.begin(), acc.end(), half);
+    const int16_t* q = &t.q[size_t(y) * t.ksize];
+    // Integer adds are exact in any order: the same sums as torch's per-element loop.
+    for (int j = 0; j < t.n[y]; ++j) {
+      const uint8_t* row = src + size_t(t.xmin[y] + j) * stride;
+      const int32_t qj = q[j];
+      int32_t* a = acc.data();
+      for (size_t k = 0; k < stride; ++k) a[k] += int32_t(row[k]) * qj;
+    }
+    uint8_t* orow = dst + size_t(y) * stride;
+    for (size_t k = 0; k < stride; ++k) orow[k] = clamp_shift(acc[k], t.P);
+  }
+}
+
+// [h, w, 3] → [w, h, 3], in tiles for cache locality.
+void transpose_rgb(const uint8_t* src, int h, int w, uint8_t* dst) {
+  constexpr int B = 32;
+  for (int y0 = 0; y0 < h; y0 += B)
+    for (int x0 = 0; x0 < w; x0 += B)
+      for (int y = y0; y < std::min(h, y0 + B); ++y)
+        for (int x = x0; x < std::min(w, x0 + B); ++x) {
+          const uint8_t* s = src + (size_t(y) * w + x) * 3;
+          uint8_t* d = dst + (size_t(x) * h + y) * 3;
+          d[0] = s[0];
+          d[1] = s[1];
+          d[2] = s[2];
+        }
+}
+
 void resize_width(const RgbImage& src, int out_w, RgbImage& dst) {
   const AxisTaps t = make_taps(src.w, out_w);
+  thread_local ByteBuffer tin, tout;
+  tin.resize(size_t(src.w) * src.h * 3);
+  tout.resize(size_t(out_w) * src.h * 3);
+  transpose_rgb(src.data.data(), src.h, src.w, tin.data());                // [w, h, 3]
+  vertical_pass(tin.data(), size_t(src.h) * 3, t, out_w, tout.data());     // [out_w, h, 3]
   dst.w = out_w;
   dst.h = src.h;
   dst.data.resize(size_t(out_w) * src.h * 3);
-  const int32_t half = 1 << (t.P - 1);
-  for (int y = 0; y < src.h; ++y) {
-    const uint8_t* row = &src.data[size_t(y) * src.w * 3];
-    uint8_t* orow = &dst.data[size_t(y) * out_w * 3];
-    for (int x = 0; x < out_w; ++x) {
-      const int16_t* q = &t.q[size_t(x) * t.ksize];
-      const uint8_t* p = row + size_t(t.xmin[x]) * 3;
-      int32_t a0 = half, a1 = half, a2 = half;
-      for (int j = 0; j < t.n[x]; ++j) {
-        a0 += int32_t(p[3 * j]) * q[j];
-        a1 += int32_t(p[3 * j + 1]) * q[j];
-        a2 += int32_t(p[3 * j + 2]) * q[j];
-      }
-      orow[3 * x] = clamp_shift(a0, t.P);
-      orow[3 * x + 1] = clamp_shift(a1, t.P);
-      orow[3 * x + 2] = clamp_shift(a2, t.P);
-    }
-  }
+  transpose_rgb(tout.data(), out_w, src.h, dst.data.data());               // [h, out_w, 3]
 }
 
 void resize_height(const RgbImage& src, int out_h, RgbImage& dst) {
@@ -123,21 +147,7 @@ void resize_height(const RgbImage& src, int out_h, RgbImage& dst) {
   dst.w = src.w;
   dst.h = out_h;
   dst.data.resize(size_t(src.w) * out_h * 3);
-  const int32_t half = 1 << (t.P - 1);
-  const size_t stride = size_t(src.w) * 3;
-  std::vector<int32_t> acc(stride);
-  for (int y = 0; y < out_h; ++y) {
-    std::fill(acc.begin(), acc.end(), half);
-    const int16_t* q = &t.q[size_t(y) * t.ksize];
-    // Row-wise accumulation: same sum as torch's per-element loop (integer adds are exact in any order).
-    for (int j = 0; j < t.n[y]; ++j) {
-      const uint8_t* row = &src.data[size_t(t.xmin[y] + j) * stride];
-      const int32_t qj = q[j];
-      for (size_t k = 0; k < stride; ++k) acc[k] += int32_t(row[k]) * qj;
-    }
-    uint8_t* orow = &dst.data[size_t(y) * stride];
-    for (size_t k = 0; k < stride; ++k) orow[k] = clamp_shift(acc[k], t.P);
-  }
+  vertical_pass(src.data.data(), size_t(src.w) * 3, t, out_h, dst.data.data());
 }
 
 // Resizes into `out` using `mid` for the width pass; returns the image to read (src itself when no pass is needed).
