@@ -1,0 +1,120 @@
+// The multimodal preprocessing gateway (issue 12 item 3): a thread pool separate from the engine thread that turns
+// a rendered prompt with bare media anchors plus the request's media items into the expanded prompt and pixel
+// tensors (fetch → decode → resize → patchify → template), with an LRU cache of processed items keyed by content
+// hash. The HTTP handler calls prepare() and awaits the future off the engine thread, so the GPU worker never waits
+// on preprocessing. See docs/MEDIA.md.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "media/decode.h"
+#include "media/image.h"
+#include "media/source.h"
+#include "media/video.h"
+
+namespace m3::media {
+
+struct MediaItem {
+  bool video = false;
+  std::string url;     // data:, file path / file://, or http(s)
+  double fps = 1.0;    // video sampling rate
+};
+
+// Media parts of chat messages, in prompt order. Accepts OpenAI parts {type:image_url, image_url:{url}} /
+// {type:video_url, video_url:{url}} and the template's normalised parts {type:image|video, image|video|url: …}.
+// Throws MediaError for a malformed media part; text parts are skipped.
+std::vector<MediaItem> collect_media_items(const nlohmann::ordered_json& messages);
+
+struct PreparedItem {
+  bool video = false;
+  uint64_t content_hash = 0;           // xxh64 of the encoded bytes (+ fps for video): the prefix-cache key
+  PixelTensor pixels;                  // [rows, 1176] + grid_thw
+  std::vector<std::string> timestamps; // video: per temporal group
+  int64_t bytes() const { return int64_t(pixels.values.size() * sizeof(float)) + 256; }
+};
+
+struct PreparedMedia {
+  std::string prompt;                                   // anchors expanded
+  std::vector<std::shared_ptr<const PreparedItem>> items;  // prompt order
+  int64_t media_tokens = 0;                             // slot tokens over all items
+};
+
+struct GatewayOptions {
+  int threads = 2;
+  int64_t cache_bytes = 1LL << 30;
+  int max_images = 16, max_videos = 2;
+  int64_t max_media_tokens = 32768;
+  SourcePolicy source;
+  DecodeLimits decode;
+  VideoLimits video;
+};
+
+class MediaGateway {
+ public:
+  explicit MediaGateway(GatewayOptions opt);
+  ~MediaGateway();
+  MediaGateway(const MediaGateway&) = delete;
+  MediaGateway& operator=(const MediaGateway&) = delete;
+
+  // Never blocks on preprocessing: items run on the pool in parallel; the future holds the result or MediaError.
+  std::future<PreparedMedia> prepare(std::string prompt, std::vector<MediaItem> items);
+  PreparedMedia prepare_sync(std::string prompt, std::vector<MediaItem> items) {
+    return prepare(std::move(prompt), std::move(items)).get();
+  }
+
+  struct Stats { int64_t hits = 0, misses = 0, cached_items = 0, cached_bytes = 0; };
+  Stats stats() const;
+  const GatewayOptions& options() const { return opt_; }
+
+  // One item, synchronously on the caller's thread (also what the pool runs); uses the cache.
+  std::shared_ptr<const PreparedItem> prepare_item(const MediaItem& item);
+
+ private:
+  void post(std::function<void()> fn);
+  void worker();
+  std::shared_ptr<const PreparedItem> cache_get(uint64_t key);
+  void cache_put(uint64_t key, std::shared_ptr<const PreparedItem> v);
+
+  GatewayOptions opt_;
+  std::vector<std::thread> threads_;
+  std::mutex qmu_;
+  std::condition_variable qcv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+
+  mutable std::mutex cmu_;
+  std::list<std::pair<uint64_t, std::shared_ptr<const PreparedItem>>> lru_;  // front = newest
+  std::unordered_map<uint64_t, decltype(lru_)::iterator> index_;
+  int64_t cached_bytes_ = 0, hits_ = 0, misses_ = 0;
+};
+
+// The request-path entry point: the validated chat messages (OpenAI image_url/video_url parts, or the template's
+// normalised image/video parts) and the prompt the chat template rendered from them (one bare anchor per item).
+// Returns at once; the future yields the expanded prompt and the pixel tensors, or throws MediaError (→ HTTP 400).
+inline std::future<PreparedMedia> prepare_chat_media(MediaGateway& gw, const nlohmann::ordered_json& messages,
+                                                     std::string rendered_prompt) {
+  std::vector<MediaItem> items;
+  try {
+    items = collect_media_items(messages);
+  } catch (...) {
+    std::promise<PreparedMedia> p;
+    p.set_exception(std::current_exception());
+    return p.get_future();
+  }
+  return gw.prepare(std::move(rendered_prompt), std::move(items));
+}
+
+}  // namespace m3::media

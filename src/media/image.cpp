@@ -1,0 +1,262 @@
+// Preprocessing of docs/M3_MODEL.md §5.1–5.3, matched to HF 5.17's CPU path (tests/media/media_fixture_test.cpp).
+#include "media/image.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "media/media_error.h"
+
+namespace m3::media {
+
+std::pair<int, int> smart_resize(int h, int w, const ResizeLimits& lim) {
+  if (h <= 0 || w <= 0) media_fail("image has an empty side ({}x{})", w, h);
+  // Aspect check first, in double, exactly 200 accepted (HF: "absolute aspect ratio must be smaller than 200").
+  const double ratio = double(std::max(h, w)) / double(std::min(h, w));
+  if (ratio > 200.0) media_fail("image aspect ratio {:.1f} ({}x{}) exceeds the limit of 200", ratio, w, h);
+  const double f = kFactor;
+  // Python round(): ties to even — nearbyint under the default FE_TONEAREST mode.
+  double hb = f * std::nearbyint(double(h) / f);
+  double wb = f * std::nearbyint(double(w) / f);
+  const double hw = double(h) * double(w);
+  if (hb * wb > double(lim.max_pixels)) {
+    const double beta = std::sqrt(hw / double(lim.max_pixels));
+    hb = std::max(f, f * std::floor(double(h) / beta / f));  // order `side / β / 28` matters (176×2816)
+    wb = std::max(f, f * std::floor(double(w) / beta / f));
+  } else if (hb * wb < double(lim.min_pixels)) {
+    const double beta = std::sqrt(double(lim.min_pixels) / hw);
+    hb = f * std::ceil(double(h) * beta / f);
+    wb = f * std::ceil(double(w) * beta / f);
+  }
+  if (hb < f || wb < f || hb > 1e6 || wb > 1e6) media_fail("image {}x{} has no valid target size", w, h);
+  return {int(hb), int(wb)};
+}
+
+namespace {
+
+// One axis of torch's uint8 antialiased resample: per output index a tap window and int16 weights at precision P.
+struct AxisTaps {
+  int P = 0;
+  int ksize = 0;                 // taps stored per output (max window)
+  std::vector<int> xmin, n;      // [out]
+  std::vector<int16_t> q;        // [out, ksize]
+};
+
+double keys_cubic(double x) {  // a = -0.5, torch's aa_filter for bicubic
+  const double a = -0.5;
+  x = std::abs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+AxisTaps make_taps(int in, int out) {
+  AxisTaps t;
+  const double scale = double(in) / double(out);
+  const double support = scale >= 1.0 ? 2.0 * scale : 2.0;
+  const double inv = scale >= 1.0 ? 1.0 / scale : 1.0;
+  t.ksize = int(std::ceil(support)) * 2 + 1;
+  t.xmin.resize(out);
+  t.n.resize(out);
+  std::vector<double> w(size_t(out) * t.ksize, 0.0);
+  double wmax = 0.0;
+  for (int i = 0; i < out; ++i) {
+    const double c = scale * (i + 0.5);
+    const int64_t xmin = std::max<int64_t>(int64_t(c - support + 0.5), 0);
+    const int64_t n = std::min<int64_t>(int64_t(c + support + 0.5), in) - xmin;
+    t.xmin[i] = int(xmin);
+    t.n[i] = int(std::clamp<int64_t>(n, 0, t.ksize));
+    double* wi = &w[size_t(i) * t.ksize];
+    double total = 0.0;
+    for (int j = 0; j < t.n[i]; ++j) {
+      wi[j] = keys_cubic((j + xmin - c + 0.5) * inv);
+      total += wi[j];
+    }
+    for (int j = 0; j < t.n[i]; ++j) {
+      if (total != 0.0) wi[j] /= total;
+      wmax = std::max(wmax, wi[j]);
+    }
+  }
+  int p = 0;
+  for (; p < 22; ++p) {
+    if (int(0.5 + wmax * double(1 << (p + 1))) >= (1 << 15)) break;
+  }
+  t.P = p;
+  t.q.assign(w.size(), 0);
+  const double s = double(1 << p);
+  for (size_t k = 0; k < w.size(); ++k) t.q[k] = int16_t(int(w[k] * s + (w[k] < 0 ? -0.5 : 0.5)));
+  return t;
+}
+
+inline uint8_t clamp_shift(int32_t acc, int P) {
+  int32_t v = acc >> P;  // arithmetic shift (C++20 defines it for negatives)
+  return uint8_t(std::clamp(v, 0, 255));
+}
+
+// Vertical taps over rows of `stride` bytes: out row y = Σ_j q_j · src row (xmin_y + j). The inner loop runs along a
+// whole row, so it vectorises; the horizontal pass reuses it on the transposed image.
+void vertical_pass(const uint8_t* src, size_t stride, const AxisTaps& t, int out_rows, uint8_t* dst) {
+  const int32_t half = 1 << (t.P - 1);
+  thread_local std::vector<int32_t> acc;
+  acc.resize(stride);
+  for (int y = 0; y < out_rows; ++y) {
+    std::fill(acc.begin(), acc.end(), half);
+    const int16_t* q = &t.q[size_t(y) * t.ksize];
+    // Integer adds are exact in any order: the same sums as torch's per-element loop.
+    for (int j = 0; j < t.n[y]; ++j) {
+      const uint8_t* row = src + size_t(t.xmin[y] + j) * stride;
+      const int32_t qj = q[j];
+      int32_t* a = acc.data();
+      for (size_t k = 0; k < stride; ++k) a[k] += int32_t(row[k]) * qj;
+    }
+    uint8_t* orow = dst + size_t(y) * stride;
+    for (size_t k = 0; k < stride; ++k) orow[k] = clamp_shift(acc[k], t.P);
+  }
+}
+
+// [h, w, 3] → [w, h, 3], in tiles for cache locality.
+void transpose_rgb(const uint8_t* src, int h, int w, uint8_t* dst) {
+  constexpr int B = 32;
+  for (int y0 = 0; y0 < h; y0 += B)
+    for (int x0 = 0; x0 < w; x0 += B)
+      for (int y = y0; y < std::min(h, y0 + B); ++y)
+        for (int x = x0; x < std::min(w, x0 + B); ++x) {
+          const uint8_t* s = src + (size_t(y) * w + x) * 3;
+          uint8_t* d = dst + (size_t(x) * h + y) * 3;
+          d[0] = s[0];
+          d[1] = s[1];
+          d[2] = s[2];
+        }
+}
+
+void resize_width(const RgbImage& src, int out_w, RgbImage& dst) {
+  const AxisTaps t = make_taps(src.w, out_w);
+  thread_local ByteBuffer tin, tout;
+  tin.resize(size_t(src.w) * src.h * 3);
+  tout.resize(size_t(out_w) * src.h * 3);
+  transpose_rgb(src.data.data(), src.h, src.w, tin.data());                // [w, h, 3]
+  vertical_pass(tin.data(), size_t(src.h) * 3, t, out_w, tout.data());     // [out_w, h, 3]
+  dst.w = out_w;
+  dst.h = src.h;
+  dst.data.resize(size_t(out_w) * src.h * 3);
+  transpose_rgb(tout.data(), out_w, src.h, dst.data.data());               // [h, out_w, 3]
+}
+
+void resize_height(const RgbImage& src, int out_h, RgbImage& dst) {
+  const AxisTaps t = make_taps(src.h, out_h);
+  dst.w = src.w;
+  dst.h = out_h;
+  dst.data.resize(size_t(src.w) * out_h * 3);
+  vertical_pass(src.data.data(), size_t(src.w) * 3, t, out_h, dst.data.data());
+}
+
+// Resizes into `out` using `mid` for the width pass; returns the image to read (src itself when no pass is needed).
+// The buffers are reused across calls by preprocess_* (thread_local): fresh multi-MB buffers cost page faults.
+const RgbImage& resize_into(const RgbImage& src, int out_h, int out_w, RgbImage& mid, RgbImage& out) {
+  if (out_h <= 0 || out_w <= 0) media_fail("resize to an empty size {}x{}", out_w, out_h);
+  if (src.w == out_w && src.h == out_h) return src;
+  if (src.w != out_w) {
+    if (src.h == out_h) {
+      resize_width(src, out_w, out);
+      return out;
+    }
+    resize_width(src, out_w, mid);
+    resize_height(mid, out_h, out);
+    return out;
+  }
+  resize_height(src, out_h, out);
+  return out;
+}
+
+struct Scratch {
+  RgbImage mid, out;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// f32(f32(mean)·255) and f32(f32(std)·255) as bit patterns (docs/M3_MODEL.md §5.1.4).
+const float kMean[3] = {std::bit_cast<float>(0x42f58ab9u), std::bit_cast<float>(0x42e97df6u),
+                        std::bit_cast<float>(0x42d02ffeu)};
+const float kStd[3] = {std::bit_cast<float>(0x42890046u), std::bit_cast<float>(0x428543abu),
+                       std::bit_cast<float>(0x428ca575u)};
+
+struct NormTable {
+  float v[3][256];
+  NormTable() {
+    for (int c = 0; c < 3; ++c)
+      for (int x = 0; x < 256; ++x) v[c][x] = (float(x) - kMean[c]) / kStd[c];
+  }
+};
+const NormTable& norm_table() {
+  static const NormTable t;
+  return t;
+}
+
+}  // namespace
+
+float normalize_value(uint8_t x, int c) { return norm_table().v[c][x]; }
+
+RgbImage resize_bicubic_aa(const RgbImage& src, int out_h, int out_w) {
+  RgbImage mid, out;
+  const RgbImage& r = resize_into(src, out_h, out_w, mid, out);
+  return &r == &src ? src : std::move(out);
+}
+
+void append_patch_rows(const RgbImage& f0, const RgbImage& f1, FloatBuffer& out) {
+  const int gh = f0.h / kPatch, gw = f0.w / kPatch;
+  const NormTable& nt = norm_table();
+  const RgbImage* fr[2] = {&f0, &f1};
+  size_t pos = out.size();
+  out.resize(pos + size_t(gh) * gw * kRowWidth);
+  // Row: (channel, temporal, ky, kx); rows by merge-row, merge-col, then the 2×2 window row-major.
+  for (int mr = 0; mr < gh / kMerge; ++mr)
+    for (int mc = 0; mc < gw / kMerge; ++mc)
+      for (int dy = 0; dy < kMerge; ++dy)
+        for (int dx = 0; dx < kMerge; ++dx) {
+          const int py = mr * kMerge + dy, px = mc * kMerge + dx;
+          float* row = &out[pos];
+          for (int c = 0; c < 3; ++c)
+            for (int t = 0; t < kTemporal; ++t)
+              for (int ky = 0; ky < kPatch; ++ky) {
+                const uint8_t* src = &fr[t]->data[(size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3];
+                for (int kx = 0; kx < kPatch; ++kx) *row++ = nt.v[c][src[kx * 3 + c]];
+              }
+          pos += kRowWidth;
+        }
+}
+
+PixelTensor preprocess_image(const RgbImage& img, const ResizeLimits& lim) {
+  auto [th, tw] = smart_resize(img.h, img.w, lim);
+  Scratch& sc = scratch();
+  const RgbImage& r = resize_into(img, th, tw, sc.mid, sc.out);
+  PixelTensor pt;
+  pt.t = 1;
+  pt.gh = th / kPatch;
+  pt.gw = tw / kPatch;
+  pt.values.reserve(size_t(pt.rows()) * kRowWidth);
+  append_patch_rows(r, r, pt.values);
+  return pt;
+}
+
+PixelTensor preprocess_video(const std::vector<RgbImage>& frames, const ResizeLimits& lim) {
+  if (frames.empty()) media_fail("video has no frames");
+  const int h = frames[0].h, w = frames[0].w;
+  for (const auto& f : frames)
+    if (f.h != h || f.w != w) media_fail("video frames change size ({}x{} then {}x{})", w, h, f.w, f.h);
+  auto [th, tw] = smart_resize(h, w, lim);
+  std::vector<RgbImage> rs;
+  rs.reserve(frames.size() + 1);
+  for (const auto& f : frames) rs.push_back(resize_bicubic_aa(f, th, tw));
+  if (rs.size() % 2) rs.push_back(rs.back());  // pad to even with the last frame
+  PixelTensor pt;
+  pt.t = int(rs.size() / 2);
+  pt.gh = th / kPatch;
+  pt.gw = tw / kPatch;
+  pt.values.reserve(size_t(pt.rows()) * kRowWidth);
+  for (size_t g = 0; g < rs.size(); g += 2) append_patch_rows(rs[g], rs[g + 1], pt.values);
+  return pt;
+}
+
+}  // namespace m3::media

@@ -1,0 +1,80 @@
+// Media preprocessing throughput per core (issue 12 item 3): images/s for one thread at 1080p and 4k, on decoded
+// RGB (the HF comparison in bench/results/2026-12-01-media-preprocess-cpu.md) and with a JPEG decode in front.
+// The input is the oracle's synthetic "grad" image (scripts/oracle/make_media_fixtures.py, seed 99) so the HF
+// numbers recorded there are on the same pixels. Usage: bench_media [seconds_per_case=3]
+#include <chrono>
+#include <ctime>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <turbojpeg.h>
+
+#include "media/decode.h"
+#include "media/gateway.h"
+#include "media/image.h"
+
+using namespace m3::media;
+
+static uint32_t lowbias32(uint32_t x) {
+  x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+  return x;
+}
+
+static RgbImage grad(int h, int w, int seed) {
+  RgbImage img(w, h);
+  const uint32_t mix = uint32_t(uint64_t(seed) * 0x9E3779B9ULL);
+  for (size_t i = 0; i < img.data.size(); ++i) {
+    uint64_t c = i % 3, x = (i / 3) % w, y = i / (3 * size_t(w));
+    img.data[i] = uint8_t((7 * x + 13 * y + 85 * c + (lowbias32(uint32_t(i) ^ mix) >> 29)) & 255);
+  }
+  return img;
+}
+
+static std::vector<uint8_t> jpeg(const RgbImage& img) {
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  tjCompress2(tj, img.data.data(), img.w, 0, img.h, TJPF_RGB, &buf, &size, TJSAMP_420, 90, 0);
+  std::vector<uint8_t> out(buf, buf + size);
+  tjFree(buf);
+  tjDestroy(tj);
+  return out;
+}
+
+// Images per second of this thread's CPU time (CLOCK_THREAD_CPUTIME_ID): a shared, oversubscribed machine
+// stretches wall time but not the CPU time one preprocessing call costs.
+static double cpu_now() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+template <typename F>
+static double rate(F&& f, double secs) {
+  f();  // warm
+  const double t0 = cpu_now();
+  int n = 0;
+  double el = 0;
+  do {
+    f();
+    ++n;
+    el = cpu_now() - t0;
+  } while (el < secs);
+  return n / el;
+}
+
+int main(int argc, char** argv) {
+  const double secs = argc > 1 ? std::atof(argv[1]) : 3.0;
+  struct Case { const char* name; int h, w; } cases[] = {{"1080p", 1080, 1920}, {"4k", 2160, 3840}};
+  std::printf("| input | decoded RGB → tensor (img/s/core) | JPEG q90 decode + tensor (img/s/core) | JPEG bytes |\n");
+  std::printf("|---|---|---|---|\n");
+  for (const auto& c : cases) {
+    RgbImage img = grad(c.h, c.w, 99);
+    auto jpg = jpeg(img);
+    double a = rate([&] { volatile auto n = preprocess_image(img).values.size(); (void)n; }, secs);
+    double b = rate([&] { volatile auto n = preprocess_image(decode_image(jpg)).values.size(); (void)n; }, secs);
+    std::printf("| %s | %.1f | %.1f | %zu |\n", c.name, a, b, jpg.size());
+  }
+  return 0;
+}
