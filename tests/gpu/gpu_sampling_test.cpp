@@ -140,19 +140,24 @@ struct Case {
 TEST(GpuSampling, SeededDrawsEqualTheCpuSamplerTokenForToken) {
   SKIP_WITHOUT_GPU();
   cuda::DeviceSampler ds;
+  // Scale 25: ~100 tokens within reach of the top (x ≥ −28: shared memory, rank by counting); 14: ~1,500 (shared
+  // memory, block radix sort); 4 (LM-like) and 0.3 (flat): most of the row (radix select over global memory).
   const Case cases[] = {
-      {"peaked top_p 0.9", 4.f, 0.f, 1.f, 0.9f, -1, 0.f},
-      {"peaked plain T 0.7", 4.f, 0.f, 0.7f, 1.f, -1, 0.f},
-      {"peaked top_k 40 top_p 0.95", 4.f, 0.f, 1.f, 0.95f, 40, 0.f},
-      {"peaked min_p 0.05", 3.f, 0.f, 1.f, 1.f, -1, 0.05f},
-      {"peaked ties (quantum 0.5)", 4.f, 0.5f, 1.f, 0.8f, -1, 0.f},
-      {"flat top_p 0.9 (select path)", 0.3f, 0.f, 1.f, 0.9f, -1, 0.f},
-      {"flat plain (select path)", 0.3f, 0.f, 1.3f, 1.f, -1, 0.f},
+      {"peaked top_p 0.9", 25.f, 0.f, 1.f, 0.9f, -1, 0.f},
+      {"peaked plain T 0.7", 25.f, 0.f, 0.7f, 1.f, -1, 0.f},
+      {"peaked top_k 40 top_p 0.95", 25.f, 0.f, 1.f, 0.95f, 40, 0.f},
+      {"peaked min_p 0.05", 25.f, 0.f, 1.f, 1.f, -1, 0.05f},
+      {"peaked ties (quantum 2)", 25.f, 2.f, 1.f, 0.8f, -1, 0.f},
+      {"medium top_p 0.97", 14.f, 0.f, 1.f, 0.97f, -1, 0.f},
+      {"medium top_k 1000 T 1.5", 14.f, 0.f, 1.5f, 1.f, 1000, 0.f},
+      {"lm-like top_p 0.9", 4.f, 0.f, 1.f, 0.9f, -1, 0.f},
+      {"lm-like top_k 50 T 0.8", 4.f, 0.f, 0.8f, 1.f, 50, 0.f},
+      {"flat top_p 0.9", 0.3f, 0.f, 1.f, 0.9f, -1, 0.f},
+      {"flat plain T 1.3", 0.3f, 0.f, 1.3f, 1.f, -1, 0.f},
       {"flat top_k 6000", 0.3f, 0.f, 1.f, 1.f, 6000, 0.f},
       {"flat top_k 3000 top_p 0.5", 0.3f, 0.f, 1.f, 0.5f, 3000, 0.f},
       {"flat min_p 0.5 top_p 0.7", 0.5f, 0.f, 1.f, 0.7f, -1, 0.5f},
       {"flat ties (quantum 0.25)", 0.3f, 0.25f, 1.f, 0.6f, -1, 0.f},
-      {"medium 1500 candidates", 1.6f, 0.f, 1.f, 0.97f, -1, 0.f},
   };
   const int R = 48, V = kVocab;
   uint64_t seed = 11;

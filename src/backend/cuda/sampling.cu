@@ -49,12 +49,28 @@ __device__ __forceinline__ uint64_t draw_point(uint64_t bits53, uint64_t total) 
   return __umul64hi(bits53 << 11, total);
 }
 
-// Every logit of a row with its id: vector loads when the row allows.
+// Every logit of a row with its id: vector loads when the row allows, four in flight per thread (one CTA reads a
+// whole 800 KB row, so memory-level parallelism per thread is what sets the pass time).
 template <class F>
 __device__ __forceinline__ void for_each_logit(const float* __restrict__ row, int V, F&& f) {
   if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
     const float4* r4 = reinterpret_cast<const float4*>(row);
-    for (int i = threadIdx.x; i < V / 4; i += kThreads) {
+    const int n4 = V / 4;
+    int i = threadIdx.x;
+    for (; i + 3 * kThreads < n4; i += 4 * kThreads) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = r4[i + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int b = 4 * (i + u * kThreads);
+        f(v[u].x, b);
+        f(v[u].y, b + 1);
+        f(v[u].z, b + 2);
+        f(v[u].w, b + 3);
+      }
+    }
+    for (; i < n4; i += kThreads) {
       const float4 v = r4[i];
       f(v.x, 4 * i);
       f(v.y, 4 * i + 1);
@@ -237,8 +253,9 @@ struct Found {
 // Among the tokens with key ≥ lo and weight ≥ floor, in key order (descending): the first where the running
 // metric (count for kCount, mass otherwise) reaches `target` (kCount: ≥ target_u; kMassGe: double(mass) ≥ target_d;
 // kMassGt: mass > target_u). found = false when the whole set does not reach it (total = its metric).
+// frac > 0 (kMassGe): target_d = frac × (mass of the keys ≥ lo, without the floor), summed in the first pass.
 __device__ Found find(const float* row, int V, float m, float t, unsigned long long lo, double floor, Mode mode,
-                      unsigned long long target_u, double target_d, Smem& sm, Scalars& sc) {
+                      unsigned long long target_u, double target_d, double frac, Smem& sm, Scalars& sc) {
   constexpr int kShift[6] = {53, 42, 32, 21, 10, 0};
   constexpr int kBits[6] = {11, 11, 10, 11, 11, 10};  // [63:53] [52:42] [41:32] | id [31:21] [20:10] [9:0]
   const bool need_w = mode != kCount || floor > 0.0;
@@ -248,12 +265,14 @@ __device__ Found find(const float* row, int V, float m, float t, unsigned long l
     const int shift = kShift[pass], nb = 1 << kBits[pass], hi = shift + kBits[pass];
     for (int b = threadIdx.x; b < nb; b += kThreads) sm.h.cnt[b] = 0, sm.h.mass[b] = 0, sm.h.key[b] = 0;
     __syncthreads();
+    unsigned long long s_all = 0;
     for_each_logit(row, V, [&](float l, int i) {
       const unsigned long long key = key_of(l, i);
       if (key < lo || (hi < 64 && (key >> hi) != (prefix >> hi))) return;
       unsigned long long w = 0;
       if (need_w) {
         w = weight(l, m, t);
+        s_all += w;
         if (double(w) < floor) return;
       }
       const int b = int((key >> shift) & unsigned(nb - 1));
@@ -262,6 +281,7 @@ __device__ Found find(const float* row, int V, float m, float t, unsigned long l
       atomicMax(&sm.h.key[b], key);
     });
     __syncthreads();
+    if (pass == 0 && frac > 0.0) target_d = frac * double(block_sum_u64(s_all, sm, sc));
     // Bins in key order (descending): position j ↔ bin nb − 1 − j; thread t owns positions [t·per, +per).
     const int per = nb / kThreads;
     unsigned long long mine = 0;
@@ -322,12 +342,11 @@ __device__ int32_t sample_select(const float* row, int V, const SampleRowParams&
                                  Scalars& sc) {
   const float t = p.temperature;
   unsigned long long lo = 0;
-  if (k1 < V) lo = find(row, V, m, t, 0, 0.0, kCount, (unsigned long long)k1, 0.0, sm, sc).key;  // k-th best
-  const unsigned long long s1 = mass_of(row, V, m, t, lo, 0.0, sm, sc);
+  if (k1 < V) lo = find(row, V, m, t, 0, 0.0, kCount, (unsigned long long)k1, 0.0, 0.0, sm, sc).key;  // k-th best
   const double floor = p.min_p > 0.f ? double(p.min_p) * kWeightScale : 0.0;
   unsigned long long total = 0, lo3 = lo;
-  if (p.top_p < 1.f) {
-    const Found f = find(row, V, m, t, lo, floor, kMassGe, 0, double(p.top_p) * double(s1), sm, sc);
+  if (p.top_p < 1.f) {  // the top_p cut (its target from the top-k mass, summed in the same first pass)
+    const Found f = find(row, V, m, t, lo, floor, kMassGe, 0, 0.0, double(p.top_p), sm, sc);
     if (f.found) {
       lo3 = f.key;
       total = f.above + f.key_mass;
@@ -335,10 +354,10 @@ __device__ int32_t sample_select(const float* row, int V, const SampleRowParams&
       total = f.total;
     }
   } else {
-    total = floor > 0.0 ? mass_of(row, V, m, t, lo, floor, sm, sc) : s1;
+    total = mass_of(row, V, m, t, lo, floor, sm, sc);
   }
   const unsigned long long r = draw_point(p.bits53, total);
-  const Found f = find(row, V, m, t, lo3, floor, kMassGt, r, 0.0, sm, sc);
+  const Found f = find(row, V, m, t, lo3, floor, kMassGt, r, 0.0, 0.0, sm, sc);
   return id_of(f.key);
 }
 
@@ -423,8 +442,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
     __syncthreads();
     const double t = double(p.temperature);
     for_each_logit(row, V, [&](float l, int i) {
-      const double d = double(l) - double(m);
-      if (!(d >= -29.0 * t) || !(__ddiv_rn(d, t) >= kWeightMinX)) return;
+      // A superset of x ≥ −28 (the exact weights come later): no division per token.
+      if (!(double(l) - double(m) >= -28.5 * t)) return;
       const int at = atomicAdd(&sc.n, 1);
       if (at < kCap) sm.cand[at] = key_of(l, i);
     });
