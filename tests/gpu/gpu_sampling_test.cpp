@@ -60,7 +60,7 @@ Both run_both(cuda::DeviceSampler& ds, const std::vector<float>& lg, int V, cons
   const int R = int(view.size());
   cuda::DeviceBuffer<float> d(lg.size());
   M3_CUDA_CHECK(cudaMemcpy(d.get(), lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
-  std::vector<int32_t> lrows(size_t(R));
+  std::vector<int32_t> lrows(static_cast<size_t>(R));
   for (int r = 0; r < R; ++r) lrows[size_t(r)] = r;
   Both b;
   enqueue_device_sampling(ds, d.get(), V, view, lrows, nullptr);

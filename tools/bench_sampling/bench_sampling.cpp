@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
       for (auto& x : lg) x = nd(g) * m.scale;
       cuda::DeviceBuffer<float> d(lg.size());
       M3_CUDA_CHECK(cudaMemcpy(d.get(), lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
-      std::vector<cuda::SampleRowParams> rows(size_t(B));
+      std::vector<cuda::SampleRowParams> rows(static_cast<size_t>(B));
       for (int r = 0; r < B; ++r) {
         auto& p = rows[size_t(r)];
         p.active = 1, p.logit_row = r, p.temperature = m.temperature, p.top_p = m.top_p;
