@@ -55,9 +55,7 @@ void adjust_logits(std::span<float> lg, const RowSampling& row) {
 }
 
 uint64_t sample_weight(float logit, float max_logit, float temperature) {
-  const double x = (double(logit) - double(max_logit)) / double(temperature);
-  if (!(x >= kSampleWeightMinX)) return 0;  // also −inf logits (min_tokens) and NaN
-  return uint64_t(std::exp(x) * kSampleWeightScale);
+  return sample_weight_of(logit, max_logit, temperature);
 }
 
 int32_t choose_token(std::span<const float> logits, const SamplingParams& p, double u) {

@@ -2,6 +2,8 @@
 
 #include <cub/cub.cuh>
 
+#include "base/rng.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -16,10 +18,7 @@ constexpr int kRankCap = 1024;           // up to this many: rank by counting (c
 constexpr int kBinBits = 11;
 constexpr int kBins = 1 << kBinBits;
 constexpr int kAdjustCtas = 16;
-// base/rng.h (kept as literals: that header's helpers are host constexpr).
-constexpr double kWeightScale = 1099511627776.0;  // 2^40
-constexpr double kWeightMinX = -28.0;
-
+constexpr double kWeightScale = 1099511627776.0;  // 2^40 (base/rng.h)
 // Keys order the candidates as the CPU sorts them: larger logit first, then lower id. −0 counts as +0 (equal
 // floats, so the id decides, as in the CPU's comparison).
 __device__ __forceinline__ uint32_t ord_of(float l) {
@@ -35,14 +34,8 @@ __device__ __forceinline__ uint64_t key_of(float l, int32_t id) {
 }
 __device__ __forceinline__ int32_t id_of(uint64_t k) { return int32_t(0xffffffffu - uint32_t(k)); }
 
-// sample_weight() of engine/sampler.cpp: the same double arithmetic (division, not a reciprocal).
-__device__ __forceinline__ uint64_t weight(float l, float m, float t) {
-  const double d = double(l) - double(m);
-  if (!(d >= -29.0 * double(t))) return 0;  // cheap reject, far from the exact bound below
-  const double x = __ddiv_rn(d, double(t));
-  if (!(x >= kWeightMinX)) return 0;
-  return (uint64_t)(exp(x) * kWeightScale);
-}
+// The fixed-point weight (base/rng.h): the same fp32 operations as the CPU sampler's.
+__device__ __forceinline__ uint64_t weight(float l, float m, float t) { return sample_weight_of(l, m, t); }
 
 // r = floor(bits53 · total / 2^53) (sample_draw_point in base/rng.h).
 __device__ __forceinline__ uint64_t draw_point(uint64_t bits53, uint64_t total) {
