@@ -50,7 +50,8 @@ struct SampledToken {
 // suppression of EOS and stop ids, in place on logits [V] (vLLM semantics).
 void adjust_logits(std::span<float> logits, const RowSampling& row);
 // Greedy (ties to the lower id) or sampled with the 53 random bits `bits53` of a draw (base/rng.h): candidates
-// sorted by logit (desc, ties by id), each weighed w = trunc(exp((l − max) / T) · 2^40) (sample_weight), cut to
+// sorted by logit (desc, ties by id), each weighed w = trunc(e((l − max) / T) · 2^40) (sample_weight: the fp32
+// arithmetic of base/rng.h, bit-identical to the GPU's), cut to
 // top_k; min_p keeps the prefix with w ≥ min_p · 2^40; top_p keeps the smallest prefix whose running mass reaches
 // top_p × (top-k mass); the pick is the first candidate whose running mass exceeds r = sample_draw_point(bits53,
 // kept mass). All masses are integers, so the GPU sampler (backend/cuda/sampling.cuh) reproduces every choice.
