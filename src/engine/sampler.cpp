@@ -54,56 +54,53 @@ void adjust_logits(std::span<float> lg, const RowSampling& row) {
   }
 }
 
+uint64_t sample_weight(float logit, float max_logit, float temperature) {
+  return sample_weight_of(logit, max_logit, temperature);
+}
+
 int32_t choose_token(std::span<const float> logits, const SamplingParams& p, double u) {
+  return choose_token_bits(logits, p, uint64_t(u * 9007199254740992.0));
+}
+
+int32_t choose_token_bits(std::span<const float> logits, const SamplingParams& p, uint64_t bits53) {
   const int64_t V = int64_t(logits.size());
   M3_CHECK(V > 0, "sample: empty logits");
   if (p.temperature == 0.f || p.top_k == 1) return argmax(logits);
-  // Candidates sorted by logit (desc, ties by id) — stable and independent of the RNG.
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  int64_t keep = V;
-  if (p.top_k > 0) keep = std::min<int64_t>(keep, p.top_k);
+  const int32_t top = argmax(logits);
+  const float m = logits[size_t(top)];
+  if (!std::isfinite(m)) return top;  // every token masked (or an overflow): nothing to weigh
+  // Candidates sorted by logit (desc, ties by id) — stable and independent of the RNG. Only candidates with a
+  // weight can be drawn or move a cut, and they come first in this order, so the rest need no sorting.
+  std::vector<int32_t> idx;
+  for (int32_t i = 0; i < int32_t(V); ++i)
+    if (sample_weight(logits[size_t(i)], m, p.temperature) > 0) idx.push_back(i);
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
-  if (keep < V) {
-    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), by_logit);
-    idx.resize(size_t(keep));
-  } else {
-    std::sort(idx.begin(), idx.end(), by_logit);
+  std::sort(idx.begin(), idx.end(), by_logit);
+  // top_k: the k best of the whole row; the weightless ones among them add nothing.
+  size_t n1 = idx.size();
+  if (p.top_k > 0) n1 = std::min<size_t>(n1, size_t(p.top_k));
+  std::vector<uint64_t> cum(n1);  // running mass in fixed point (base/rng.h)
+  uint64_t c = 0;
+  for (size_t i = 0; i < n1; ++i) cum[i] = c += sample_weight(logits[size_t(idx[i])], m, p.temperature);
+  const uint64_t s1 = c;  // the mass top_p is a fraction of
+  size_t n = n1;
+  if (p.min_p > 0.f) {  // keep weights ≥ min_p × the top weight (2^40): a prefix, never empty
+    const double floor = double(p.min_p) * kSampleWeightScale;
+    size_t k = 0;
+    while (k < n && double(cum[k] - (k ? cum[k - 1] : 0)) >= floor) ++k;
+    n = std::max<size_t>(k, 1);
   }
-  // Softmax with temperature over the kept candidates (fp64 for a stable cumulative sum).
-  std::vector<double> prob(idx.size());
-  const double m = logits[idx[0]];
-  double sum = 0.0;
-  for (size_t i = 0; i < idx.size(); ++i) {
-    prob[i] = std::exp((double(logits[idx[i]]) - m) / double(p.temperature));
-    sum += prob[i];
-  }
-  for (auto& x : prob) x /= sum;
-  size_t n = prob.size();
-  if (p.min_p > 0.f) {  // drop candidates below min_p × the top probability
-    const double floor = p.min_p * prob[0];
-    while (n > 1 && prob[n - 1] < floor) --n;
-  }
-  if (p.top_p < 1.f) {  // smallest prefix whose mass reaches top_p
-    double c = 0.0;
-    size_t cut = n;
-    for (size_t i = 0; i < n; ++i) {
-      c += prob[i];
-      if (c >= p.top_p) {
-        cut = i + 1;
+  if (p.top_p < 1.f) {  // smallest prefix whose mass reaches top_p of the top-k mass
+    const double x = double(p.top_p) * double(s1);
+    for (size_t i = 0; i < n; ++i)
+      if (double(cum[i]) >= x) {
+        n = i + 1;
         break;
       }
-    }
-    n = cut;
   }
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i) total += prob[i];
-  const double r = u * total;
-  double c = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    c += prob[i];
-    if (r < c) return idx[i];
-  }
+  const uint64_t r = sample_draw_point(bits53, cum[n - 1]);
+  for (size_t i = 0; i < n; ++i)
+    if (r < cum[i]) return idx[i];
   return idx[n - 1];
 }
 
@@ -134,7 +131,7 @@ SampledToken sample_row(std::span<float> logits, const RowSampling& row) {
   adjust_logits(logits, row);
   const uint64_t step = uint64_t(row.tokens.size()) - uint64_t(row.prompt_len);
   SampledToken out;
-  out.id = choose_token(logits, p.sampling, uniform_from_seed(row.seed, p.choice_index, step));
+  out.id = choose_token_bits(logits, p.sampling, uniform_bits_from_seed(row.seed, p.choice_index, step));
   if (p.top_logprobs >= 0) out.logprob = logprobs_of(raw, out.id, p.top_logprobs);
   return out;
 }
@@ -145,7 +142,7 @@ Sampler::Sampler(const SamplingParams& p, uint64_t choice_index)
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
-  return choose_token(logits, p_, uniform_from_seed(seed_, choice_, step_++));
+  return choose_token_bits(logits, p_, uniform_bits_from_seed(seed_, choice_, step_++));
 }
 
 }  // namespace m3

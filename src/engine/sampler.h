@@ -49,10 +49,17 @@ struct SampledToken {
 // Penalties (repetition on prompt + generated, presence / frequency on generated), logit_bias and min_tokens
 // suppression of EOS and stop ids, in place on logits [V] (vLLM semantics).
 void adjust_logits(std::span<float> logits, const RowSampling& row);
-// Greedy (ties to the lower id) or sampled with the uniform `u` ∈ [0, 1): candidates sorted by logit (desc, ties
-// by id), cut to top_k, softmax with temperature in fp64, min_p cut, top_p cut, then the first candidate whose
-// running mass exceeds u · (kept mass).
+// Greedy (ties to the lower id) or sampled with the 53 random bits `bits53` of a draw (base/rng.h): candidates
+// sorted by logit (desc, ties by id), each weighed w = trunc(e((l − max) / T) · 2^40) (sample_weight: the fp32
+// arithmetic of base/rng.h, bit-identical to the GPU's), cut to
+// top_k; min_p keeps the prefix with w ≥ min_p · 2^40; top_p keeps the smallest prefix whose running mass reaches
+// top_p × (top-k mass); the pick is the first candidate whose running mass exceeds r = sample_draw_point(bits53,
+// kept mass). All masses are integers, so the GPU sampler (backend/cuda/sampling.cuh) reproduces every choice.
+int32_t choose_token_bits(std::span<const float> logits, const SamplingParams& p, uint64_t bits53);
+// The same with u ∈ [0, 1) (bits53 = u · 2^53, exact for the draws of uniform_from_seed).
 int32_t choose_token(std::span<const float> logits, const SamplingParams& p, double u);
+// The fixed-point weight of a logit (0 when below 2^−40 of the top one, or −inf).
+uint64_t sample_weight(float logit, float max_logit, float temperature);
 // log-softmax of `raw` at `chosen`, and the `top` best (descending, ties to the lower id).
 TokenLogprob logprobs_of(std::span<const float> raw, int32_t chosen, int top);
 // The whole row: adjusts `logits` in place, then chooses. What every executor's sampling call does per row.

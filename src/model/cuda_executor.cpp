@@ -31,6 +31,7 @@
 #include "base/error.h"
 #include "model/checkpoint.h"
 #include "model/cuda_weight_loader.h"
+#include "model/device_sampling.h"
 #include "model/gpu_step_profile.h"
 
 namespace m3 {
@@ -147,6 +148,10 @@ struct CudaExecutor::Impl {
                                 kv_type};
   }
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace);
+  // The forward up to the LM head: logits [head rows, V] stay in `logits` on the device (forward() copies them out,
+  // forward_sample() samples them there).
+  StepRows forward_device(std::span<const SeqInput> seqs, ForwardTrace* trace);
+  cuda::DeviceSampler sampler;  // forward_sample: logits → ids on the device (backend/cuda/sampling.cuh)
 };
 
 CudaExecutor::Impl::Impl(const M3Config& cfg, CudaExecutorOptions o)
@@ -298,7 +303,7 @@ void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
   M3_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqInput> seqs, ForwardTrace* trace) {
+StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, ForwardTrace* trace) {
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_q_heads, Hkv = c.num_kv_heads;
   const int64_t B = c.sparse_block_size, V = c.vocab_size, G = Hq / Hkv;
   cudaStream_t s = stream;
@@ -548,7 +553,15 @@ std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqI
   cuda::rms_norm_gemma(hsel.get(), HR, H, final_norm.get(), c.rms_norm_eps, hsel.get(), s);
   gemm->nt(hsel.get(), HR, H, lm_head.get(), wt, V, logits.get(), false, s);
   prof.mark(GpuStepProfile::kHead, s);
-  std::vector<float> all(size_t(HR * V));
+  return plan_rows;
+}
+
+std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqInput> seqs, ForwardTrace* trace) {
+  const int64_t V = c.vocab_size;
+  cudaStream_t s = stream;
+  const StepRows plan_rows = forward_device(seqs, trace);
+  const std::vector<int64_t>& seq_begin = plan_rows.seq_begin;
+  std::vector<float> all(plan_rows.head_rows.size() * size_t(V));
   M3_CUDA_CHECK(cudaMemcpyAsync(all.data(), logits.get(), all.size() * 4, cudaMemcpyDeviceToHost, s));
   M3_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<std::vector<float>> out;
@@ -624,6 +637,23 @@ PagePool& CudaExecutor::pool() { return *impl_->pool; }
 
 std::vector<std::vector<float>> CudaExecutor::forward(std::span<const SeqInput> seqs, ForwardTrace* trace) {
   return impl_->forward(seqs, trace);
+}
+
+std::vector<SampledToken> CudaExecutor::forward_sample(std::span<const SeqInput> seqs,
+                                                       std::span<const RowSampling> rows) {
+  M3_CHECK(rows.size() == seqs.size(), "forward_sample: {} sampling rows for {} sequences", rows.size(), seqs.size());
+  Impl& m = *impl_;
+  const StepRows plan_rows = m.forward_device(seqs, nullptr);
+  // Each sequence's last head row is the one it samples (all_logits sequences have one head row per token).
+  std::vector<int32_t> logit_rows(seqs.size());
+  int32_t at = 0;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    at += int32_t(seqs[si].all_logits ? plan_rows.seq_begin[si + 1] - plan_rows.seq_begin[si] : 1);
+    logit_rows[si] = at - 1;
+  }
+  enqueue_device_sampling(m.sampler, m.logits.get(), int(m.c.vocab_size), rows, logit_rows, m.stream);
+  m.prof.mark(GpuStepProfile::kSampling, m.stream);
+  return finish_device_sampling(m.sampler, rows, m.stream);  // the step's one sync: ids (+ logprobs) to the host
 }
 
 std::string CudaExecutor::describe() const {

@@ -5,6 +5,7 @@
 #include <span>
 
 #include "base/error.h"
+#include "base/rng.h"
 #include "engine/sampler.h"
 
 namespace m3 {
@@ -173,6 +174,61 @@ TEST(SamplerDistribution, TopPCutUsesTheTemperedDistribution) {
   p.seed = 13;
   Sampler s(p);
   EXPECT_LT(chi_square(s, lg, softmax_over(lg, 0.5f, {0, 1}), 20000), kChi999[1]);
+}
+
+// ---- the fixed-point definition shared with the GPU sampler (base/rng.h) -------------------------------------------
+TEST(SamplerFixedPoint, TheTopLogitWeighsTwoToTheFortyAndFarTokensWeighNothing) {
+  EXPECT_EQ(sample_weight(3.5f, 3.5f, 0.7f), uint64_t(1) << 40);
+  EXPECT_EQ(sample_weight(3.5f - 28.5f, 3.5f, 1.f), 0u);
+  EXPECT_EQ(sample_weight(-INFINITY, 3.5f, 1.f), 0u);
+  EXPECT_NEAR(double(sample_weight(0.f, 1.f, 1.f)) / (std::exp(-1.0) * 1099511627776.0), 1.0, 1e-6);
+  for (float x = -27.9f; x < 0.f; x += 0.37f)  // the shared fp32 exp is within 1e-6 of libm's everywhere
+    EXPECT_NEAR(double(sample_exp(x)) / std::exp(double(x)), 1.0, 1e-6) << x;
+}
+
+TEST(SamplerFixedPoint, TheDrawPicksTheFirstCandidateWhoseRunningMassExceedsIt) {
+  // Sorted: id 2 (w = 2^40), then ids 0 and 1 (equal logits: the lower id first).
+  const std::vector<float> lg = {0.f, 0.f, 1.f};
+  SamplingParams p;
+  const uint64_t w2 = uint64_t(1) << 40, w0 = sample_weight(0.f, 1.f, 1.f), total = w2 + 2 * w0;
+  EXPECT_EQ(choose_token_bits(lg, p, 0), 2);
+  // The smallest draw whose point reaches w2 goes to id 0; the largest one lands on id 1.
+  uint64_t bits = uint64_t(((unsigned __int128)w2 << 53) / total);
+  while (sample_draw_point(bits, total) < w2) ++bits;
+  EXPECT_EQ(choose_token_bits(lg, p, bits - 1), 2);
+  EXPECT_EQ(choose_token_bits(lg, p, bits), 0);
+  EXPECT_EQ(choose_token_bits(lg, p, (uint64_t(1) << 53) - 1), 1);
+}
+
+TEST(SamplerFixedPoint, TopPCutsAtTheFirstPrefixReachingTheMassExactly) {
+  const std::vector<float> lg(4, 2.f);  // four equal weights: top_p 0.5 keeps exactly ids 0 and 1
+  SamplingParams p;
+  p.top_p = 0.5f;
+  EXPECT_EQ(choose_token_bits(lg, p, (uint64_t(1) << 53) - 1), 1);
+  p.top_p = 0.51f;
+  EXPECT_EQ(choose_token_bits(lg, p, (uint64_t(1) << 53) - 1), 2);
+}
+
+TEST(SamplerFixedPoint, MinPKeepsWeightsAtLeastTheFloorAndTopKCountsTheWholeRow) {
+  std::vector<float> lg = {1.f, 1.f - std::log(4.f), 1.f - std::log(1.5f), -30.f};
+  SamplingParams p;
+  p.min_p = 0.5f;  // keeps ids 0 and 2 (weights 1 and 2/3), not id 1 (1/4)
+  EXPECT_EQ(choose_token_bits(lg, p, (uint64_t(1) << 53) - 1), 2);
+  p.min_p = 0.f;
+  p.top_k = 2;
+  EXPECT_EQ(choose_token_bits(lg, p, (uint64_t(1) << 53) - 1), 2);
+  p.top_k = 4;  // id 3 weighs nothing: never drawn even as the last candidate
+  EXPECT_EQ(choose_token_bits(lg, p, (uint64_t(1) << 53) - 1), 1);
+}
+
+TEST(SamplerFixedPoint, TheDoubleDrawAndTheBitsDrawAgree) {
+  const std::vector<float> lg = {0.3f, -1.f, 2.f, 1.1f, 0.f};
+  SamplingParams p;
+  p.temperature = 0.9f;
+  for (uint64_t step = 0; step < 200; ++step) {
+    const uint64_t b = uniform_bits_from_seed(77, 0, step);
+    EXPECT_EQ(choose_token(lg, p, uniform_from_seed(77, 0, step)), choose_token_bits(lg, p, b));
+  }
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 #include "backend/cuda/msa_prefill.cuh"
 #include "backend/cuda/msa_topk.cuh"
 #include "backend/cuda/norm_rope.cuh"
-#include "backend/cuda/sampling.cuh"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "engine/sampler.h"
@@ -608,62 +607,7 @@ TEST(GpuOps, MsaDecodeStepReplayedFromACudaGraphIsBitwiseEqualToEager) {
   cudaStreamDestroy(s);
 }
 
-// ---- sampling ----------------------------------------------------------------------------------------------------
-// The CPU Sampler's algorithm (engine/sampler.cpp) with the uniform draw given: the GPU's host twin.
-int32_t sample_twin(const std::vector<float>& lg, const cuda::SampleRow& p) {
-  const int64_t V = int64_t(lg.size());
-  if (p.temperature == 0.f || p.top_k == 1) return argmax(lg);
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return lg[a] > lg[b]; });
-  if (p.top_k > 0 && p.top_k < V) idx.resize(static_cast<size_t>(p.top_k));
-  std::vector<double> prob(idx.size());
-  double sum = 0;
-  for (size_t i = 0; i < idx.size(); ++i) sum += prob[i] = std::exp((double(lg[idx[i]]) - lg[idx[0]]) / p.temperature);
-  for (auto& x : prob) x /= sum;
-  size_t n = prob.size();
-  if (p.min_p > 0.f) {
-    const double floor = p.min_p * prob[0];
-    while (n > 1 && prob[n - 1] < floor) --n;
-  }
-  if (p.top_p < 1.f) {
-    double c = 0;
-    for (size_t i = 0; i < n; ++i)
-      if ((c += prob[i]) >= p.top_p) {
-        n = i + 1;
-        break;
-      }
-  }
-  double total = 0;
-  for (size_t i = 0; i < n; ++i) total += prob[i];
-  const double r = double(p.u) * total;
-  double c = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (r < (c += prob[i])) return idx[i];
-  return idx[n - 1];
-}
-
-TEST(GpuOps, SamplingMatchesTheCpuSamplerGivenTheSameUniform) {
-  M3_SKIP_WITHOUT_GPU();
-  cuda::GpuSampler sampler;
-  for (int V : {1000, 200064}) {
-    std::vector<cuda::SampleRow> rows = {
-        {0.f, 1.f, -1, 0.f, 0.3f},   {1.f, 1.f, -1, 0.f, 0.5f},   {0.7f, 0.9f, -1, 0.f, 0.8f},
-        {1.2f, 1.f, 50, 0.f, 0.1f},  {1.f, 1.f, -1, 0.05f, 0.6f}, {0.8f, 0.95f, 40, 0.02f, 0.9f},
-        {1.f, 1.f, 1, 0.f, 0.99f},   {0.5f, 0.5f, 3, 0.1f, 0.42f},
-    };
-    for (auto& r : rows)
-      if (r.temperature > 0.f) r.u = float(cuda::uniform_from_seed(std::uniform_int_distribution<uint64_t>()(rng()), 0, 0));
-    const int R = int(rows.size());
-    std::vector<float> lg = rand_vec(static_cast<size_t>(R) * V, 0.f, 8.f);
-    for (int i = 0; i < 5; ++i) lg[static_cast<size_t>(V) * 0 + 10 + i] = 9.5f;  // a tie at the top of row 0 → lowest id wins
-    Dev<float> dlg(lg);
-    const std::vector<int32_t> got = sampler.sample(dlg.p(), R, V, rows, nullptr);
-    std::vector<int32_t> ref;
-    for (int r = 0; r < R; ++r) ref.push_back(sample_twin(std::vector<float>(lg.begin() + int64_t(r) * V, lg.begin() + int64_t(r + 1) * V), rows[static_cast<size_t>(r)]));
-    expect_equal_ids("sample (greedy/temp/top-k/top-p/min-p)", fmt_shape({{"R", R}, {"V", V}}), got, ref);
-  }
-}
+// Sampling: tests/gpu/gpu_sampling_test.cpp (DeviceSampler against the CPU sampler).
 
 }  // namespace
 }  // namespace m3

@@ -1,10 +1,19 @@
-// GPU token sampling with the CPU Sampler's semantics (engine/sampler.h): greedy (temperature 0 or top_k 1, ties to
-// the lower id), else candidates sorted by logit (desc, ties by id), cut to top_k, softmax with temperature in fp64,
-// min_p cut (below min_p × top probability), top_p cut (smallest prefix reaching top_p), then the candidate where
-// the running mass first exceeds u · (kept mass).
-// The uniform u ∈ [0, 1) of each row is an input: uniform_from_seed() derives it from (seed, choice, step) with a
-// counter-based hash, so seeded requests are reproducible whatever else is batched. The sort is CUB's segmented
-// radix sort (stable: equal logits keep ascending ids); the per-row pass is one CTA per row.
+// Token sampling on the GPU (issue 9): logits → token ids inside the step, with the CPU sampler's semantics
+// (engine/sampler.h) reproduced choice for choice. Per row, in this order:
+//   adjust (one kernel): repetition penalty over prompt + generated tokens, presence / frequency penalties over the
+//     generated ones, logit_bias, EOS / stop ids → −inf before min_tokens — in place on the logits, each with the
+//     CPU's float arithmetic (no FMA contraction); rows that ask for logprobs first keep a raw copy;
+//   sample (one kernel, one CTA per row): greedy = the largest (logit, −id) key; otherwise the fixed-point weights
+//     of base/rng.h (integer running masses, so no sum order can change a choice) and one of two exact paths:
+//       - shared: the candidates that can weigh anything (x = (l − max) / T ≥ −28) are compacted into shared memory
+//         (≤ 4096 of 200,064 for any peaked row), sorted there, scanned, cut (top_k, min_p, top_p) and drawn;
+//       - select: when more than 4096 can weigh (flat rows), no sort at all: each cut and the draw is a radix
+//         select over the 64-bit key (logit, id) by digits of 11 bits, with per-bin counts and integer masses, over
+//         the row in global memory (a few passes each, early out once a bin holds one token);
+//     then the logprobs of the raw logits when the row asks (log-sum-exp in fp64, top ones by repeated key max).
+// CUDA-graph friendly: every per-row parameter lives in one staging buffer that goes up in ONE host → device copy
+// per step; kernels take only device pointers and capacity-sized grids (rows ≥ the step's count return at once);
+// the only read-back is finish(): the token ids (+ the logprob rows when a row asked), then the one stream sync.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,31 +22,84 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
-#include "base/rng.h"
 
 namespace m3::cuda {
 
-struct SampleRow {
-  float temperature = 1.f;
+constexpr int kMaxTopLogprobs = 20;
+
+// One row as the kernels read it (a plain struct in the staging buffer).
+struct SampleRowParams {
+  int32_t active = 0;      // 0: the row needs no token (id −1)
+  int32_t logit_row = 0;   // which row of the logits [*, V] belongs to it
+  float temperature = 1.f;  // 0 → greedy
   float top_p = 1.f;
-  int top_k = -1;  // ≤ 0: disabled
+  int32_t top_k = -1;       // ≤ 0: disabled
   float min_p = 0.f;
-  float u = 0.f;   // uniform in [0, 1)
+  int32_t top_logprobs = -1;  // −1: none; else the chosen token's logprob and this many top ones (raw logits)
+  int32_t pad_ = 0;
+  uint64_t bits53 = 0;  // the draw: uniform_bits_from_seed(seed, choice, step) (base/rng.h)
+  float repetition = 1.f, presence = 0.f, frequency = 0.f;
+  // Offsets into the staging pool (int32): tokens [tok_off, +n_tok) (prompt + generated when the repetition penalty
+  // is on, else only the generated ones), generated from tok_off + gen_begin; logit_bias ids [bias_off, +n_bias) and
+  // their values' float bits right after; ids masked to −inf [mask_off, +n_mask).
+  int32_t tok_off = 0, n_tok = 0, gen_begin = 0;
+  int32_t bias_off = 0, n_bias = 0;
+  int32_t mask_off = 0, n_mask = 0;
 };
 
-// u ∈ [0, 1) from (seed, choice, step): the definition the CPU sampler uses too (base/rng.h).
-using m3::uniform_from_seed;
+// What comes back for a row.
+struct SampleLogprobs {
+  float chosen = 0.f;  // logprob of the chosen token under the raw logits
+  int32_t n_top = 0;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
 
-class GpuSampler {
+class DeviceSampler {
  public:
-  // logits: [R, V] fp32 on the device; rows: [R] parameters. Returns the chosen ids (syncs the stream).
-  std::vector<int32_t> sample(const float* logits, int R, int V, const std::vector<SampleRow>& rows, cudaStream_t s);
+  DeviceSampler() = default;
+  ~DeviceSampler();
+  DeviceSampler(const DeviceSampler&) = delete;
+  DeviceSampler& operator=(const DeviceSampler&) = delete;
+
+  // Sizes every buffer for `max_rows` rows of `vocab` logits (reallocates only when larger). Call before a graph
+  // capture: enqueue() reserves on its own, which is fine eagerly but not while capturing.
+  void reserve(int max_rows, int vocab, bool logprobs = false);
+
+  // Host side of a step: begin(), then add_row() once per row (rows in order), then enqueue() and finish().
+  void begin(int vocab);
+  // tokens: what the penalties read (see SampleRowParams); bias: ids + values; mask: ids set to −inf.
+  void add_row(const SampleRowParams& p, const int32_t* tokens, int n_tokens, int gen_begin, const int32_t* bias_ids,
+               const float* bias_values, int n_bias, const int32_t* mask, int n_mask);
+  int rows() const { return int(rows_.size()); }
+
+  // Queues the staging upload (one copy), the adjust kernel and the sample kernel on `s`. Modifies `logits`
+  // [*, V] in place (penalties, bias, masks) on the rows it samples.
+  void enqueue(float* logits, cudaStream_t s);
+  // Queues the read-back of the ids (and logprob rows when asked) and synchronises `s`: the one host sync.
+  void finish(cudaStream_t s);
+  // After finish(): the chosen ids (−1 for inactive rows) and logprobs (valid for rows with top_logprobs ≥ 0).
+  const int32_t* ids() const { return h_ids_; }
+  const SampleLogprobs& logprobs(int row) const { return h_lp_[row]; }
 
  private:
-  DeviceBuffer<float> keys_;
-  DeviceBuffer<int32_t> ids_in_, ids_out_, offsets_, out_;
-  DeviceBuffer<uint8_t> temp_;
-  DeviceBuffer<SampleRow> rows_;
+  int cap_rows_ = 0, vocab_ = 0;
+  size_t pool_cap_ = 0;
+  bool any_logprobs_ = false;
+  std::vector<SampleRowParams> rows_;
+  std::vector<int32_t> pool_;
+  // Staging: [int32 n_rows, 3 × pad][SampleRowParams × cap][int32 pool × pool_cap], pinned and on the device.
+  uint8_t* h_stage_ = nullptr;
+  DeviceBuffer<uint8_t> d_stage_;
+  // Outputs: [int32 ids × cap][SampleLogprobs × cap], pinned and on the device.
+  uint8_t* h_out_ = nullptr;
+  int32_t* h_ids_ = nullptr;
+  SampleLogprobs* h_lp_ = nullptr;
+  DeviceBuffer<uint8_t> d_out_;
+  DeviceBuffer<float> raw_;       // [cap, V] raw logits of logprob rows
+  DeviceBuffer<int32_t> counts_;  // [adjust CTAs, V] token counts of the penalties, zero between uses
+  size_t stage_bytes() const;
+  size_t out_bytes() const;
 };
 
 }  // namespace m3::cuda
