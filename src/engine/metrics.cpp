@@ -20,6 +20,19 @@ void Histogram::observe(double s) {
   ++count;
 }
 
+void Histogram::append_prometheus(std::string& out, const char* name, const char* help,
+                                  const std::string& labels) const {
+  out += fmt::format("# HELP m3serve:{} {}\n# TYPE m3serve:{} histogram\n", name, help, name);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    cum += counts[i];
+    out += fmt::format("m3serve:{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, bounds[i], cum);
+  }
+  cum += counts.back();
+  out += fmt::format("m3serve:{}_bucket{{{},le=\"+Inf\"}} {}\n", name, labels, cum);
+  out += fmt::format("m3serve:{}_sum{{{}}} {}\nm3serve:{}_count{{{}}} {}\n", name, labels, sum, name, labels, count);
+}
+
 std::string EngineMetrics::to_prometheus(const std::string& model) const {
   std::string out;
   const std::string lbl = fmt::format("model_name=\"{}\"", model);
@@ -31,17 +44,7 @@ std::string EngineMetrics::to_prometheus(const std::string& model) const {
     out += fmt::format("# HELP m3serve:{} {}\n# TYPE m3serve:{} counter\nm3serve:{}{{{}}} {}\n", name, help, name,
                        name, lbl, v);
   };
-  auto hist = [&](const char* name, const char* help, const Histogram& h) {
-    out += fmt::format("# HELP m3serve:{} {}\n# TYPE m3serve:{} histogram\n", name, help, name);
-    uint64_t cum = 0;
-    for (size_t i = 0; i < h.bounds.size(); ++i) {
-      cum += h.counts[i];
-      out += fmt::format("m3serve:{}_bucket{{{},le=\"{}\"}} {}\n", name, lbl, h.bounds[i], cum);
-    }
-    cum += h.counts.back();
-    out += fmt::format("m3serve:{}_bucket{{{},le=\"+Inf\"}} {}\n", name, lbl, cum);
-    out += fmt::format("m3serve:{}_sum{{{}}} {}\nm3serve:{}_count{{{}}} {}\n", name, lbl, h.sum, name, lbl, h.count);
-  };
+  auto hist = [&](const char* name, const char* help, const Histogram& h) { h.append_prometheus(out, name, help, lbl); };
   gauge("num_requests_running", "Requests in the running batch.", num_running);
   gauge("num_requests_waiting", "Requests waiting to be scheduled.", num_waiting);
   gauge("kv_pages_total", "KV cache pages (K, V and index-K of block_size tokens each).", pages_total);

@@ -15,6 +15,9 @@ struct Histogram {
 
   static Histogram latency();  // 1 ms … 60 s buckets
   void observe(double seconds);
+  // Appends the Prometheus text of this histogram as m3serve:<name> with the label set `labels` (e.g.
+  // model_name="m3"): HELP, TYPE, cumulative buckets, +Inf, sum and count.
+  void append_prometheus(std::string& out, const char* name, const char* help, const std::string& labels) const;
 };
 
 struct EngineMetrics {

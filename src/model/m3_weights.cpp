@@ -7,9 +7,7 @@
 
 namespace m3 {
 
-M3Weights M3Weights::load(const M3Config& c, const SafeTensors& st) {
-  // The slots, names, shapes and concatenation order come from the weight plan (model/weight_plan.h), which the
-  // streaming CUDA loader walks too.
+M3Weights M3Weights::skeleton(const M3Config& c) {
   M3Weights w;
   w.layers.resize(size_t(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
@@ -22,6 +20,13 @@ M3Weights M3Weights::load(const M3Config& c, const SafeTensors& st) {
       if (c.shared_intermediate_size > 0) L.shared.intermediate = c.shared_intermediate_size;
     }
   }
+  return w;
+}
+
+M3Weights M3Weights::load(const M3Config& c, const SafeTensors& st) {
+  // The slots, names, shapes and concatenation order come from the weight plan (model/weight_plan.h), which the
+  // streaming CUDA loader walks too.
+  M3Weights w = skeleton(c);
   for (const WeightSlot& s : weight_plan(c)) {
     if (s.kind == SlotKind::LmHead && s.may_tie_to_embed && !st.has(s.pieces[0].names[0])) {
       w.lm_head = w.embed;

@@ -37,6 +37,9 @@ struct M3Weights {
 
   // Throws m3::Error naming the tensor and file when a tensor is missing or mis-shaped.
   static M3Weights load(const M3Config& cfg, const SafeTensors& st);
+  // The layer structure of a config with every tensor empty: one LayerWeights per layer, each dense MLP / expert /
+  // shared expert with its intermediate size (the tensors are filled by load() or dummy_weights()).
+  static M3Weights skeleton(const M3Config& cfg);
 };
 
 }  // namespace m3

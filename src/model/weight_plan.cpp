@@ -200,18 +200,7 @@ std::vector<float> dummy_slot_values(const WeightSlot& s, uint64_t seed) {
 }
 
 M3Weights dummy_weights(const M3Config& c, uint64_t seed) {
-  M3Weights w;
-  w.layers.resize(size_t(c.num_layers));
-  for (int l = 0; l < c.num_layers; ++l) {
-    LayerWeights& L = w.layers[size_t(l)];
-    if (c.mlp_kinds[size_t(l)] == MlpKind::Dense) {
-      L.mlp.intermediate = c.dense_intermediate_size;
-    } else {
-      L.experts.resize(size_t(c.num_experts));
-      for (auto& e : L.experts) e.intermediate = c.moe_intermediate_size;
-      L.shared.intermediate = c.shared_intermediate_size;
-    }
-  }
+  M3Weights w = M3Weights::skeleton(c);
   for (const WeightSlot& s : weight_plan(c)) {
     if (s.kind == SlotKind::LmHead && s.may_tie_to_embed)
       w.lm_head = w.embed;

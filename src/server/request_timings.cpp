@@ -31,17 +31,7 @@ void RequestTimings::observe_detokenize(double s) {
 std::string RequestTimings::to_prometheus(const std::string& lbl) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::string out;
-  auto hist = [&](const char* name, const char* help, const Histogram& h) {
-    out += fmt::format("# HELP m3serve:{} {}\n# TYPE m3serve:{} histogram\n", name, help, name);
-    uint64_t cum = 0;
-    for (size_t i = 0; i < h.bounds.size(); ++i) {
-      cum += h.counts[i];
-      out += fmt::format("m3serve:{}_bucket{{{},le=\"{}\"}} {}\n", name, lbl, h.bounds[i], cum);
-    }
-    cum += h.counts.back();
-    out += fmt::format("m3serve:{}_bucket{{{},le=\"+Inf\"}} {}\n", name, lbl, cum);
-    out += fmt::format("m3serve:{}_sum{{{}}} {}\nm3serve:{}_count{{{}}} {}\n", name, lbl, h.sum, name, lbl, h.count);
-  };
+  auto hist = [&](const char* name, const char* help, const Histogram& h) { h.append_prometheus(out, name, help, lbl); };
   hist("request_preprocess_seconds", "Per request: parse, validation, chat template and tokenisation.", preprocess_);
   hist("request_detokenize_seconds",
        "Per request: incremental detokenisation, stop matching and output parsing, summed over its events.",
