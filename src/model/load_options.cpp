@@ -1,12 +1,32 @@
 #include "model/load_options.h"
 
 #include <map>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "base/error.h"
 
 namespace m3 {
+namespace {
+
+// A validator that maps the accepted words to the enum's number (which CLI11 then converts) and otherwise fails
+// with the accepted words only (CLI11's CheckedTransformer prints its internal numbers, `{auto->0,...}`).
+template <typename E>
+CLI::Validator choice_of(const std::map<std::string, E>& words) {
+  std::string list;
+  for (const auto& [w, v] : words) list += (list.empty() ? "" : ", ") + w;
+  return CLI::Validator(
+      [words, list](std::string& s) -> std::string {
+        const auto it = words.find(s);
+        if (it == words.end()) return "'" + s + "' is not one of: " + list;
+        s = std::to_string(static_cast<int>(it->second));
+        return {};
+      },
+      "{" + list + "}");
+}
+
+}  // namespace
 
 void add_load_flags(CLI::App& cmd, LoadOptions& o) {
   const std::map<std::string, LoadDType> dtypes{
@@ -17,18 +37,18 @@ void add_load_flags(CLI::App& cmd, LoadOptions& o) {
       {"msa", LoadAttention::Msa}, {"msa-v1", LoadAttention::MsaV1}, {"dense", LoadAttention::Dense}};
   cmd.add_option("--dtype", o.dtype,
                  "Weights and KV cache: auto (bfloat16 on CUDA, float32 on the CPU), bfloat16 or float32")
-      ->transform(CLI::CheckedTransformer(dtypes));
+      ->transform(choice_of(dtypes));
   cmd.add_option("--load-format", o.load_format,
                  "auto/safetensors (the checkpoint) or dummy (random weights of the config's shapes, made on the "
                  "device; config.json is still read)")
-      ->transform(CLI::CheckedTransformer(formats));
+      ->transform(choice_of(formats));
   cmd.add_option("--num-layers", o.num_layers,
                  "Build only the config's first N layers plus the head (0 = all), keeping their dense/MSA/MoE kinds")
       ->check(CLI::Range(0, 1 << 20));
   cmd.add_option("--attention", o.attention,
                  "Attention of the MSA layers (CUDA): msa (tensor-core kernels where they apply), msa-v1 (the "
                  "query-major kernels) or dense (dense causal attention, a benchmark baseline)")
-      ->transform(CLI::CheckedTransformer(attns));
+      ->transform(choice_of(attns));
 }
 
 const char* name(LoadDType d) {

@@ -25,9 +25,10 @@ def main():
     score = ["score", "--model", fixture, "--ids", "1,2,3"]
     serve = ["serve", "--model", fixture, "--port", "0"]
     for base in (gen, score, serve):
-        expect_error(base + ["--dtype", "float16"], "--dtype")
-        expect_error(base + ["--load-format", "pt"], "--load-format")
-        expect_error(base + ["--attention", "sparse"], "--attention")
+        # The error names the flag and the accepted words (not CLI11's internal enum numbers).
+        expect_error(base + ["--dtype", "float16"], "--dtype: 'float16' is not one of: auto, bfloat16, float32")
+        expect_error(base + ["--load-format", "pt"], "--load-format: 'pt' is not one of: auto, dummy, safetensors")
+        expect_error(base + ["--attention", "sparse"], "--attention: 'sparse' is not one of: dense, msa, msa-v1")
         expect_error(base + ["--num-layers", "-3"], "--num-layers")
         expect_error(base + ["--num-layers", "abc"], "--num-layers")
     for base in (gen, score):
