@@ -30,44 +30,14 @@
 #include "backend/cuda/msa_prefill_sparse.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
 #include "bench_common/event_timer.h"
-
-namespace m3::bench {
-void fill_uniform(float* p, int64_t n, uint64_t seed, float lo, float hi);
-}
+#include "bench_prefill_tc/prefill_inputs.h"
 
 namespace {
 
 using namespace m3;
+using bench::fill_bf16;
+using bench::make_selection;
 constexpr int kT = 16384, kHkv = 4, kG = 16, kHq = kHkv * kG, kD = 128, kB = 128, kTopK = 16;
-
-// Device bf16 buffer of n random values (never zero).
-void fill_bf16(cuda::DeviceBuffer<uint16_t>& dst, size_t n, uint64_t seed) {
-  cuda::DeviceBuffer<float> tmp(n);
-  bench::fill_uniform(tmp.get(), int64_t(n), seed, 0.05f, 1.f);
-  cuda::f32_to_bf16(tmp.get(), int64_t(n), dst.get(), nullptr);
-  M3_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-std::vector<int32_t> make_selection(const std::vector<int32_t>& pos, bool spread, std::mt19937_64& g) {
-  const int T = int(pos.size());
-  std::vector<int32_t> sel(size_t(kHkv) * T * kTopK, -1);
-  for (int h = 0; h < kHkv; ++h)
-    for (int t = 0; t < T; ++t) {
-      const int local = pos[t] / kB, nh = std::min(kTopK - 1, local);
-      int32_t* row = &sel[(size_t(h) * T + t) * kTopK];
-      if (spread) {
-        for (int i = 0; i < nh; ++i) row[i] = int32_t((i + (h + 0.5) / kHkv) * local / nh);
-      } else {
-        std::set<int32_t> picked;
-        std::uniform_int_distribution<int32_t> u(0, std::max(0, local - 1));
-        while (int(picked.size()) < nh) picked.insert(u(g));
-        int i = 0;
-        for (int32_t b : picked) row[i++] = b;
-      }
-      row[nh] = local;
-    }
-  return sel;
-}
 
 // η: selected blocks over the blocks each 4-token consumer warpgroup issues (its union).
 double union_efficiency(const std::vector<int32_t>& sel, int T) {

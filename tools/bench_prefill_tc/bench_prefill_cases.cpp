@@ -1,0 +1,194 @@
+// MSA prefill on the real MiniMax prefill workload shapes (issue 10 item 5): the 128 benchmark cases of
+// ../shared/data/msa_prefill_workload (listed by scripts/prefill_cases.py; each case = one prefill step of 1–18
+// sequences with cached prefixes), at M3 TP1 shapes (64 q / 4 KV heads × 128, 4 index heads × 128, block 128,
+// top-16), random bf16 data on a random page table seeded from the case id. Per case and selection kind
+// (random = low neighbour overlap, spread = neighbouring rows choose the same blocks; prefill_inputs.h): the
+// union-tile kernel, the KV-block-major kernel and the per-tile router (msa_prefill_sparse.cuh), then the
+// tensor-core indexer + top-16. CUDA-event median of --reps after 2 warm-ups; inputs are not rotated, so the
+// smallest cases run partly from L2 (the table says the working set). Aggregates follow the manifest's rule:
+// representative cases weighted by representative_weight (Σ w·t / Σ w; useful TFLOP/s = Σ w·F / Σ w·t).
+//   bench_prefill_cases --cases FILE [--reps N] [--limit N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/msa_indexer_tc.cuh"
+#include "backend/cuda/msa_prefill_sparse.cuh"
+#include "backend/cuda/msa_topk.cuh"
+#include "bench_common/event_timer.h"
+#include "bench_prefill_tc/prefill_inputs.h"
+
+namespace {
+
+using namespace m3;
+constexpr int kHkv = 4, kG = 16, kHq = kHkv * kG, kD = 128, kB = 128, kTopK = 16, kHi = 4, kDi = 128;
+
+struct Case {
+  std::string id, tags;
+  double weight = 0;
+  std::vector<int> q, p;
+};
+
+std::vector<int> ints(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
+  return v;
+}
+
+std::vector<Case> read_cases(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) cuda::failf("bench_prefill_cases: cannot read %s (make it with scripts/prefill_cases.py)", path.c_str());
+  std::vector<Case> out;
+  for (std::string line; std::getline(f, line);) {
+    std::stringstream ss(line);
+    Case c;
+    int batch = 0;
+    std::string q, p;
+    if (!(ss >> c.id >> c.weight >> c.tags >> batch >> q >> p)) continue;
+    c.q = ints(q);
+    c.p = ints(p);
+    if (int(c.q.size()) != batch || c.p.size() != c.q.size()) cuda::failf("bad case line: %s", line.c_str());
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+struct Agg {
+  double w = 0, wt = 0, wf = 0;
+  void add(double weight, double ms, double flops) { w += weight, wt += weight * ms, wf += weight * flops; }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string cases_path;
+  int reps = 10, limit = 1 << 30;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) {
+      cases_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
+      reps = std::max(3, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--limit") && i + 1 < argc) {
+      limit = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: bench_prefill_cases --cases FILE [--reps N] [--limit N]\n");
+      return 2;
+    }
+  }
+  try {
+    if (cases_path.empty()) cuda::failf("--cases FILE is required");
+    if (cuda::device_count() == 0) return std::printf("bench_prefill_cases: no CUDA device\n"), 0;
+    const std::vector<Case> cases = read_cases(cases_path);
+    std::printf("%zu cases from %s; ms = CUDA-event median of %d\n\n", cases.size(), cases_path.c_str(), reps);
+    std::printf("| case | tags | seqs | T | max KV | set (MB) | sel | union | KV-major | routed | best | routed/best | "
+                "indexer+top16 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    Agg agg[2][3];  // [selection][union, kvmajor, routed], representative cases
+    int within5[2] = {0, 0}, counted[2] = {0, 0};
+    const float scale = 1.f / std::sqrt(float(kD));
+    int n_done = 0;
+    for (const Case& c : cases) {
+      if (n_done++ >= limit) break;
+      std::mt19937_64 g(std::hash<std::string>{}(c.id));
+      std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
+      int total_pages = 0, max_kv = 0;
+      for (size_t i = 0; i < c.q.size(); ++i) {
+        total_pages += (c.p[i] + c.q[i] + kB - 1) / kB;
+        max_kv = std::max(max_kv, c.p[i] + c.q[i]);
+      }
+      const int num_pages = total_pages + 1;
+      std::vector<int32_t> perm(num_pages);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), g);
+      int next = 0;
+      for (size_t i = 0; i < c.q.size(); ++i) {
+        for (int j = 0; j < c.q[i]; ++j) pos.push_back(c.p[i] + j), row_seq.push_back(int(i));
+        for (int b = 0; b < (c.p[i] + c.q[i] + kB - 1) / kB; ++b) pt_pages.push_back(perm[next++]);
+        pt_indptr.push_back(int(pt_pages.size()));
+      }
+      const int T = int(pos.size());
+      const int64_t half = int64_t(kHkv) * kB * kD, stride = 2 * half, ik_stride = int64_t(kB) * kDi;
+      cuda::DeviceBuffer<uint16_t> pool(size_t(stride) * num_pages), ikp(size_t(ik_stride) * num_pages),
+          q(size_t(T) * kHq * kD), iq(size_t(T) * kHi * kDi);
+      bench::fill_bf16(pool, pool.size(), g());
+      bench::fill_bf16(ikp, ikp.size(), g());
+      bench::fill_bf16(q, q.size(), g());
+      bench::fill_bf16(iq, iq.size(), g());
+      cuda::DeviceBuffer<int32_t> dpos(T), dseq(T), dind(pt_indptr.size()), dpages(pt_pages.size()),
+          dsel(size_t(kHkv) * T * kTopK);
+      cuda::upload(dpos, pos.data(), pos.size(), nullptr);
+      cuda::upload(dseq, row_seq.data(), row_seq.size(), nullptr);
+      cuda::upload(dind, pt_indptr.data(), pt_indptr.size(), nullptr);
+      cuda::upload(dpages, pt_pages.data(), pt_pages.size(), nullptr);
+      cuda::DeviceBuffer<float> out(size_t(T) * kHq * kD);
+      const cuda::DevStepRows rows{dpos.get(), dseq.get(), dind.get(), dpages.get(), T};
+      const cuda::DevPagedKVBf16 kv{pool.get(), pool.get() + half, stride, num_pages, kHkv, kB, kD};
+      const double flops = bench::sparse_useful_flops(pos, kHq);
+      const double set_mb = double(pool.size() * 2 + q.size() * 2 + out.size() * 4) / 1e6;
+
+      // Indexer (selection-independent).
+      cuda::MsaIndexerTc idx;
+      idx.plan(pos, row_seq, kHi, kDi, kB, nullptr);
+      cuda::DeviceBuffer<float> scores(size_t(kHi) * T * idx.max_cols());
+      cuda::DeviceBuffer<int32_t> isel(size_t(kHi) * T * kTopK);
+      auto fi = [&] {
+        idx.run(iq.get(), ikp.get(), ik_stride, num_pages, rows, scores.get(), nullptr);
+        cuda::msa_topk(scores.get(), T, kHi, dpos.get(), kB, idx.max_cols(), kTopK, isel.get(), nullptr);
+      };
+      const std::vector<float> ti = bench::time_sorted_ms(fi, 2, reps);
+      const double idx_ms = ti[ti.size() / 2];
+
+      for (int s = 0; s < 2; ++s) {
+        const std::vector<int32_t> sel = bench::make_selection(pos, s == 1, g);
+        cuda::upload(dsel, sel.data(), sel.size(), nullptr);
+        double ms[3];
+        const cuda::MsaPrefillSparse::Mode modes[3] = {cuda::MsaPrefillSparse::Mode::Union,
+                                                       cuda::MsaPrefillSparse::Mode::KvMajor,
+                                                       cuda::MsaPrefillSparse::Mode::Auto};
+        for (int v = 0; v < 3; ++v) {
+          cuda::MsaPrefillSparse attn;
+          attn.plan(T, kHkv, kG, kD, kB, kTopK, num_pages, modes[v]);
+          auto f = [&] { attn.run(q.get(), dsel.get(), rows, kv, scale, out.get(), nullptr); };
+          f();
+          attn.check(nullptr);
+          const std::vector<float> t = bench::time_sorted_ms(f, 2, reps);
+          ms[v] = t[t.size() / 2];
+        }
+        const double best = std::min(ms[0], ms[1]);
+        std::printf("| %s | %s | %zu | %d | %d | %.0f | %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f |\n",
+                    c.id.c_str() + 8, c.tags.c_str(), c.q.size(), T, max_kv, set_mb, s ? "spread" : "random", ms[0],
+                    ms[1], ms[2], best, ms[2] / best, idx_ms);
+        ++counted[s];
+        within5[s] += ms[2] <= 1.05 * best;
+        if (c.weight > 0)
+          for (int v = 0; v < 3; ++v) agg[s][v].add(c.weight, ms[v], flops);
+      }
+      std::fflush(stdout);
+    }
+    std::printf("\n## Representative-weighted aggregates (Σ w·t / Σ w; useful TFLOP/s = Σ w·F / Σ w·t)\n\n");
+    std::printf("| selection | union | KV-major | routed | router within 5 %% of best (all cases) |\n|---|---|---|---|---|\n");
+    for (int s = 0; s < 2; ++s) {
+      std::printf("| %s |", s ? "spread" : "random");
+      for (int v = 0; v < 3; ++v)
+        std::printf(" %.3f ms (%.0f TF/s) |", agg[s][v].wt / std::max(agg[s][v].w, 1e-9),
+                    agg[s][v].wf / std::max(agg[s][v].wt * 1e-3, 1e-12) / 1e12);
+      std::printf(" %d / %d |\n", within5[s], counted[s]);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_prefill_cases: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
