@@ -263,8 +263,7 @@ struct TokenizerImpl {
   bool byte_level = false;           // pre-tokenizer pipeline ends in ByteLevel
   bool decoder_is_byte_level = false;  // decoder is exactly ByteLevel
   bool parallel_ok = false;          // encode may split large inputs on '\n' boundaries
-  // encode_pieces is valid (parallel_ok, no normalizer, no normalized added tokens, startup self-check
-  // passed); prefix_cache is then set.
+  // encode_pieces is valid (parallel_ok, no normalizer, startup self-check passed); prefix_cache is then set.
   bool prefix_cache_ok = false;
   std::shared_ptr<PrefixCache> prefix_cache;
   int32_t max_id = -1;
