@@ -415,9 +415,9 @@ bool encode_pieces(const TokenizerImpl& t, std::string_view text, const std::vec
       if (encode_range(t, seg, b0 - sp.a, c - sp.a, out)) {
         anchors.push_back({c, out.size(), b0, mark});
         b0 = c;
-      } else if (resume && c == resume->pos) {
-        return false;  // the cached anchor is not a boundary of this text
       }
+      // else: not a boundary of this text (for the resume anchor: the new continuation changed the split);
+      // the piece simply extends from the last verified boundary b0.
     }
     if (!encode_range(t, seg, b0 - sp.a, seg.size(), out)) return false;
   }

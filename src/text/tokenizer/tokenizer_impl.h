@@ -245,8 +245,9 @@ std::vector<size_t> anchor_cuts(std::string_view s, size_t spacing);
 
 struct TokenizerImpl;
 // Encodes valid UTF-8 `text` (no post-processor) piece by piece at `cuts`, appending the verified ones to
-// `anchors`. With `resume`, `out` already holds the ids of text[0, resume->prev_pos) and resume->pos must
-// verify as a boundary of this text. Needs TokenizerImpl::prefix_cache_ok. False: use encode_into instead.
+// `anchors`. With `resume`, `out` already holds the ids of text[0, resume->prev_pos) and the encode goes on
+// from there (resume->pos is re-verified on this text like any cut). Needs TokenizerImpl::prefix_cache_ok.
+// False: use encode_into instead.
 bool encode_pieces(const TokenizerImpl& t, std::string_view text, const std::vector<size_t>& cuts,
                    const PieceAnchor* resume, std::vector<int32_t>& out, std::vector<PieceAnchor>& anchors);
 
