@@ -40,6 +40,7 @@ struct ServeOptions {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;
   bool prefix_caching = true;
+  bool tokenizer_prefix_cache = true;
   std::string kv_cache_memory;
   std::string max_body_bytes = "32MiB";
   int max_connections = 1024;
@@ -191,6 +192,8 @@ CommandRun register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
                 "Reuse KV pages of identical prompt prefixes (default on)");
+  cmd->add_flag("!--no-tokenizer-prefix-cache", o->tokenizer_prefix_cache,
+                "Re-tokenise every chat prompt whole instead of resuming at a cached shared prefix");
   cmd->add_option("--kv-cache-memory", o->kv_cache_memory,
                   "KV cache size, e.g. 2GiB or 512MiB (default: CPU room for 8 sequences of up to 4096 tokens; "
                   "CUDA 90% of free device memory)");
@@ -281,6 +284,7 @@ CommandRun register_serve(CLI::App& app) {
     sc.limits.default_thinking_mode = o->default_thinking_mode;
     sc.tokenizer = tokenizer;
     sc.chat_template = tmpl;
+    sc.tokenizer_prefix_cache = o->tokenizer_prefix_cache;
     server::OpenAIService service(sc);
     EngineBackend backend(engine);
     server::HttpServerConfig hc;

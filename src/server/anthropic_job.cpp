@@ -40,7 +40,7 @@ std::string anthropic_count_tokens_body(const OpenAIService& svc, std::string_vi
   AnthropicRequest a = translate_anthropic_request(body, svc.config().limits, /*count_tokens=*/true);
   ParsedRequest r = parse_chat_request(dump(a.openai_body), svc.config().limits);
   // Exactly what OpenAIService::prepare tokenises for the same request.
-  const size_t n = svc.config().tokenizer->encode(svc.render_chat(r), false).size();
+  const size_t n = svc.encode_chat_prompt(svc.render_chat(r)).size();
   return dump(OJ{{"input_tokens", n}});
 }
 

@@ -79,7 +79,7 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
     // text, and a <mm:think> the client wrote there must not change how the output is parsed.
     p.in_reasoning = r.add_generation_prompt && ends_in_reasoning(p.text);
     // The template already wrote any BOS / special tokens, so do not add them again (HF and vLLM agree).
-    p.ids = tok.encode(p.text, false);
+    p.ids = encode_chat_prompt(p.text);
     prompts.push_back(std::move(p));
   } else {
     for (const auto& in : r.prompts) {
@@ -137,6 +137,10 @@ std::string OpenAIService::models_body() const {
   return dump(OJson{{"object", "list"}, {"data", OJson::array({model})}});
 }
 
+std::vector<int32_t> OpenAIService::encode_chat_prompt(std::string_view text) const {
+  return cfg_.tokenizer_prefix_cache ? cfg_.tokenizer->encode_cached(text, false) : cfg_.tokenizer->encode(text, false);
+}
+
 std::string OpenAIService::tokenize_body(std::string_view body) const {
   OJson b = parse_json_object(body);
   std::vector<int32_t> ids;
@@ -145,7 +149,7 @@ std::string OpenAIService::tokenize_body(std::string_view body) const {
     OJson chat = b;
     chat.erase("prompt");
     ParsedRequest r = parse_chat_request(dump(chat), cfg_.limits);
-    ids = cfg_.tokenizer->encode(render_chat(r), false);
+    ids = encode_chat_prompt(render_chat(r));
   } else {
     auto it = b.find("prompt");
     if (it == b.end() || !it->is_string()) bad_field("prompt", "'prompt' (a string) or 'messages' is required");

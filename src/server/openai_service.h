@@ -31,6 +31,9 @@ struct ServiceConfig {
   // How content part arrays reach the template; nullopt: detect_content_format(*chat_template).
   std::optional<ContentFormat> content_format;
   int64_t created = 0;                                // /v1/models "created"
+  // Rendered chat prompts go through Tokenizer::encode_cached (resumes at the longest shared prefix of an
+  // earlier prompt, id-exact); false: plain encode (`serve --no-tokenizer-prefix-cache`).
+  bool tokenizer_prefix_cache = true;
 };
 
 struct PreparedJob {
@@ -59,6 +62,8 @@ class OpenAIService {
   // Renders the chat template for a validated chat request (exposed for tests). Requests with image / video
   // parts are refused with a 400 (no media pipeline yet) unless allow_media; the prompt then has their anchors.
   std::string render_chat(const ParsedRequest& r, bool allow_media = false) const;
+  // Ids of a rendered chat prompt (no BOS: the template wrote it), through the tokenizer's prefix cache.
+  std::vector<int32_t> encode_chat_prompt(std::string_view text) const;
 
   // Preprocess / detokenise time per request (for /metrics).
   RequestTimings& timings() const { return timings_; }

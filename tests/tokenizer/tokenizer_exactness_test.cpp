@@ -2,7 +2,10 @@
 // The corpus and the reference ids come from the ctest fixture (build_corpus.js + reference.js, run by
 // prepare_reference.sh); M3_TOK_CORPUS_DIR and M3_TOK_NPM_DIR point at them.
 #include <cstdlib>
+#include <iostream>
 #include <map>
+#include <algorithm>
+#include <random>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "text/tokenizer/detokenizer.h"
 #include "text/tokenizer/tokenizer.h"
 #include "text/tokenizer/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_prefix_cache.h"
 
 namespace {
 
@@ -135,6 +139,69 @@ TEST_P(RealTokenizer, ParallelEncodeOfLargeTextMatchesHuggingFace) {
   size_t k = 0;
   while (k < n && want[k] == serial[k]) ++k;
   EXPECT_GT(k, n - 2000) << "serial encode of the joined text diverges from HF at id " << k;
+}
+
+// The prefix cache must be invisible: texts sharing long prefixes, with random edits after the prefix,
+// growing conversations with added tokens, texts without cut points and cut UTF-8 all encode id-exactly.
+TEST_P(RealTokenizer, PrefixCachedEncodeIsIdExactWithSerialEncode) {
+  // A fresh tokenizer: its cache starts empty, and the stats below are this test's own.
+  m3::Tokenizer t = m3::Tokenizer::from_file(path_);
+  const auto& docs = Corpus::get().docs;
+  std::string base;
+  for (size_t i = 0; i < docs.size() && base.size() < 200000; ++i) base += docs[i] + "\n";
+  std::vector<std::string> added;
+  for (auto& a : t.impl().added) added.push_back(a.content);
+  std::mt19937_64 rng(42);
+  auto pick = [&](size_t n) { return size_t(rng() % n); };
+  auto edit = [&]() {
+    switch (pick(6)) {
+      case 0: return docs[pick(docs.size())];
+      case 1: return std::string("\nNew line ") + docs[pick(docs.size())].substr(0, 300);
+      case 2: return std::string(" \xc3\xa9t\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87\n\xf0\x9f\x98\x80Zz");
+      case 3: return added.empty() ? std::string("\n\n") : added[pick(added.size())] + "\nuser\nhi";
+      case 4: return std::string("\xe4\xb8");  // cut UTF-8 (repaired the same way by both paths)
+      default: return std::string();
+    }
+  };
+  size_t checked = 0;
+  auto check = [&](const std::string& text, bool special) {
+    auto want = t.encode_serial(text, special);
+    auto got = t.encode_cached(text, special);
+    ASSERT_EQ(got.size(), want.size()) << "text of " << text.size() << " bytes";
+    size_t k = 0;
+    while (k < want.size() && want[k] == got[k]) ++k;
+    ASSERT_EQ(k, want.size()) << "first difference at id " << k << " of a " << text.size() << "-byte text";
+    ++checked;
+  };
+  // Shared prefixes of random length, each followed by a random edit (the first one fills the cache).
+  for (int i = 0; i < 40; ++i) {
+    size_t len = i == 0 ? base.size() : 40000 + pick(base.size() - 40000);
+    check(base.substr(0, len) + edit(), i % 3 != 0);
+  }
+  // A conversation that grows turn by turn (agentic loop): every request extends the previous one.
+  std::string conv = base.substr(0, 60000);
+  for (int i = 0; i < 12; ++i) {
+    conv += (added.empty() ? std::string("\n") : added[pick(added.size())]) + "assistant\n" +
+            docs[pick(docs.size())] + edit();
+    check(conv, false);
+  }
+  // No cut points at all (no '\n'), and cut points that are never followed by an ASCII letter.
+  std::string flat = base.substr(0, 100000), nl_space = flat;
+  std::replace(flat.begin(), flat.end(), '\n', ' ');
+  check(flat, true);
+  check(flat, true);
+  for (size_t i = 0; i + 1 < nl_space.size(); ++i)
+    if (nl_space[i] == '\n') nl_space[i + 1] = ' ';
+  check(nl_space, false);
+  check(nl_space + "x", false);
+  EXPECT_EQ(checked, 56u);
+  if (t.prefix_cache_enabled()) {
+    auto st = t.impl().prefix_cache->stats();
+    EXPECT_GT(st.hits, 30u) << "the cache never resumed: the test would not exercise it";
+    EXPECT_GT(st.reused_tokens, 100000u);
+  } else {
+    std::cout << "prefix cache disabled for " << GetParam() << "\n";
+  }
 }
 
 TEST_P(RealTokenizer, DecodeOfEncodeRoundTripsNormalizedText) {

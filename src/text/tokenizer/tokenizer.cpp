@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "text/tokenizer/tokenizer_impl.h"
+#include "text/tokenizer/tokenizer_prefix_cache.h"
 
 namespace m3 {
 
@@ -283,20 +284,36 @@ std::vector<size_t> candidate_cuts(std::string_view s, size_t parts) {
   for (size_t k = 1; k < parts; ++k) {
     size_t target = s.size() * k / parts;
     if (target <= cuts.back()) continue;
-    size_t p = s.find('\n', target);
-    while (p != std::string_view::npos && p + 1 < s.size()) {
-      char c = s[p + 1];
-      if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) break;
-      p = s.find('\n', p + 1);
-    }
-    if (p == std::string_view::npos || p + 1 >= s.size()) break;
-    cuts.push_back(p + 1);
+    size_t c = cut_after(s, target);
+    if (c == std::string_view::npos) break;
+    cuts.push_back(c);
   }
   cuts.push_back(s.size());
   return cuts;
 }
 
 }  // namespace
+
+size_t cut_after(std::string_view s, size_t target) {
+  size_t p = s.find('\n', target);
+  while (p != std::string_view::npos && p + 1 < s.size()) {
+    char c = s[p + 1];
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return p + 1;
+    p = s.find('\n', p + 1);
+  }
+  return std::string_view::npos;
+}
+
+std::vector<size_t> anchor_cuts(std::string_view s, size_t spacing) {
+  std::vector<size_t> cuts;
+  for (size_t k = 1; k * spacing < s.size();) {
+    size_t c = cut_after(s, k * spacing);
+    if (c == std::string_view::npos) break;
+    cuts.push_back(c);
+    k = (c - 1) / spacing + 1;  // every target in [k*spacing, c-1] finds this same cut
+  }
+  return cuts;
+}
 
 }  // namespace tok
 
@@ -354,6 +371,63 @@ bool encode_range(const TokenizerImpl& t, std::string_view s, size_t cut_a, size
   return true;
 }
 
+}  // namespace
+
+namespace tok {
+
+bool encode_pieces(const TokenizerImpl& t, std::string_view text, const std::vector<size_t>& cuts,
+                   const PieceAnchor* resume, std::vector<int32_t>& out, std::vector<PieceAnchor>& anchors) {
+  // Same structure as encode_into for a tokenizer without a normalizer
+  // (prefix_cache_ok): added tokens are cut out, every text split is encoded range by range with
+  // encode_range, which proves each anchor is a word boundary of the serial split.
+  std::vector<Split> raw, splits;
+  if (t.raw_matcher.empty()) raw.push_back({0, text.size(), -1});
+  else find_added(t, t.raw_matcher, text, raw);
+  // Without a normalizer, the normalized added tokens are cut out of each raw text split in place
+  // (encode_segment's second cut), so one flat list of splits in text offsets describes the encode.
+  for (const Split& r : raw) {
+    if (r.id >= 0 || t.normalized_matcher.empty()) {
+      splits.push_back(r);
+      continue;
+    }
+    std::vector<Split> sub;
+    find_added(t, t.normalized_matcher, text.substr(r.a, r.b - r.a), sub);
+    for (const Split& x : sub) splits.push_back({x.a + r.a, x.b + r.a, x.id});
+  }
+  size_t si = 0, ci = 0;
+  if (resume) {
+    while (si < splits.size() && splits[si].b <= resume->pos) ++si;
+    if (si == splits.size() || splits[si].id >= 0 || splits[si].a > resume->prev_pos) return false;
+    ci = size_t(std::lower_bound(cuts.begin(), cuts.end(), resume->pos) - cuts.begin());
+    if (ci == cuts.size() || cuts[ci] != resume->pos) return false;
+  }
+  for (; si < splits.size(); ++si) {
+    const Split& sp = splits[si];
+    if (sp.id >= 0) {
+      out.push_back(sp.id);
+      continue;
+    }
+    std::string_view seg = text.substr(sp.a, sp.b - sp.a);
+    size_t b0 = resume && resume->pos > sp.a && resume->pos < sp.b ? resume->prev_pos : sp.a;
+    while (ci < cuts.size() && cuts[ci] <= b0) ++ci;
+    for (; ci < cuts.size() && cuts[ci] < sp.b; ++ci) {
+      size_t c = cuts[ci], mark = out.size();
+      if (encode_range(t, seg, b0 - sp.a, c - sp.a, out)) {
+        anchors.push_back({c, out.size(), b0, mark});
+        b0 = c;
+      }
+      // else: not a boundary of this text (for the resume anchor: the new continuation changed the split);
+      // the piece simply extends from the last verified boundary b0.
+    }
+    if (!encode_range(t, seg, b0 - sp.a, seg.size(), out)) return false;
+  }
+  return true;
+}
+
+}  // namespace tok
+
+namespace {
+
 // Encodes one normalized segment (no added tokens inside) on the thread pool; false -> do it serially.
 bool encode_parallel_segment(const TokenizerImpl& t, std::string_view s, std::vector<int32_t>& out) {
   // ThreadPool::parallel_for runs one job at a time and is not safe for concurrent callers: a second
@@ -403,6 +477,42 @@ void encode_segment_maybe_parallel(const TokenizerImpl& t, std::string_view piec
     out.resize(mark);
     t.encode_normalized(sub, first_piece && sp.a == 0, out);
   }
+}
+
+// Startup check of piece-by-piece encoding on a text dense in cut points next to added tokens, digits,
+// whitespace runs and non-ASCII letters: the full encode, and a resume from every anchor into a changed
+// suffix, must give the serial ids. Any difference (or no verified anchor) disables the prefix cache.
+bool prefix_self_check(const TokenizerImpl& t) {
+  std::string text = "Hello world\nThe  quick\n\nbrown fox's\n  jumps\r\nOver 12345\nlazy\tdogs\n"
+                     "caf\xc3\xa9\n\xc3\xa9t\xc3\xa9\nZebra \xe4\xb8\xad\xe6\x96\x87\nx\n";
+  size_t n_added = 0;
+  for (auto& a : t.added) {
+    if (n_added++ >= 8) break;
+    text += a.content + "\nA " + a.content + "B\n" + a.content + "\n\nc ";
+  }
+  text += "\nend\n";
+  try {
+    std::vector<int32_t> want;
+    t.encode_into(text, want);
+    auto cuts = tok::anchor_cuts(text, 5);
+    std::vector<int32_t> got;
+    std::vector<tok::PieceAnchor> anchors;
+    if (!tok::encode_pieces(t, text, cuts, nullptr, got, anchors) || got != want) return false;
+    // No verified anchor: the first pre-tokenizer never splits at "\n"+letter (DeepSeek-V3 splits
+    // digits first), so the cache could never resume and would only cost the extra scans.
+    if (anchors.empty()) return false;
+    for (auto& a : anchors) {
+      std::string other = text.substr(0, a.pos) + "Different tail\n  x";
+      std::vector<int32_t> want2, got2(want.begin(), want.begin() + ptrdiff_t(a.prev_ntok));
+      t.encode_into(other, want2);
+      auto cuts2 = tok::anchor_cuts(other, 5);
+      std::vector<tok::PieceAnchor> anchors2;
+      if (tok::encode_pieces(t, other, cuts2, &a, got2, anchors2) && got2 != want2) return false;
+    }
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
 }
 
 // Input text must be valid UTF-8 for the regex engine; invalid bytes become U+FFFD (HF only accepts str).
@@ -507,6 +617,8 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
       ok = ok && !bl->add_prefix_space();
     for (auto& p : impl->pre_tokenizers) ok = ok && std::string(p->name()) != "Metaspace";
     impl->parallel_ok = ok;
+    impl->prefix_cache_ok = ok && !impl->normalizer && prefix_self_check(*impl);
+    if (impl->prefix_cache_ok) impl->prefix_cache = std::make_shared<tok::PrefixCache>(size_t(256) << 20);
   } catch (const json::exception& e) {
     fail("tokenizer: malformed tokenizer.json: {}", e.what());
   }
@@ -544,6 +656,22 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     else encode_segment_maybe_parallel(t, text.substr(sp.a, sp.b - sp.a), sp.a == 0, out);
   }
   if (add_special_tokens) out.insert(out.end(), t.post.suffix.begin(), t.post.suffix.end());
+  return out;
+}
+
+bool Tokenizer::prefix_cache_enabled() const { return impl_->prefix_cache_ok; }
+
+std::vector<int32_t> Tokenizer::encode_cached(std::string_view text, bool add_special_tokens) const {
+  // Short texts have no anchor (and nothing worth caching).
+  if (!impl_->prefix_cache_ok || text.size() < 2 * tok::PrefixCache::kAnchorSpacing)
+    return encode(text, add_special_tokens);
+  std::string fixed;
+  text = valid_utf8(text, fixed);
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 8);
+  if (add_special_tokens) out.insert(out.end(), impl_->post.prefix.begin(), impl_->post.prefix.end());
+  impl_->prefix_cache->encode(*impl_, text, out);
+  if (add_special_tokens) out.insert(out.end(), impl_->post.suffix.begin(), impl_->post.suffix.end());
   return out;
 }
 

@@ -33,6 +33,11 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
   // Serial encode (what the benchmark measures as single-thread throughput).
   std::vector<int32_t> encode_serial(std::string_view text, bool add_special_tokens = true) const;
+  // encode() for texts that share long prefixes with earlier calls (chat prompts of one conversation):
+  // resumes at the longest cached prefix anchor (tokenizer_prefix_cache.h). Id-exact with encode(); same
+  // as encode() when prefix_cache_enabled() is false (tokenizers where cut points are not provably safe).
+  std::vector<int32_t> encode_cached(std::string_view text, bool add_special_tokens = true) const;
+  bool prefix_cache_enabled() const;
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   std::optional<int32_t> token_to_id(std::string_view token) const;

@@ -229,6 +229,28 @@ struct PostProcessor {
   std::vector<int32_t> prefix, suffix;
 };
 
+class PrefixCache;  // tokenizer_prefix_cache.h
+
+// A verified cut of a piece-by-piece encode: text[0, pos) encodes to the first `ntok` ids, and the piece
+// before it started at the verified boundary prev_pos (after prev_ntok ids).
+struct PieceAnchor {
+  size_t pos, ntok, prev_pos, prev_ntok;
+};
+
+// First cut (just after a '\n' followed by an ASCII letter) at or after `target`; npos if none.
+size_t cut_after(std::string_view s, size_t target);
+// The first cut after every multiple of `spacing`: depends only on the text up to the cut, so texts with a
+// common prefix share their anchors in it.
+std::vector<size_t> anchor_cuts(std::string_view s, size_t spacing);
+
+struct TokenizerImpl;
+// Encodes valid UTF-8 `text` (no post-processor) piece by piece at `cuts`, appending the verified ones to
+// `anchors`. With `resume`, `out` already holds the ids of text[0, resume->prev_pos) and the encode goes on
+// from there (resume->pos is re-verified on this text like any cut). Needs TokenizerImpl::prefix_cache_ok.
+// False: use encode_into instead.
+bool encode_pieces(const TokenizerImpl& t, std::string_view text, const std::vector<size_t>& cuts,
+                   const PieceAnchor* resume, std::vector<int32_t>& out, std::vector<PieceAnchor>& anchors);
+
 struct TokenizerImpl {
   std::unique_ptr<Normalizer> normalizer;
   std::vector<std::unique_ptr<PreTokenizer>> pre_tokenizers;
@@ -242,6 +264,9 @@ struct TokenizerImpl {
   bool byte_level = false;           // pre-tokenizer pipeline ends in ByteLevel
   bool decoder_is_byte_level = false;  // decoder is exactly ByteLevel
   bool parallel_ok = false;          // encode may split large inputs on '\n' boundaries
+  // encode_pieces is valid (parallel_ok, no normalizer, startup self-check passed); prefix_cache is then set.
+  bool prefix_cache_ok = false;
+  std::shared_ptr<PrefixCache> prefix_cache;
   int32_t max_id = -1;
 
   void encode_into(std::string_view text, std::vector<int32_t>& out) const;

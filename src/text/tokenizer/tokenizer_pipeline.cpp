@@ -230,6 +230,7 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j) {
     std::vector<std::unique_ptr<Normalizer>> v;
     for (auto& n : j.at("normalizers"))
       if (auto p = make_normalizer(n)) v.push_back(std::move(p));
+    if (v.empty()) return nullptr;  // identity (DeepSeek-V3 ships one); lets the prefix cache work
     return std::make_unique<SequenceNormalizer>(std::move(v));
   }
   fail("tokenizer: unsupported normalizer type \"{}\"", t);
