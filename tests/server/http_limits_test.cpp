@@ -145,7 +145,11 @@ TEST(HttpReserve, HealthAndMetricsAnswerWhileSlowClientsHoldEverySlot) {
   EXPECT_TRUE(other.read_to_close(2s));
   EXPECT_EQ(other.received().rfind("HTTP/1.1 429", 0), 0u) << other.received();
   EXPECT_EQ(h.backend().submitted(), 0);
-  // With the reserve full as well, further connections are closed unanswered.
+  // With the reserve full as well, further connections are closed unanswered. First wait until the reserve slots of
+  // the health, metrics and 429 connections above are free again (a keep-alive reserve session can hold its slot
+  // up to the 2 s reserve header deadline; on a loaded machine the next connections otherwise find it full).
+  ASSERT_TRUE(
+      eventually([&] { return h.server().counters().connections_reserve.load() == 0; }, std::chrono::seconds(10)));
   std::vector<std::unique_ptr<RawClient>> more;
   for (int i = 0; i < 2; ++i) more.push_back(std::make_unique<RawClient>(h.port()));
   ASSERT_TRUE(eventually([&] { return h.server().counters().connections_reserve.load() == 2; }));
