@@ -317,7 +317,20 @@ bool M3OutputParser::step_invoke_header(ParsedDelta& out, bool at_end) {
     fail_invoke(out, 0);
     return true;
   }
-  if (size_t ns = buf_.find(kM3Namespace, 1); ns < gt) {  // another marker before the tag's end: not a tag
+  const size_t ns = buf_.find(kM3Namespace, 1);
+  if (ns == std::string::npos && !at_end) {
+    // The marker itself contains a '>': when the buffer ends with the first bytes of a marker that starts at or
+    // before gt, that '>' may be the marker's, not the tag's. Wait for the marker to complete (the one-shot parse
+    // sees it whole and fails the invoke at the marker, keeping it).
+    for (size_t k = std::min(kM3Namespace.size() - 1, buf_.size() - 1); k > 0; --k) {
+      const size_t start = buf_.size() - k;
+      if (buf_.compare(start, k, kM3Namespace.substr(0, k)) == 0) {
+        if (start <= gt) return false;
+        break;
+      }
+    }
+  }
+  if (ns < gt) {  // another marker before the tag's end: not a tag
     fail_invoke(out, ns);
     return true;
   }
