@@ -120,6 +120,12 @@ void Engine::submit(EngineRequest req, OutputSink sink) {
   for (int32_t id : req.prompt)
     M3_CHECK(id >= 0 && id < c.vocab_size, "prompt token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
   req.params.validate(c.vocab_size);
+  if (req.constraint) {
+    M3_CHECK(req.constraint->grammar, "constrained request without a grammar");
+    M3_CHECK(req.constraint->grammar->vocab().size() == c.vocab_size,
+             "the grammar's vocabulary has {} ids, the model {}", req.constraint->grammar->vocab().size(),
+             c.vocab_size);
+  }
   const int64_t need = int64_t(req.prompt.size()) + req.params.max_tokens;
   M3_CHECK(need <= cfg_.max_model_len,
            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the prompt, {} "
@@ -175,6 +181,7 @@ void Engine::drain_inbox() {
     auto s = std::make_unique<Sequence>(std::move(req), arrival_counter_++);
     s->sink = std::move(sink);
     s->seed = s->req.params.sampling.seed ? *s->req.params.sampling.seed : random_seed();
+    if (s->req.constraint) s->constraint = std::make_unique<grammar::Constraint>(s->req.constraint);
     sched_.add(std::move(s));
   }
   if (aborts.empty()) return;
@@ -224,6 +231,14 @@ bool Engine::step() {
   // 2. Run: one forward over the batch, one token per row that reached its sequence's end.
   std::vector<SeqInput> inputs;
   std::vector<RowSampling> rows;
+  // Grammar masks of the constrained rows, computed before the forward is issued (cached per grammar state:
+  // grammar/grammar.h); the samplers apply them after penalties and bias.
+  const int words = (exec_.config().vocab_size + 31) / 32;
+  size_t n_masks = 0;
+  for (const ScheduledRow& r : plan.rows)
+    if (r.samples && r.seq->constraint && r.seq->constraint->active()) ++n_masks;
+  masks_.resize(n_masks * size_t(words));
+  size_t mask_at = 0;
   for (const ScheduledRow& r : plan.rows) {
     Sequence& s = *r.seq;
     inputs.push_back(SeqInput{std::span<const int32_t>(s.tokens.data() + s.computed, size_t(r.num_tokens)), s.computed,
@@ -235,13 +250,23 @@ bool Engine::step() {
       rs.prompt_len = s.prompt_len;
       rs.seed = s.seed;
       rs.eos_token_id = exec_.config().eos_token_id;
+      if (s.constraint && s.constraint->active()) {
+        uint32_t* m = masks_.data() + mask_at++ * size_t(words);
+        s.constraint->fill_mask(m);
+        rs.allowed = m;
+      }
     }
     rows.push_back(rs);
   }
   std::vector<SampledToken> sampled = exec_.forward_sample(inputs, rows);
   std::vector<int32_t> tokens;
   for (size_t i = 0; i < plan.rows.size(); ++i)
-    if (plan.rows[i].samples) tokens.push_back(sampled[i].id);
+    if (plan.rows[i].samples) {
+      tokens.push_back(sampled[i].id);
+      // A refused token (only when every allowed one was masked, e.g. EOS before min_tokens) leaves the grammar
+      // where it was; the next step constrains again.
+      if (plan.rows[i].seq->constraint) plan.rows[i].seq->constraint->accept(sampled[i].id);
+    }
 
   // 3. Update: the scheduler appends the tokens, checks stops and releases finished sequences (kept alive here
   //    until their final event is out).

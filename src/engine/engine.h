@@ -79,6 +79,7 @@ class Engine {
   // Owned by the engine thread (or by step() callers when no thread runs).
   Scheduler sched_;
   uint64_t arrival_counter_ = 0;
+  std::vector<uint32_t> masks_;  // this step's grammar masks [constrained rows, words]
 
   mutable std::mutex metrics_mu_;
   EngineMetrics metrics_;

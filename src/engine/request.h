@@ -14,6 +14,10 @@
 
 namespace m3 {
 
+namespace grammar {
+struct ConstraintSpec;
+}
+
 struct GenerationParams {
   SamplingParams sampling;           // temperature, top_p, top_k, min_p, seed
   int max_tokens = 16;               // new tokens at most (≥ 1)
@@ -38,6 +42,9 @@ struct EngineRequest {
   std::vector<int32_t> prompt;
   GenerationParams params;
   int priority = 0;  // lower runs first (vLLM semantics); FCFS within a priority
+  // Constrained decoding (grammar/constraint.h): every sampled token of the constrained region is one the grammar
+  // allows, and EOS only where the document may end. Shared by the choices of a request. nullptr: unconstrained.
+  std::shared_ptr<const grammar::ConstraintSpec> constraint;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };

@@ -52,6 +52,11 @@ void adjust_logits(std::span<float> lg, const RowSampling& row) {
     if (row.eos_token_id >= 0 && !p.ignore_eos) lg[row.eos_token_id] = ninf;
     for (int32_t t : p.stop_token_ids) lg[t] = ninf;
   }
+  if (row.allowed) {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < lg.size(); ++i)
+      if (!((row.allowed[i >> 5] >> (i & 31)) & 1u)) lg[i] = ninf;
+  }
 }
 
 uint64_t sample_weight(float logit, float max_logit, float temperature) {

@@ -39,6 +39,9 @@ struct RowSampling {
   int prompt_len = 0;
   uint64_t seed = 0;                         // params->sampling.seed, or the random one drawn for the request
   int32_t eos_token_id = -1;                 // suppressed before min_tokens unless ignore_eos; −1: none
+  // Constrained decoding (grammar/constraint.h): a packed bitmask [ceil(V / 32)], bit id set = token id allowed;
+  // the others go to −inf after penalties and bias. nullptr: unconstrained.
+  const uint32_t* allowed = nullptr;
 };
 
 struct SampledToken {
@@ -47,7 +50,7 @@ struct SampledToken {
 };
 
 // Penalties (repetition on prompt + generated, presence / frequency on generated), logit_bias and min_tokens
-// suppression of EOS and stop ids, in place on logits [V] (vLLM semantics).
+// suppression of EOS and stop ids, in place on logits [V] (vLLM semantics); then the grammar mask (row.allowed).
 void adjust_logits(std::span<float> logits, const RowSampling& row);
 // Greedy (ties to the lower id) or sampled with the 53 random bits `bits53` of a draw (base/rng.h): candidates
 // sorted by logit (desc, ties by id), each weighed w = trunc(e((l − max) / T) · 2^40) (sample_weight: the fp32

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <cstdint>
 #include <vector>
 
 #include "engine/request.h"
+#include "grammar/constraint.h"
 
 namespace m3 {
 
@@ -31,6 +33,7 @@ struct Sequence {
   uint64_t seed = 0;  // the request's seed, or a random one drawn at submission
   Clock::time_point t_arrival, t_last;
   bool first_token_sent = false;
+  std::unique_ptr<grammar::Constraint> constraint;  // from req.constraint; advanced with every sampled token
 
   Sequence(EngineRequest r, uint64_t order) : req(std::move(r)), arrival(order), t_arrival(Clock::now()) {
     tokens = req.prompt;

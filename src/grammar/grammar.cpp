@@ -402,8 +402,8 @@ void CompiledGrammar::mask(int32_t s, uint32_t* out) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = masks_.find(s);
   if (it == masks_.end()) {
-    // A bound on memory (25 KB a mask at 200k tokens); a document rarely visits this many states.
-    if (masks_.size() >= 4096) masks_.clear();
+    // A bound on memory (25 KB a mask at 200k tokens: 25 MB); a document rarely visits this many states.
+    if (masks_.size() >= 1024) masks_.clear();
     std::vector<uint32_t> m(size_t(vocab_->words()));
     walk(s, m.data());
     it = masks_.emplace(s, std::move(m)).first;

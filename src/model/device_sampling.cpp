@@ -43,7 +43,7 @@ void enqueue_device_sampling(cuda::DeviceSampler& sampler, float* logits, int vo
       mask.insert(mask.end(), g.stop_token_ids.begin(), g.stop_token_ids.end());
     }
     sampler.add_row(p, toks.data(), int(toks.size()), all ? row.prompt_len : 0, bias_ids.data(), bias_vals.data(),
-                    int(bias_ids.size()), mask.data(), int(mask.size()));
+                    int(bias_ids.size()), mask.data(), int(mask.size()), row.allowed);
   }
   sampler.enqueue(logits, s);
 }

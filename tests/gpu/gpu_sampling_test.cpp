@@ -213,6 +213,49 @@ TEST(GpuSampling, PenaltiesBiasAndMinTokensAdjustTheLogitsBitForBit) {
   EXPECT_FALSE(std::isinf(b.gpu_adjusted[size_t(5) * V + 7]));  // ignore_eos keeps it
 }
 
+// Constrained decoding (issue 14 item 2): the grammar bitmask goes up with the staging and masks on the device;
+// adjusted logits bit for bit and the chosen ids equal the CPU sampler's, and every chosen id is allowed.
+TEST(GpuSampling, GrammarBitmaskMasksOnTheDeviceLikeTheCpu) {
+  SKIP_WITHOUT_GPU();
+  cuda::DeviceSampler ds;
+  const int R = 5, V = kVocab, W = (V + 31) / 32;
+  const std::vector<float> lg = logits_rows(R, V, 3.f);
+  Rows rows = sampling_rows(R, 4242, 0.9f, 0.95f, 40, 0.f);
+  rows.params[1].sampling.temperature = 0.f;
+  rows.params[3].repetition_penalty = 1.2f, rows.params[3].logit_bias = {{150, 5.f}, {151, 50.f}};
+  std::vector<std::vector<uint32_t>> masks(size_t(R), std::vector<uint32_t>(size_t(W), 0u));
+  auto allow = [&](int r, int id) { masks[size_t(r)][size_t(id) >> 5] |= 1u << (id & 31); };
+  for (int id : {3, 7, 70000, 200063}) allow(0, id);                         // a handful, as after a '{'
+  std::bernoulli_distribution half(0.5);
+  for (int id = 0; id < V; ++id) if (half(gen())) allow(1, id);             // dense, as inside a string
+  for (int id = 100; id <= 200; ++id) allow(3, id);                          // a range; bias favours 151
+  allow(4, 7);                                                               // only EOS: a finished document
+  std::vector<RowSampling> view = rows.view();
+  for (int r = 0; r < R; ++r) if (r != 2) view[size_t(r)].allowed = masks[size_t(r)].data();
+  cuda::DeviceBuffer<float> d(lg.size());
+  M3_CUDA_CHECK(cudaMemcpy(d.get(), lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> lrows(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) lrows[size_t(r)] = r;
+  enqueue_device_sampling(ds, d.get(), V, view, lrows, nullptr);
+  const std::vector<SampledToken> gpu = finish_device_sampling(ds, view, nullptr);
+  std::vector<float> gpu_adj(lg.size());
+  M3_CUDA_CHECK(cudaMemcpy(gpu_adj.data(), d.get(), lg.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> cpu_adj = lg;
+  for (int r = 0; r < R; ++r) {
+    const SampledToken c = sample_row(std::span<float>(cpu_adj).subspan(size_t(r) * V, size_t(V)), view[size_t(r)]);
+    EXPECT_EQ(gpu[size_t(r)].id, c.id) << "row " << r;
+    if (r != 2) {
+      const int id = gpu[size_t(r)].id;
+      EXPECT_TRUE((masks[size_t(r)][size_t(id) >> 5] >> (id & 31)) & 1u) << "row " << r << " chose " << id;
+    }
+  }
+  size_t diff = 0;
+  for (size_t i = 0; i < lg.size(); ++i) diff += std::memcmp(&gpu_adj[i], &cpu_adj[i], 4) != 0;
+  EXPECT_EQ(diff, 0u) << "adjusted logits differ";
+  EXPECT_EQ(gpu[4].id, 7);
+  EXPECT_EQ(gpu[3].id, 151);  // the bias wins inside the allowed range
+}
+
 TEST(GpuSampling, LogprobsOfTheRawLogitsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   cuda::DeviceSampler ds;

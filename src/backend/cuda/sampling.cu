@@ -403,6 +403,11 @@ __global__ void __launch_bounds__(kThreads) adjust_kernel(float* __restrict__ lo
       __syncthreads();
     }
     for (int j = threadIdx.x; j < p.n_mask; j += kThreads) row[pool[p.mask_off + j]] = -INFINITY;
+    if (p.allow_off >= 0) {  // the grammar's bitmask: one word read per 32 ids
+      const uint32_t* allow = reinterpret_cast<const uint32_t*>(pool + p.allow_off);
+      for (int i = threadIdx.x; i < V; i += kThreads)
+        if (!((allow[i >> 5] >> (i & 31)) & 1u)) row[i] = -INFINITY;
+    }
     __syncthreads();
   }
 }
@@ -538,7 +543,7 @@ void DeviceSampler::begin(int vocab) {
 
 void DeviceSampler::add_row(const SampleRowParams& p0, const int32_t* tokens, int n_tokens, int gen_begin,
                             const int32_t* bias_ids, const float* bias_values, int n_bias, const int32_t* mask,
-                            int n_mask) {
+                            int n_mask, const uint32_t* allowed) {
   SampleRowParams p = p0;
   M3_CUDA_REQUIRE(p.temperature >= 0.f && p.top_p > 0.f && p.top_p <= 1.f && p.min_p >= 0.f && p.min_p <= 1.f &&
                       p.top_logprobs <= kMaxTopLogprobs && p.logit_row >= 0 && p.bits53 < (uint64_t(1) << 53),
@@ -570,6 +575,14 @@ void DeviceSampler::add_row(const SampleRowParams& p0, const int32_t* tokens, in
   p.mask_off = int32_t(pool_.size());
   p.n_mask = p.active ? n_mask : 0;
   if (p.n_mask) pool_.insert(pool_.end(), mask, mask + n_mask);
+  p.allow_off = -1;
+  if (p.active && allowed) {
+    p.allow_off = int32_t(pool_.size());
+    const size_t words = (size_t(vocab_) + 31) / 32;
+    const size_t at = pool_.size();
+    pool_.resize(at + words);
+    std::memcpy(pool_.data() + at, allowed, words * 4);
+  }
   if (!p.active) p.top_logprobs = -1;
   any_logprobs_ = any_logprobs_ || p.top_logprobs >= 0;
   rows_.push_back(p);

@@ -45,6 +45,9 @@ struct SampleRowParams {
   int32_t tok_off = 0, n_tok = 0, gen_begin = 0;
   int32_t bias_off = 0, n_bias = 0;
   int32_t mask_off = 0, n_mask = 0;
+  // Constrained decoding: a packed bitmask of the allowed ids [ceil(V / 32)] at pool offset allow_off (−1: none);
+  // the others go to −inf after the masks above (engine/sampler.h RowSampling::allowed).
+  int32_t allow_off = -1, pad2_ = 0;
 };
 
 // What comes back for a row.
@@ -68,9 +71,11 @@ class DeviceSampler {
 
   // Host side of a step: begin(), then add_row() once per row (rows in order), then enqueue() and finish().
   void begin(int vocab);
-  // tokens: what the penalties read (see SampleRowParams); bias: ids + values; mask: ids set to −inf.
+  // tokens: what the penalties read (see SampleRowParams); bias: ids + values; mask: ids set to −inf; allowed: the
+  // grammar's packed bitmask [ceil(vocab / 32)] (nullptr: unconstrained), staged with the rest (one upload).
   void add_row(const SampleRowParams& p, const int32_t* tokens, int n_tokens, int gen_begin, const int32_t* bias_ids,
-               const float* bias_values, int n_bias, const int32_t* mask, int n_mask);
+               const float* bias_values, int n_bias, const int32_t* mask, int n_mask,
+               const uint32_t* allowed = nullptr);
   int rows() const { return int(rows_.size()); }
 
   // Queues the staging upload (one copy), the adjust kernel and the sample kernel on `s`. Modifies `logits`
