@@ -281,6 +281,7 @@ CommandRun register_serve(CLI::App& app) {
     if (sc.limits.model_name.empty()) sc.limits.model_name = "m3";
     sc.limits.max_model_len = rc.max_model_len;
     sc.limits.vocab_size = c.vocab_size;
+    sc.eos_token_id = c.eos_token_id;
     sc.limits.default_thinking_mode = o->default_thinking_mode;
     sc.tokenizer = tokenizer;
     sc.chat_template = tmpl;

@@ -382,7 +382,11 @@ class ToolCompiler {
     std::vector<Expr> k;
     for (const std::string& t : types) {
       if (t == "string") k.push_back(text());
-      else if (t == "integer" || t == "number" || t == "boolean" || t == "null") k.push_back(c_.value(json{{"type", t}}, path, depth));
+      else if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
+        json one = s;  // the scalar's own keywords (minimum, ...) apply; the type is this one
+        one["type"] = t;
+        k.push_back(c_.value(one, path, depth));
+      }
       else if (t == "object") k.push_back(xml_object(s, path, depth));
       else if (t == "array") k.push_back(xml_array(s, path, depth));
       else Compiler::refuse(path, "the type '{}'", t);

@@ -219,14 +219,12 @@ AnthropicRequest translate_anthropic_request(std::string_view body, const ApiLim
     const std::string t = type->get<std::string>();
     if (t == "auto" || t == "none") {
       o["tool_choice"] = t;
-    } else if (t == "any" || t == "tool") {
-      if (t == "tool") {
-        const OJson* n = field(*tc, "name");
-        if (!n || !n->is_string()) bad_field("tool_choice", "'tool_choice.name' is required for type 'tool'");
-      }
-      unsupported("tool_choice", fmt::format("tool_choice type '{}' is not supported yet (it needs constrained "
-                                             "decoding); use 'auto' or 'none'",
-                                             t));
+    } else if (t == "any") {
+      o["tool_choice"] = "required";  // constrained to M3's tool-call block (grammar/json_schema.h)
+    } else if (t == "tool") {
+      const OJson* n = field(*tc, "name");
+      if (!n || !n->is_string()) bad_field("tool_choice", "'tool_choice.name' is required for type 'tool'");
+      o["tool_choice"] = OJson{{"type", "function"}, {"function", {{"name", *n}}}};
     } else {
       bad_field("tool_choice", "'tool_choice.type' must be 'auto', 'any', 'tool' or 'none'");
     }

@@ -9,7 +9,7 @@
 //   assistant text / thinking / tool_use → {"role":"assistant","content","reasoning_content",
 //                                           "tool_calls":[{"id","type":"function","function":{"name","arguments"}}]}
 //   tools [{name, description, input_schema}] → [{"type":"function","function":{name, description, parameters}}]
-//   tool_choice auto / none / any / tool → "auto" / "none" / (refused: needs constrained decoding)
+//   tool_choice auto / none / any / tool → "auto" / "none" / "required" / {named function} (constrained decoding)
 //   max_tokens, stop_sequences, temperature, top_p, top_k, stream → max_tokens, stop, temperature, top_p, top_k
 //   thinking {type: enabled|disabled|adaptive} → chat_template_kwargs.thinking_mode
 //

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "base/error.h"
+#include "grammar/constraint.h"
+#include "grammar/tokenizer_vocab.h"
 
 namespace m3::server {
 
@@ -48,6 +50,25 @@ std::string OpenAIService::render_chat(const ParsedRequest& r, bool allow_media)
                                p.media.size()),
                    "messages", "unsupported_parameter");
   return std::move(p.text);
+}
+
+std::shared_ptr<grammar::CompiledGrammar> OpenAIService::compiled_grammar(const ParsedRequest& r) const {
+  std::call_once(vocab_once_, [&] {
+    const int32_t size = cfg_.limits.vocab_size > 0 ? cfg_.limits.vocab_size : int32_t(cfg_.tokenizer->vocab_size());
+    vocab_ = grammar::vocab_from_tokenizer(*cfg_.tokenizer, size, cfg_.eos_token_id);
+  });
+  std::lock_guard<std::mutex> lk(grammar_mu_);
+  if (auto it = grammars_.find(r.grammar_key); it != grammars_.end()) return it->second;
+  std::shared_ptr<grammar::CompiledGrammar> g;
+  try {
+    g = std::make_shared<grammar::CompiledGrammar>(*r.grammar, vocab_);
+  } catch (const m3::Error& e) {  // e.g. a schema that recurses without consuming input
+    throw ApiError(400, fmt::format("the requested output format cannot be compiled: {}", e.what()),
+                   "response_format", "unsupported_parameter");
+  }
+  if (grammars_.size() >= kGrammarCacheSize) grammars_.clear();
+  grammars_.emplace(r.grammar_key, g);
+  return g;
 }
 
 PreparedJob OpenAIService::prepare(ApiKind kind, std::string_view body) const {
@@ -95,9 +116,32 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
     }
   }
 
+  std::shared_ptr<grammar::CompiledGrammar> cg = r.grammar ? compiled_grammar(r) : nullptr;
   int choice = 0;
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     const int max_tokens = resolve_max_tokens(r, int64_t(prompts[pi].ids.size()), cfg_.limits.max_model_len);
+    // The constraint covers the answer (../shared/docs/SERVING.md §2.2): after </mm:think> when the prompt opened
+    // reasoning; from the start when it closed it; otherwise (M3's adaptive mode) the model may first open or close
+    // reasoning with the marker tokens.
+    std::shared_ptr<grammar::ConstraintSpec> spec;
+    if (cg) {
+      spec = std::make_shared<grammar::ConstraintSpec>();
+      spec->grammar = cg;
+      spec->think_end = std::string(kThinkClose);
+      auto id = [&](std::string_view t) { return tok.token_to_id(t).value_or(-1); };
+      spec->think_begin_id = id(kThinkOpen);
+      spec->think_end_id = id(kThinkClose);
+      const std::string& t = prompts[pi].text;
+      const size_t end = t.find_last_not_of(" \t\r\n");
+      const bool closed = end != std::string::npos && end + 1 >= kThinkClose.size() &&
+                          std::string_view(t).substr(end + 1 - kThinkClose.size(), kThinkClose.size()) == kThinkClose;
+      if (prompts[pi].in_reasoning)
+        spec->start = grammar::ConstraintSpec::Start::InReasoning;
+      else if (kind == ApiKind::Chat && !closed && spec->think_begin_id >= 0)
+        spec->start = grammar::ConstraintSpec::Start::Adaptive;
+      else
+        spec->start = grammar::ConstraintSpec::Start::Answer;
+    }
     for (int k = 0; k < r.n; ++k, ++choice) {
       EngineRequest er;
       er.id = fmt::format("{}-{}", job.id, choice);
@@ -108,6 +152,7 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
       // reproducible. Choices of different prompts share indices 0..n-1 like separate requests would.
       er.params.choice_index = uint64_t(k);
       er.priority = r.priority;
+      er.constraint = spec;
       job.engine_requests.push_back(std::move(er));
 
       ChoiceOptions o;

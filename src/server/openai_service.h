@@ -7,12 +7,15 @@
 #pragma once
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "grammar/grammar.h"
 #include "server/backend.h"
 #include "server/chat_prompt.h"
 #include "server/choice_stream.h"
@@ -34,6 +37,9 @@ struct ServiceConfig {
   // Rendered chat prompts go through Tokenizer::encode_cached (resumes at the longest shared prefix of an
   // earlier prompt, id-exact); false: plain encode (`serve --no-tokenizer-prefix-cache`).
   bool tokenizer_prefix_cache = true;
+  // Constrained decoding: the model's EOS id (allowed where a document may end; −1: none). The mask width is
+  // limits.vocab_size (0: the tokenizer's vocabulary size).
+  int32_t eos_token_id = -1;
 };
 
 struct PreparedJob {
@@ -70,8 +76,16 @@ class OpenAIService {
 
  private:
   PreparedJob prepare_impl(ApiKind kind, std::string_view body) const;
+  // The request's grammar bound to the vocabulary; compiled grammars (with their mask caches) are shared by every
+  // request with the same grammar_key, up to kGrammarCacheSize of them.
+  std::shared_ptr<grammar::CompiledGrammar> compiled_grammar(const ParsedRequest& r) const;
 
   ServiceConfig cfg_;
+  static constexpr size_t kGrammarCacheSize = 64;
+  mutable std::once_flag vocab_once_;
+  mutable std::shared_ptr<const grammar::TokenVocab> vocab_;
+  mutable std::mutex grammar_mu_;
+  mutable std::map<std::string, std::shared_ptr<grammar::CompiledGrammar>> grammars_;
   mutable RequestTimings timings_;
   mutable std::atomic<uint64_t> next_id_{1};
 };

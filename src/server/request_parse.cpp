@@ -1,5 +1,7 @@
 #include "server/request_parse.h"
 
+#include "grammar/json_schema.h"
+
 #include "base/json_depth.h"
 
 #include <cmath>
@@ -272,14 +274,31 @@ void parse_common(const OJson& b, const ApiLimits& lim, ParsedRequest& r) {
     if (!rf->is_object()) bad_field("response_format", "'response_format' must be an object");
     auto type = get_string(*rf, "type");
     if (!type) bad_field("response_format", "'response_format.type' is required");
-    if (*type == "json_object" || *type == "json_schema" || *type == "structural_tag")
-      throw ApiError(400,
-                     fmt::format("response_format type '{}' is not supported yet by this server (no constrained "
-                                 "decoding); use type 'text' or omit response_format",
-                                 *type),
+    if (*type == "structural_tag")
+      throw ApiError(400, "response_format type 'structural_tag' is not supported by this server",
                      "response_format", "unsupported_parameter");
-    if (*type != "text")
+    if (*type == "json_object") {
+      r.grammar = std::make_shared<const grammar::Grammar>(grammar::json_object_grammar());
+      r.grammar_key = "json_object";
+    } else if (*type == "json_schema") {
+      const OJson* js = field(*rf, "json_schema");
+      if (!js || !js->is_object()) bad_field("response_format", "'response_format.json_schema' must be an object");
+      if (const OJson* st = field(*js, "strict"); st && !st->is_boolean())
+        bad_field("response_format", "'response_format.json_schema.strict' must be a boolean");
+      const OJson* schema = field(*js, "schema");
+      if (schema && !schema->is_object() && !schema->is_boolean())
+        bad_field("response_format", "'response_format.json_schema.schema' must be a JSON schema object");
+      try {
+        r.grammar = std::make_shared<const grammar::Grammar>(schema ? grammar::json_schema_grammar(*schema)
+                                                                    : grammar::json_object_grammar());
+      } catch (const grammar::SchemaError& e) {
+        throw ApiError(400, fmt::format("response_format.json_schema: {}", e.what()), "response_format",
+                       "unsupported_parameter");
+      }
+      r.grammar_key = "json_schema:" + (schema ? schema->dump() : std::string("{}"));
+    } else if (*type != "text") {
       bad_field("response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema'");
+    }
   }
   for (const char* unsupported : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"})
     if (field(b, unsupported))
@@ -409,7 +428,7 @@ void parse_tools(const OJson& b, ParsedRequest& r) {
     }
     if (!tools->empty()) r.tools = *tools;
   }
-  std::string choice = "auto";
+  std::string choice = "auto", named;
   if (const OJson* tc = field(b, "tool_choice")) {
     if (tc->is_string()) {
       choice = tc->get<std::string>();
@@ -417,18 +436,40 @@ void parse_tools(const OJson& b, ParsedRequest& r) {
         bad_field("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a named function");
     } else if (tc->is_object()) {
       choice = "named";
+      const OJson* fn = field(*tc, "function");
+      auto name = fn && fn->is_object() ? get_string(*fn, "name") : std::nullopt;
+      if (!name) bad_field("tool_choice", "'tool_choice.function.name' must be a string");
+      named = *name;
     } else {
       bad_field("tool_choice", "'tool_choice' must be a string or an object");
     }
   }
-  if (choice == "required" || choice == "named")
-    throw ApiError(400,
-                   fmt::format("tool_choice={} is not supported yet (it needs constrained decoding); use 'auto' or "
-                               "'none'",
-                               choice == "named" ? "{named function}" : "\"required\""),
-                   "tool_choice", "unsupported_parameter");
   r.parse_tools = !r.tools.is_null() && choice != "none";
   r.parallel_tool_calls = get_bool(b, "parallel_tool_calls").value_or(true);
+  if (choice != "required" && choice != "named") return;
+  // The model must call a tool: its output is constrained to M3's tool-call block (grammar/json_schema.h).
+  if (r.tools.is_null()) bad_field("tool_choice", "tool_choice '{}' needs 'tools'", choice);
+  if (r.grammar)
+    throw ApiError(400, "tool_choice 'required' / a named function cannot be combined with a JSON response_format",
+                   "tool_choice", "unsupported_parameter");
+  std::vector<grammar::ToolSchema> tools;
+  for (const OJson& t : r.tools) {
+    const OJson& fn = t["function"];
+    const std::string name = fn["name"].get<std::string>();
+    if (choice == "named" && name != named) continue;
+    const OJson* params = field(fn, "parameters");
+    tools.push_back({name, params ? *params : OJson()});
+  }
+  if (tools.empty()) bad_field("tool_choice", "tool_choice names the function '{}', which is not in 'tools'", named);
+  const bool parallel = choice == "required" && r.parallel_tool_calls;
+  try {
+    r.grammar = std::make_shared<const grammar::Grammar>(grammar::m3_tool_call_grammar(tools, parallel));
+  } catch (const grammar::SchemaError& e) {
+    throw ApiError(400, fmt::format("tool_choice: {}", e.what()), "tool_choice", "unsupported_parameter");
+  }
+  OJson key = OJson::array();
+  for (const auto& t : tools) key.push_back(OJson{t.name, t.parameters});
+  r.grammar_key = fmt::format("tools:{}:{}", parallel ? 1 : 0, key.dump());
 }
 
 }  // namespace

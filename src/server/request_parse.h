@@ -2,9 +2,10 @@
 // Pure functions of (body, limits): no model, no tokenizer, so they are unit-tested and fuzzed directly.
 //
 // Rules (like OpenAI's server): unknown fields are ignored; a known field with the wrong type or an out-of-range
-// value is a 400 that names the field; features we do not implement (tool_choice=required, response_format
-// json_*, audio parts, ...) are a 400 "not supported" — never accepted and silently ignored. JSON null means
-// "use the default" for every optional field.
+// value is a 400 that names the field; features we do not implement (response_format structural_tag, JSON-schema
+// keywords the grammar compiler refuses, audio parts, ...) are a 400 "not supported" — never accepted and silently
+// ignored. JSON null means "use the default" for every optional field. response_format json_* and tool_choice
+// required / named compile to a grammar here (grammar/json_schema.h), so a refused schema is a 400 before any work.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/request.h"
+#include "grammar/grammar.h"
 #include "server/api_error.h"
 
 namespace m3::server {
@@ -62,6 +64,11 @@ struct ParsedRequest {
   OJson tools;                           // null or a validated array
   bool parse_tools = false;              // tools given and tool_choice != "none"
   bool parallel_tool_calls = true;       // false: only the first tool call is returned
+  // Constrained decoding: response_format json_object / json_schema, or tool_choice required / named (the M3
+  // tool-call block of those tools). null: unconstrained. grammar_key identifies the grammar (for the service's
+  // cache of compiled grammars).
+  std::shared_ptr<const grammar::Grammar> grammar;
+  std::string grammar_key;
   bool add_generation_prompt = true;
   OJson chat_template_kwargs = OJson::object();
   bool logprobs = false;                 // chat: bool; completions: logprobs given

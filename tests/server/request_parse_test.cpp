@@ -164,12 +164,11 @@ TEST(RequestParse, MessagesAreValidated) {
 
 TEST(RequestParse, UnsupportedFeaturesAreRefusedNotIgnored) {
   const char* tools = R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
-  auto msg = chat_err(chat(std::string(tools) + R"(,"tool_choice":"required")"), 400, "tool_choice");
-  EXPECT_NE(msg.find("not supported"), std::string::npos);
-  chat_err(chat(std::string(tools) + R"(,"tool_choice":{"type":"function","function":{"name":"f"}})"), 400,
-           "tool_choice");
-  chat_err(chat(R"("response_format":{"type":"json_object"})"), 400, "response_format");
-  chat_err(chat(R"("response_format":{"type":"json_schema","json_schema":{}})"), 400, "response_format");
+  chat_err(chat(R"("response_format":{"type":"structural_tag"})"), 400, "response_format");
+  auto msg = chat_err(chat(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":
+      {"type":"object","properties":{"d":{"type":"string","format":"date"}}}}})"), 400, "response_format");
+  EXPECT_NE(msg.find("'format'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/properties/d"), std::string::npos) << msg;
   chat_err(chat(R"("guided_json":{})"), 400, "guided_json");
   EXPECT_NO_THROW(parse_chat_request(chat(R"("response_format":{"type":"text"})"), limits()));
 
@@ -178,6 +177,36 @@ TEST(RequestParse, UnsupportedFeaturesAreRefusedNotIgnored) {
   auto none = parse_chat_request(chat(std::string(tools) + R"(,"tool_choice":"none")"), limits());
   EXPECT_FALSE(none.parse_tools);
   EXPECT_FALSE(none.tools.is_null());  // still rendered into the prompt
+}
+
+// Structured outputs and forced tool calls compile to a grammar at parse time (constrained decoding).
+TEST(RequestParse, ResponseFormatAndForcedToolChoiceCompileToGrammars) {
+  const char* tools = R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object",
+      "properties":{"n":{"type":"integer"}},"required":["n"]}}},{"type":"function","function":{"name":"g"}}])";
+  auto text = parse_chat_request(chat(R"("response_format":{"type":"text"})"), limits());
+  EXPECT_EQ(text.grammar, nullptr);
+  auto obj = parse_chat_request(chat(R"("response_format":{"type":"json_object"})"), limits());
+  ASSERT_NE(obj.grammar, nullptr);
+  EXPECT_EQ(obj.grammar_key, "json_object");
+  auto sch = parse_chat_request(chat(R"("response_format":{"type":"json_schema","json_schema":{"name":"x",
+      "strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}})"),
+                                limits());
+  ASSERT_NE(sch.grammar, nullptr);
+  EXPECT_NE(sch.grammar_key.find("\"a\""), std::string::npos);
+  auto req = parse_chat_request(chat(std::string(tools) + R"(,"tool_choice":"required")"), limits());
+  ASSERT_NE(req.grammar, nullptr);
+  EXPECT_TRUE(req.parse_tools);
+  auto named = parse_chat_request(
+      chat(std::string(tools) + R"(,"tool_choice":{"type":"function","function":{"name":"g"}})"), limits());
+  ASSERT_NE(named.grammar, nullptr);
+  EXPECT_NE(named.grammar_key, req.grammar_key);
+  chat_err(chat(std::string(tools) + R"(,"tool_choice":{"type":"function","function":{"name":"h"}})"), 400,
+           "tool_choice");  // not among the tools
+  chat_err(chat(R"("tool_choice":"required")"), 400, "tool_choice");  // no tools
+  chat_err(chat(std::string(tools) + R"(,"tool_choice":"required","response_format":{"type":"json_object"})"), 400,
+           "tool_choice");
+  chat_err(chat(R"("response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string",
+      "pattern":"^a"}}})"), 400, "response_format");
 }
 
 TEST(RequestParse, DefaultThinkingModeAppliesOnlyWhenTheRequestHasNone) {
