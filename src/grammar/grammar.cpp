@@ -400,15 +400,35 @@ void CompiledGrammar::walk(int32_t s, uint32_t* out) {
 
 void CompiledGrammar::mask(int32_t s, uint32_t* out) {
   std::lock_guard<std::mutex> lk(mu_);
+  const size_t words = size_t(vocab_->words());
   auto it = masks_.find(s);
   if (it == masks_.end()) {
-    // A bound on memory (25 KB a mask at 200k tokens: 25 MB); a document rarely visits this many states.
-    if (masks_.size() >= 1024) masks_.clear();
-    std::vector<uint32_t> m(size_t(vocab_->words()));
-    walk(s, m.data());
-    it = masks_.emplace(s, std::move(m)).first;
+    CachedMask c;
+    c.bits.resize(words);
+    walk(s, c.bits.data());
+    size_t n = 0;
+    for (uint32_t w : c.bits) n += size_t(__builtin_popcount(w));
+    if (n < words) {  // the id list is smaller than the bitmap
+      c.ids.reserve(n);
+      for (size_t w = 0; w < words; ++w)
+        for (uint32_t x = c.bits[w]; x; x &= x - 1) c.ids.push_back(int32_t(w * 32 + size_t(__builtin_ctz(x))));
+      c.bits = {};
+    }
+    const size_t bytes = (c.bits.size() + c.ids.size()) * 4 + 64;
+    if (mask_bytes_ + bytes > kMaskCacheBytes) {
+      masks_.clear();
+      mask_bytes_ = 0;
+    }
+    mask_bytes_ += bytes;
+    it = masks_.emplace(s, std::move(c)).first;
   }
-  std::memcpy(out, it->second.data(), it->second.size() * 4);
+  const CachedMask& c = it->second;
+  if (!c.bits.empty()) {
+    std::memcpy(out, c.bits.data(), words * 4);
+  } else {
+    std::memset(out, 0, words * 4);
+    for (int32_t id : c.ids) out[id >> 5] |= 1u << (id & 31);
+  }
 }
 
 // ---- Matcher ------------------------------------------------------------------------------------------------------

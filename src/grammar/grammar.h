@@ -160,7 +160,15 @@ class CompiledGrammar {
   std::vector<std::vector<int32_t>> states_;
   std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_ids_;
   std::vector<int32_t> trans_;  // [state, 256]: −2 unknown, −1 dead
-  std::unordered_map<int32_t, std::vector<uint32_t>> masks_;
+  // Cached masks: a bitmap [words] for states that allow many tokens, the sorted ids when that is smaller (most
+  // states outside strings allow a handful). Bounded by kMaskCacheBytes (cleared when over).
+  struct CachedMask {
+    std::vector<uint32_t> bits;
+    std::vector<int32_t> ids;
+  };
+  static constexpr size_t kMaskCacheBytes = size_t(64) << 20;
+  std::unordered_map<int32_t, CachedMask> masks_;
+  size_t mask_bytes_ = 0;
   int32_t initial_ = -1;
   uint64_t walks_ = 0;
 };

@@ -92,12 +92,15 @@ test('tool round trip: tool_use / tool_result render, count_tokens equals the pr
   assert.ok(none.content.every((b) => b.type !== 'tool_use'));
 });
 
-test('stop_sequences and thinking are accepted; any/tool tool_choice is refused until constrained decoding', async () => {
+test('stop_sequences and thinking are accepted; any/tool tool_choice are constrained decoding', async () => {
   const m = await client.messages.create({ model: MODEL_NAME, max_tokens: 16, stop_sequences: ['e', 'a'],
     thinking: { type: 'enabled', budget_tokens: 1024 }, messages: [{ role: 'user', content: 'Go' }] });
   assert.ok(['end_turn', 'max_tokens', 'stop_sequence'].includes(m.stop_reason));
   if (m.stop_reason === 'stop_sequence') assert.ok(['e', 'a'].includes(m.stop_sequence));
-  await assert.rejects(client.messages.create({ model: MODEL_NAME, max_tokens: 4, tools,
+  const any = await client.messages.create({ model: MODEL_NAME, max_tokens: 32, tools,
+    tool_choice: { type: 'any' }, messages: [{ role: 'user', content: 'x' }] });
+  assert.ok(['max_tokens', 'tool_use'].includes(any.stop_reason));
+  await assert.rejects(client.messages.create({ model: MODEL_NAME, max_tokens: 4,
     tool_choice: { type: 'any' }, messages: [{ role: 'user', content: 'x' }] }),
   (e) => e.status === 400 && e.error?.type === 'error' && e.error?.error?.type === 'invalid_request_error');
 });

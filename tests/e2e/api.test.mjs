@@ -105,7 +105,7 @@ test('chat logprobs', async () => {
   }
 });
 
-test('tools: request path works, tool_choice none works, required is refused', async () => {
+test('tools: request path works, tool_choice none works, required is constrained decoding', async () => {
   const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
     parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
   const r = await client.chat.completions.create({ model: MODEL_NAME, messages: user('Weather in Paris?'), tools,
@@ -125,10 +125,18 @@ test('tools: request path works, tool_choice none works, required is refused', a
       function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
     { role: 'tool', tool_call_id: 'call_1', content: '{"temp":21}' }] });
   assert.ok(round.usage.prompt_tokens > 10);
-  await assert.rejects(client.chat.completions.create({ model: MODEL_NAME, messages: user('x'), tools,
-    tool_choice: 'required' }), (e) => e.status === 400 && /not supported/.test(e.message));
+  // Forced tool calls and JSON output are grammar-constrained (src/grammar): accepted, and a schema feature the
+  // compiler refuses is a 400 that names it.
+  const req = await client.chat.completions.create({ model: MODEL_NAME, messages: user('x'), tools,
+    tool_choice: 'required', max_tokens: 32 });
+  assert.ok(['length', 'tool_calls'].includes(req.choices[0].finish_reason));
+  const js = await client.chat.completions.create({ model: MODEL_NAME, messages: user('x'), max_tokens: 16,
+    response_format: { type: 'json_object' } });
+  assert.ok(['length', 'stop'].includes(js.choices[0].finish_reason));
+  assert.ok((js.choices[0].message.content ?? '').trimStart().startsWith('{') || js.choices[0].message.content === '');
   await assert.rejects(client.chat.completions.create({ model: MODEL_NAME, messages: user('x'),
-    response_format: { type: 'json_object' } }), (e) => e.status === 400 && /not supported/.test(e.message));
+    response_format: { type: 'json_schema', json_schema: { name: 'p', schema: { type: 'string', pattern: 'a+' } } } }),
+  (e) => e.status === 400 && /pattern/.test(e.message));
 });
 
 test('stop strings cut the output at the first match, streaming and not', async () => {
