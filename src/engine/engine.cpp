@@ -231,9 +231,10 @@ bool Engine::step() {
   // 2. Run: one forward over the batch, one token per row that reached its sequence's end.
   std::vector<SeqInput> inputs;
   std::vector<RowSampling> rows;
-  // Grammar masks of the constrained rows, computed before the forward is issued (cached per grammar state:
-  // grammar/grammar.h); the samplers apply them after penalties and bias.
+  // Grammar masks of the constrained rows (cached per grammar state: grammar/grammar.h), filled by the executor's
+  // before_sampling hook — on a device while the forward runs; the samplers apply them after penalties and bias.
   const int words = (exec_.config().vocab_size + 31) / 32;
+  std::vector<std::pair<const grammar::Constraint*, uint32_t*>> fills;
   size_t n_masks = 0;
   for (const ScheduledRow& r : plan.rows)
     if (r.samples && r.seq->constraint && r.seq->constraint->active()) ++n_masks;
@@ -252,13 +253,23 @@ bool Engine::step() {
       rs.eos_token_id = exec_.config().eos_token_id;
       if (s.constraint && s.constraint->active()) {
         uint32_t* m = masks_.data() + mask_at++ * size_t(words);
-        s.constraint->fill_mask(m);
+        fills.emplace_back(s.constraint.get(), m);
         rs.allowed = m;
       }
     }
     rows.push_back(rs);
   }
-  std::vector<SampledToken> sampled = exec_.forward_sample(inputs, rows);
+  double mask_seconds = 0;
+  std::vector<SampledToken> sampled = exec_.forward_sample(inputs, rows, [&] {
+    const auto t0 = Clock::now();
+    for (auto& [c, m] : fills) c->fill_mask(m);
+    mask_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  });
+  if (!fills.empty()) {
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    metrics_.grammar_mask_seconds += mask_seconds;
+    metrics_.grammar_masks += fills.size();
+  }
   std::vector<int32_t> tokens;
   for (size_t i = 0; i < plan.rows.size(); ++i)
     if (plan.rows[i].samples) {

@@ -61,6 +61,10 @@ std::string EngineMetrics::to_prometheus(const std::string& model) const {
   counter("prompt_tokens_total", "Prompt tokens of admitted requests.", double(prompt_tokens));
   counter("generation_tokens_total", "Generated tokens.", double(generation_tokens));
   counter("num_preemptions_total", "Requests preempted (by recompute) because KV pages ran out.", double(preemptions));
+  counter("grammar_masks_total", "Token masks computed for constrained decoding (one per constrained row and step).",
+          double(grammar_masks));
+  counter("grammar_mask_seconds_total", "Host seconds spent computing constrained-decoding token masks.",
+          grammar_mask_seconds);
   out += "# HELP m3serve:request_success_total Finished requests by finish reason.\n"
          "# TYPE m3serve:request_success_total counter\n";
   for (auto [reason, v] : {std::pair{"stop", requests_stop}, {"length", requests_length}, {"abort", requests_abort},

@@ -33,6 +33,8 @@ struct EngineMetrics {
   uint64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache
   uint64_t prefix_hit_tokens = 0;    // of those, served from it
   uint64_t preemptions = 0;
+  uint64_t grammar_masks = 0;        // constrained rows sampled (one token mask each)
+  double grammar_mask_seconds = 0;   // host time spent computing those masks
   uint64_t requests_stop = 0, requests_length = 0, requests_abort = 0, requests_error = 0;
   Histogram ttft = Histogram::latency();
   Histogram itl = Histogram::latency();

@@ -640,7 +640,8 @@ std::vector<std::vector<float>> CudaExecutor::forward(std::span<const SeqInput> 
 }
 
 std::vector<SampledToken> CudaExecutor::forward_sample(std::span<const SeqInput> seqs,
-                                                       std::span<const RowSampling> rows) {
+                                                       std::span<const RowSampling> rows,
+                                                       const std::function<void()>& before_sampling) {
   M3_CHECK(rows.size() == seqs.size(), "forward_sample: {} sampling rows for {} sequences", rows.size(), seqs.size());
   Impl& m = *impl_;
   const StepRows plan_rows = m.forward_device(seqs, nullptr);
@@ -651,6 +652,7 @@ std::vector<SampledToken> CudaExecutor::forward_sample(std::span<const SeqInput>
     at += int32_t(seqs[si].all_logits ? plan_rows.seq_begin[si + 1] - plan_rows.seq_begin[si] : 1);
     logit_rows[si] = at - 1;
   }
+  if (before_sampling) before_sampling();  // host work (grammar masks) while the device runs the forward
   enqueue_device_sampling(m.sampler, m.logits.get(), int(m.c.vocab_size), rows, logit_rows, m.stream);
   m.prof.mark(GpuStepProfile::kSampling, m.stream);
   return finish_device_sampling(m.sampler, rows, m.stream);  // the step's one sync: ids (+ logprobs) to the host

@@ -64,7 +64,8 @@ class CudaExecutor final : public ModelExecutor {
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace = nullptr) override;
   // The serving step: the forward, then penalties / bias / min_tokens, the choice and the logprobs on the device
   // (backend/cuda/sampling.cuh); only the ids (+ logprobs when asked) come back, in the step's one sync.
-  std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows) override;
+  std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows,
+                                           const std::function<void()>& before_sampling = {}) override;
   std::string describe() const override;
   int64_t page_bytes() const override;
   // Bytes of one page across the per-layer pools: K and V of every layer, index-K of the sparse layers, in bf16

@@ -9,9 +9,11 @@
 namespace m3 {
 
 std::vector<SampledToken> ModelExecutor::forward_sample(std::span<const SeqInput> seqs,
-                                                        std::span<const RowSampling> rows) {
+                                                        std::span<const RowSampling> rows,
+                                                        const std::function<void()>& before_sampling) {
   M3_CHECK(rows.size() == seqs.size(), "forward_sample: {} sampling rows for {} sequences", rows.size(), seqs.size());
   std::vector<std::vector<float>> logits = forward(seqs);
+  if (before_sampling) before_sampling();
   std::vector<SampledToken> out(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (!rows[i].params) continue;

@@ -4,6 +4,7 @@
 // (tokens out); forward() returns logits for `score`, tests and traces.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -25,7 +26,10 @@ class ModelExecutor {
   virtual std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace = nullptr) = 0;
   // Runs the step and samples: rows[i] belongs to seqs[i] (its last logits row); rows without params get id −1.
   // This version samples the forward()'s logits on the host (engine/sampler.h); a device sampler overrides it.
-  virtual std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows);
+  // before_sampling (optional) runs after the forward is issued and before the rows are read: the engine fills
+  // the grammar masks (RowSampling::allowed) there, so on a device they are computed while the forward runs.
+  virtual std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows,
+                                                   const std::function<void()>& before_sampling = {});
   virtual std::string describe() const = 0;  // for the startup line, e.g. "cpu fp32, 512 pages × 16 tokens"
   // Bytes of one KV page unit in this executor's cache (what a KV memory budget is divided by).
   virtual int64_t page_bytes() const = 0;

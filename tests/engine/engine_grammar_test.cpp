@@ -61,6 +61,7 @@ TEST(EngineGrammar, JsonSchemaRequestsAlwaysReturnSchemaValidJson) {
   while (e.step()) {
   }
   ASSERT_EQ(out.size(), size_t(n));
+  EXPECT_GE(e.metrics().grammar_masks, uint64_t(n));  // counted for /metrics
   for (auto& [id, res] : out) {
     auto& [toks, fin] = res;
     EXPECT_EQ(fin, FinishReason::Stop) << id;
