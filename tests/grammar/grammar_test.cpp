@@ -225,6 +225,22 @@ TEST(TokenMask, RandomWalksProduceSchemaValidJson) {
       const json doc = json::parse(text, nullptr, false);
       ASSERT_FALSE(doc.is_discarded()) << text;
       EXPECT_TRUE(test::schema_valid(doc, schema, schema)) << schema.dump() << "\n" << text;
+      // Mutations of the document: whatever the grammar still accepts as complete, the validator accepts too.
+      static const std::string kBytes = "{}[]\",:0-.eE9a \\\n\xc3";
+      for (int k = 0; k < 20; ++k) {
+        std::string t = text;
+        const size_t at = rng() % (t.size() + 1);
+        const char b = kBytes[rng() % kBytes.size()];
+        switch (rng() % 3) {
+          case 0: if (at < t.size()) t[at] = b; break;
+          case 1: if (at < t.size()) t.erase(at, 1); break;
+          default: t.insert(at, 1, b);
+        }
+        if (!complete(g, t)) continue;
+        const json mdoc = json::parse(t, nullptr, false);
+        ASSERT_FALSE(mdoc.is_discarded()) << t;
+        EXPECT_TRUE(test::schema_valid(mdoc, schema, schema)) << schema.dump() << "\n" << t;
+      }
     }
     EXPECT_GT(finished, 50) << schema.dump();
   }
