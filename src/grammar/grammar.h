@@ -125,6 +125,10 @@ class CompiledGrammar {
   void mask(int32_t s, uint32_t* out);
   // Statistics, for tests and the benchmark.
   size_t num_states();
+  // The state tables only grow (1 KB of transitions a state); past this many states a cache owner should start a
+  // fresh CompiledGrammar for new requests (matchers of the old one keep it alive until they end).
+  static constexpr size_t kMaxStates = 65536;
+  bool oversized() { return num_states() > kMaxStates; }
   size_t cached_masks();
   uint64_t mask_walks() const { return walks_; }
 

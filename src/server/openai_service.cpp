@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "grammar/constraint.h"
 #include "grammar/tokenizer_vocab.h"
+#include "text/parsers/tool_parser.h"
 
 namespace m3::server {
 
@@ -55,10 +56,13 @@ std::string OpenAIService::render_chat(const ParsedRequest& r, bool allow_media)
 std::shared_ptr<grammar::CompiledGrammar> OpenAIService::compiled_grammar(const ParsedRequest& r) const {
   std::call_once(vocab_once_, [&] {
     const int32_t size = cfg_.limits.vocab_size > 0 ? cfg_.limits.vocab_size : int32_t(cfg_.tokenizer->vocab_size());
-    vocab_ = grammar::vocab_from_tokenizer(*cfg_.tokenizer, size, cfg_.eos_token_id);
+    vocab_ = grammar::vocab_from_tokenizer(*cfg_.tokenizer, size, cfg_.eos_token_id, {std::string(kM3Namespace)});
   });
   std::lock_guard<std::mutex> lk(grammar_mu_);
-  if (auto it = grammars_.find(r.grammar_key); it != grammars_.end()) return it->second;
+  if (auto it = grammars_.find(r.grammar_key); it != grammars_.end()) {
+    if (!it->second->oversized()) return it->second;
+    grammars_.erase(it);  // a fresh one for new requests; running ones keep the old
+  }
   std::shared_ptr<grammar::CompiledGrammar> g;
   try {
     g = std::make_shared<grammar::CompiledGrammar>(*r.grammar, vocab_);
