@@ -274,6 +274,7 @@ CompiledGrammar::CompiledGrammar(Grammar g, std::shared_ptr<const TokenVocab> vo
     : g_(std::move(g)), vocab_(std::move(vocab)) {
   g_.check();
   frames_.push_back(Frame{-1, -1, -1});  // 0: the empty stack
+  frames_.push_back(Frame{-2, -2, -2});  // 1: "the caller, unknown" (the bottom of context-free walks)
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<int32_t> out, seen;
   expand(frame(g_.root(), 0, 0), out, seen, 0);
@@ -297,8 +298,8 @@ void CompiledGrammar::expand(int32_t f, std::vector<int32_t>& out, std::vector<i
   M3_CHECK(depth < 4096, "grammar: left recursion (a rule calls itself before consuming a byte)");
   if (std::find(seen.begin(), seen.end(), f) != seen.end()) return;
   seen.push_back(f);
-  if (f == 0) {
-    out.push_back(0);
+  if (f == 0 || f == kEscape) {
+    out.push_back(f);
     return;
   }
   const Frame fr = frames_[size_t(f)];
@@ -322,6 +323,7 @@ int32_t CompiledGrammar::intern(std::vector<int32_t> stacks) {
   auto it = state_ids_.find(stacks);
   if (it != state_ids_.end()) return it->second;
   const int32_t id = int32_t(states_.size());
+  escaped_.push_back(std::binary_search(stacks.begin(), stacks.end(), kEscape));
   states_.push_back(stacks);
   state_ids_.emplace(std::move(stacks), id);
   trans_.resize(trans_.size() + 256, -2);
@@ -334,7 +336,7 @@ int32_t CompiledGrammar::step_locked(int32_t s, uint8_t b) {
   std::vector<int32_t> out, seen;
   const std::vector<int32_t> stacks = states_[size_t(s)];  // a copy: interning may grow states_
   for (int32_t f : stacks) {
-    if (f == 0) continue;
+    if (f == 0 || f == kEscape) continue;
     const Frame fr = frames_[size_t(f)];
     for (const Edge& e : g_.rules()[size_t(fr.rule)].edges[size_t(fr.node)])
       if (e.rule < 0 && e.lo <= b && b <= e.hi) expand(frame(fr.rule, e.to, fr.parent), out, seen, 0);
@@ -372,12 +374,16 @@ size_t CompiledGrammar::cached_masks() {
 }
 
 // The trie walk: one transition-row read per visited trie node; a dead byte skips the node's whole subtree.
-void CompiledGrammar::walk(int32_t s, uint32_t* out) {
+void CompiledGrammar::walk(int32_t s, uint32_t* out, std::vector<int32_t>* uncertain) {
   const TokenVocab& v = *vocab_;
   std::memset(out, 0, size_t(v.words()) * 4);
   ++walks_;
   std::vector<int32_t> st(size_t(v.max_depth_) + 1);
+  // esc[d]: a state on the path to depth d (inclusive) has left the frame (context-free walks only): a dead
+  // continuation below it may still live in the real caller, so its tokens are uncertain, not refused.
+  std::vector<uint8_t> esc(size_t(v.max_depth_) + 1, 0);
   st[0] = s;
+  esc[0] = escaped_[size_t(s)];
   const size_t n = v.tbyte_.size();
   const uint8_t* tb = v.tbyte_.data();
   const uint16_t* td = v.tdepth_.data();
@@ -388,14 +394,46 @@ void CompiledGrammar::walk(int32_t s, uint32_t* out) {
     int32_t ns = trans_[size_t(ps) * 256 + tb[i]];
     if (ns == -2) ns = step_locked(ps, tb[i]);
     if (ns < 0) {
+      if (uncertain && esc[size_t(d - 1)])
+        for (size_t j = i; j < size_t(v.tskip_[i]); ++j)
+          for (int32_t t = tf[j]; t >= 0; t = v.tnext_[size_t(t)]) uncertain->push_back(t);
       i = size_t(v.tskip_[i]);
       continue;
     }
     st[size_t(d)] = ns;
+    esc[size_t(d)] = esc[size_t(d - 1)] | escaped_[size_t(ns)];
     for (int32_t t = tf[i]; t >= 0; t = v.tnext_[size_t(t)]) out[t >> 5] |= 1u << (t & 31);
     ++i;
   }
   if (v.eos_ >= 0 && states_[size_t(s)][0] == 0) out[v.eos_ >> 5] |= 1u << (v.eos_ & 31);
+}
+
+// A state that is one stack whose top frame (rule, node) cannot end is masked in two parts: what the frame allows
+// whatever its caller (one context-free walk per (rule, node), shared by every stack with that top: all the string
+// values of a document share the string rule's), plus the few tokens that leave the frame before their last
+// byte, checked against the real stack one by one.
+void CompiledGrammar::mask_in_context(int32_t s, uint32_t* out) {
+  const std::vector<int32_t>& stacks = states_[size_t(s)];
+  const Frame top = frames_[size_t(stacks[0])];
+  std::vector<int32_t> cf, seen;
+  expand(frame(top.rule, top.node, kEscape), cf, seen, 0);
+  const int32_t key = intern(std::move(cf));
+  auto it = free_.find(key);
+  if (it == free_.end()) {
+    ContextFree c;
+    c.bits.resize(size_t(vocab_->words()));
+    walk(key, c.bits.data(), &c.uncertain);
+    mask_bytes_ += (c.bits.size() + c.uncertain.size()) * 4;
+    it = free_.emplace(key, std::move(c)).first;
+  }
+  const ContextFree& c = it->second;
+  std::memcpy(out, c.bits.data(), c.bits.size() * 4);
+  for (int32_t t : c.uncertain) {
+    int32_t x = s;
+    for (char b : vocab_->bytes(t))
+      if ((x = step_locked(x, uint8_t(b))) < 0) break;
+    if (x >= 0) out[t >> 5] |= 1u << (t & 31);
+  }
 }
 
 void CompiledGrammar::mask(int32_t s, uint32_t* out) {
@@ -405,7 +443,16 @@ void CompiledGrammar::mask(int32_t s, uint32_t* out) {
   if (it == masks_.end()) {
     CachedMask c;
     c.bits.resize(words);
-    walk(s, c.bits.data());
+    const std::vector<int32_t>& st = states_[size_t(s)];
+    bool context_free = false;
+    if (st.size() == 1 && st[0] > kEscape) {
+      const Frame f = frames_[size_t(st[0])];
+      context_free = !g_.rules()[size_t(f.rule)].final[size_t(f.node)] && f.parent != kEscape;
+    }
+    if (context_free)
+      mask_in_context(s, c.bits.data());
+    else
+      walk(s, c.bits.data());
     size_t n = 0;
     for (uint32_t w : c.bits) n += size_t(__builtin_popcount(w));
     if (n < words) {  // the id list is smaller than the bitmap
@@ -417,6 +464,7 @@ void CompiledGrammar::mask(int32_t s, uint32_t* out) {
     const size_t bytes = (c.bits.size() + c.ids.size()) * 4 + 64;
     if (mask_bytes_ + bytes > kMaskCacheBytes) {
       masks_.clear();
+      free_.clear();
       mask_bytes_ = 0;
     }
     mask_bytes_ += bytes;

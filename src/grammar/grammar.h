@@ -154,7 +154,11 @@ class CompiledGrammar {
   void expand(int32_t f, std::vector<int32_t>& out, std::vector<int32_t>& seen, int depth);
   int32_t intern(std::vector<int32_t> stacks);
   int32_t step_locked(int32_t s, uint8_t b);
-  void walk(int32_t s, uint32_t* out);
+  // The trie walk of state s into out; with `uncertain`, s is context-free (bottom kEscape) and the tokens of
+  // subtrees that die after leaving the frame are appended there instead of being refused.
+  void walk(int32_t s, uint32_t* out, std::vector<int32_t>* uncertain = nullptr);
+  void mask_in_context(int32_t s, uint32_t* out);
+  static constexpr int32_t kEscape = 1;  // frame id: the unknown caller of a context-free walk
 
   Grammar g_;
   std::shared_ptr<const TokenVocab> vocab_;
@@ -172,6 +176,12 @@ class CompiledGrammar {
   };
   static constexpr size_t kMaskCacheBytes = size_t(64) << 20;
   std::unordered_map<int32_t, CachedMask> masks_;
+  struct ContextFree {
+    std::vector<uint32_t> bits;      // allowed whatever the caller
+    std::vector<int32_t> uncertain;  // leave the frame before their last byte: check against the real stack
+  };
+  std::unordered_map<int32_t, ContextFree> free_;  // by the context-free state's id
+  std::vector<uint8_t> escaped_;                   // per state: holds kEscape
   size_t mask_bytes_ = 0;
   int32_t initial_ = -1;
   uint64_t walks_ = 0;
