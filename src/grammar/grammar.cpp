@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <tuple>
 #include <numeric>
 
 #include "base/error.h"
@@ -195,15 +197,62 @@ void Grammar::define(int32_t rule, const Expr& body) {
   for (size_t k = 0; k < order.size(); ++k)
     for (const Edge& e : edges[size_t(order[k])])
       if (id[size_t(e.to)] < 0) id[size_t(e.to)] = int32_t(order.size()), order.push_back(e.to);
-  RuleNfa& r = rules_[size_t(rule)];
-  r.edges.assign(order.size(), {});
-  r.final.assign(order.size(), 0);
-  for (size_t k = 0; k < order.size(); ++k) {
+  const size_t m = order.size();
+  std::vector<std::vector<Edge>> ren(m);
+  std::vector<uint8_t> rfin(m);
+  for (size_t k = 0; k < m; ++k) {
     for (Edge e : edges[size_t(order[k])]) {
       e.to = id[size_t(e.to)];
-      r.edges[k].push_back(e);
+      ren[k].push_back(e);
     }
-    r.final[k] = fin[size_t(order[k])];
+    rfin[k] = fin[size_t(order[k])];
+  }
+  // Merge nodes that behave alike (same finality, same edges to the same classes; partition refinement to a
+  // fixpoint): e.g. the end nodes of a string's character alternatives all loop back the same way. Fewer nodes
+  // means fewer distinct matcher states, so fewer mask walks.
+  std::vector<int32_t> cls(m);
+  for (size_t k = 0; k < m; ++k) cls[k] = rfin[k];
+  size_t count = 0;
+  for (;;) {
+    std::map<std::pair<int32_t, std::vector<std::tuple<int, int, int32_t, int32_t>>>, int32_t> sig_ids;
+    std::vector<int32_t> next(m);
+    for (size_t k = 0; k < m; ++k) {
+      std::vector<std::tuple<int, int, int32_t, int32_t>> sig;
+      for (const Edge& e : ren[k]) sig.emplace_back(e.lo, e.hi, e.rule, cls[size_t(e.to)]);
+      std::sort(sig.begin(), sig.end());
+      sig.erase(std::unique(sig.begin(), sig.end()), sig.end());
+      auto key = std::make_pair(cls[k], std::move(sig));  // the previous class keeps the refinement monotone
+      auto it = sig_ids.find(key);
+      if (it == sig_ids.end()) it = sig_ids.emplace(std::move(key), int32_t(sig_ids.size())).first;
+      next[k] = it->second;
+    }
+    const size_t n_cls = sig_ids.size();
+    cls.swap(next);
+    if (n_cls == count) break;
+    count = n_cls;
+  }
+  // Renumber the classes with the start's first.
+  std::vector<int32_t> cid(count, -1);
+  int32_t n_new = 0;
+  cid[size_t(cls[0])] = n_new++;
+  for (size_t k = 0; k < m; ++k)
+    if (cid[size_t(cls[k])] < 0) cid[size_t(cls[k])] = n_new++;
+  RuleNfa& r = rules_[size_t(rule)];
+  r.edges.assign(size_t(n_new), {});
+  r.final.assign(size_t(n_new), 0);
+  std::vector<uint8_t> done(size_t(n_new), 0);
+  for (size_t k = 0; k < m; ++k) {
+    const int32_t c = cid[size_t(cls[k])];
+    if (done[size_t(c)]) continue;
+    done[size_t(c)] = 1;
+    for (Edge e : ren[k]) {
+      e.to = cid[size_t(cls[size_t(e.to)])];
+      r.edges[size_t(c)].push_back(e);
+    }
+    std::sort(r.edges[size_t(c)].begin(), r.edges[size_t(c)].end(), edge_less);
+    r.edges[size_t(c)].erase(std::unique(r.edges[size_t(c)].begin(), r.edges[size_t(c)].end(), edge_eq),
+                             r.edges[size_t(c)].end());
+    r.final[size_t(c)] = rfin[k];
   }
   defined_[size_t(rule)] = 1;
 }
