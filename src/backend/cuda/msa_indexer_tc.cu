@@ -29,8 +29,9 @@ struct Params {
   const int32_t* pos;
   const int32_t* pt_indptr;
   const int32_t* pt_pages;
-  float* scores;
-  int T, H;
+  float* scores;   // score mode: [H, T, max_cols]
+  int32_t* sel;    // fused mode: [H, T, K]
+  int T, H, K;
   int64_t max_cols;
 };
 
@@ -43,6 +44,83 @@ __global__ void fill_neg_inf_kernel(float* p, int64_t n) {
   }
 }
 
+// Streaming top-(K − 1) of one query row over its history blocks (fused mode, K = top_k ≤ 16). The four lanes of a
+// quad share the row (accumulator layout, hopper/wgmma.cuh); lane q holds slots q, q + 4, q + 8, q + 12. Slots ≥ K − 1
+// are disabled (+inf, id −1: never the worst); free slots are (−inf, INT_MAX), which every block ranks before. All
+// four lanes keep a copy of the worst slot (lowest key, then highest id), the only one a new block can replace.
+// Blocks arrive in ascending id, so "ranks before the worst" (key desc, ties to the lower id, NaN as −inf) is
+// exactly the cpu::msa_topk order restricted to the blocks seen so far.
+struct RowTopK {
+  float key[4];
+  int id[4];
+  float wkey;
+  int wid, wslot;
+};
+
+__device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
+  return ka > kb || (ka == kb && a < b);
+}
+
+// Worst of the quad's slots; every lane of the warp must call it (shuffles over the quad).
+__device__ __forceinline__ void find_worst(RowTopK& r, int q) {
+  float wk = r.key[0];
+  int wi = r.id[0], ws = q;
+#pragma unroll
+  for (int j = 1; j < 4; ++j)
+    if (r.key[j] < wk || (r.key[j] == wk && r.id[j] > wi)) wk = r.key[j], wi = r.id[j], ws = q + 4 * j;
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    const float ok = __shfl_xor_sync(0xffffffffu, wk, x);
+    const int oi = __shfl_xor_sync(0xffffffffu, wi, x), os = __shfl_xor_sync(0xffffffffu, ws, x);
+    if (ok < wk || (ok == wk && (oi > wi || (oi == wi && os < ws)))) wk = ok, wi = oi, ws = os;
+  }
+  r.wkey = wk, r.wid = wi, r.wslot = ws;
+}
+
+__device__ __forceinline__ void topk_init(RowTopK& r, int q, int slots) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const bool on = q + 4 * j < slots;
+    r.key[j] = on ? -INFINITY : INFINITY;
+    r.id[j] = on ? 0x7fffffff : -1;
+  }
+  find_worst(r, q);
+}
+
+__device__ __forceinline__ void topk_replace(RowTopK& r, int q, float key, int id) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (r.wslot == q + 4 * j) r.key[j] = key, r.id[j] = id;
+}
+
+// Writes the row's selection (msa_topk contract): n = local + 1 ≤ K → 0..local then −1; else the K − 1 kept ids in
+// ascending order (rank = how many kept ids are smaller), then local. Every lane of the warp must call it.
+__device__ __forceinline__ void topk_write(const RowTopK& r, int q, int lane, bool active, int local, int K,
+                                           int32_t* sel) {
+  int all[16];
+#pragma unroll
+  for (int src = 0; src < 4; ++src)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) all[src + 4 * j] = __shfl_sync(0xffffffffu, r.id[j], (lane & ~3) | src);
+  if (!active) return;
+  if (local + 1 <= K) {
+    for (int i = q; i < K; i += 4) sel[i] = i <= local ? i : -1;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (q + 4 * j >= K - 1) continue;
+    int rank = 0;
+#pragma unroll
+    for (int s = 0; s < 16; ++s) rank += (s < K - 1 && all[s] < r.id[j]);
+    sel[rank] = r.id[j];
+  }
+  if (q == 0) sel[K - 1] = local;
+}
+
+// kSelect: fused top-k (selection only, no score matrix). kOverlap: two accumulator sets, so the MMAs of block
+// blk + 1 run while the epilogue of block blk reduces and ranks (128 accumulator registers per thread).
+template <bool kSelect, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     msa_indexer_tc_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const Params p) {
@@ -86,30 +164,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     setmaxnreg_inc<232>();
-    const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, q = lane % 4;
     // This thread's two rows (tile-local 64c + 16·warp + lane / 4, + 8): token, head, local block.
     const int r0 = 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
     const int tl0 = r0 / p.H, tl1 = r1 / p.H;
     const int t0 = tile.t0 + tl0, t1 = tile.t0 + tl1;
-    const int local0 = tl0 < tile.n ? p.pos[t0] / kB : 0, local1 = tl1 < tile.n ? p.pos[t1] / kB : 0;
-    float* out0 = p.scores + (int64_t(r0 % p.H) * p.T + t0) * p.max_cols;
-    float* out1 = p.scores + (int64_t(r1 % p.H) * p.T + t1) * p.max_cols;
+    const bool act0 = tl0 < tile.n, act1 = tl1 < tile.n;
+    const int local0 = act0 ? p.pos[t0] / kB : 0, local1 = act1 ? p.pos[t1] / kB : 0;
+    const int64_t o0 = int64_t(r0 % p.H) * p.T + t0, o1 = int64_t(r1 % p.H) * p.T + t1;  // (head, token) rows
+    // Fused mode ranks only rows with more than K visible blocks (the others' selection is fixed).
+    const int rank0 = local0 + 1 > p.K ? local0 : 0, rank1 = local1 + 1 > p.K ? local1 : 0;
+    RowTopK tk0, tk1;
+    if constexpr (kSelect) {
+      topk_init(tk0, q, p.K - 1);
+      topk_init(tk1, q, p.K - 1);
+    }
     const uint64_t dq = smem_desc_sw128(q_tile + c * (64 * 128));
     mbar_wait(q_full, 0);
-    PipeState<kStages> ps;
-    for (int blk = 0; blk < tile.max_local; ++blk) {
+
+    auto issue = [&](float(&s)[64], PipeState<kStages>& ps) {
       mbar_wait(&full[ps.stage], ps.phase);
       const uint64_t dk = smem_desc_sw128(stages + ps.stage * kStageBytes);
-      float s[64];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk)
         Wgmma<bf16_t, 128>::mma_ss(s, desc_advance(dq, (kk / 4) * kAtom + (kk % 4) * 32),
                                    desc_advance(dk, (kk / 4) * kAtom + (kk % 4) * 32), kk > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      ps.advance();
+    };
+    // Block blk's accumulators are final: release the stage, reduce each row to its max, store or rank it.
+    auto epilogue = [&](float(&s)[64], PipeState<kStages>& rel, int blk) {
       fence_regs(s);
-      if (lane == 0) mbar_arrive(&empty[ps.stage]);
+      if (lane == 0) mbar_arrive(&empty[rel.stage]);
+      rel.advance();
       float m0 = -INFINITY, m1 = -INFINITY;
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
@@ -123,11 +211,62 @@ __global__ void __launch_bounds__(kThreads, 1)
         m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, x));
         m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, x));
       }
-      if (lane % 4 == 0) {
-        if (blk < local0) out0[blk] = m0;
-        if (blk < local1) out1[blk] = m1;
+      if constexpr (kSelect) {
+        if (isnan(m0)) m0 = -INFINITY;
+        if (isnan(m1)) m1 = -INFINITY;
+        const bool in0 = blk < rank0 && ranks_before(m0, blk, tk0.wkey, tk0.wid);
+        const bool in1 = blk < rank1 && ranks_before(m1, blk, tk1.wkey, tk1.wid);
+        if (__any_sync(0xffffffffu, in0 || in1)) {  // rare after the first blocks: one branch per warp
+          if (in0) topk_replace(tk0, q, m0, blk);
+          if (in1) topk_replace(tk1, q, m1, blk);
+          find_worst(tk0, q);
+          find_worst(tk1, q);
+        }
+      } else {
+        if (q == 0) {
+          if (blk < local0) p.scores[o0 * p.max_cols + blk] = m0;
+          if (blk < local1) p.scores[o1 * p.max_cols + blk] = m1;
+        }
       }
-      ps.advance();
+    };
+
+    PipeState<kStages> rd, rel;
+    const int n = tile.max_local;
+    if constexpr (kOverlap) {
+      float a0[64], a1[64];
+      if (n > 0) {
+        issue(a0, rd);
+        int blk = 0;
+        for (; blk + 2 < n; blk += 2) {  // steady state: a0 holds blk in flight
+          issue(a1, rd);
+          wgmma_wait<1>();
+          epilogue(a0, rel, blk);
+          issue(a0, rd);
+          wgmma_wait<1>();
+          epilogue(a1, rel, blk + 1);
+        }
+        if (blk + 1 < n) {  // two blocks left
+          issue(a1, rd);
+          wgmma_wait<1>();
+          epilogue(a0, rel, blk);
+          wgmma_wait<0>();
+          epilogue(a1, rel, blk + 1);
+        } else {
+          wgmma_wait<0>();
+          epilogue(a0, rel, blk);
+        }
+      }
+    } else {
+      for (int blk = 0; blk < n; ++blk) {
+        float s[64];
+        issue(s, rd);
+        wgmma_wait<0>();
+        epilogue(s, rel, blk);
+      }
+    }
+    if constexpr (kSelect) {
+      topk_write(tk0, q, lane, act0, local0, p.K, p.sel + o0 * p.K);
+      topk_write(tk1, q, lane, act1, local1, p.K, p.sel + o1 * p.K);
     }
   }
 }
@@ -162,26 +301,51 @@ void MsaIndexerTc::plan(const std::vector<int32_t>& pos, const std::vector<int32
   if (!h_tiles_.empty()) upload(tiles_, h_tiles_.data(), h_tiles_.size(), s);
 }
 
-void MsaIndexerTc::run(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages,
-                       const DevStepRows& rows, float* scores, cudaStream_t s) {
-  M3_CUDA_REQUIRE(rows.T == T_, "MsaIndexerTc::run: %d rows, planned for %d", rows.T, T_);
-  if (T_ == 0) return;
+namespace {
+
+template <bool kSelect, bool kOverlap>
+void launch(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages, int T, int H,
+            const Params& p, size_t num_tiles, cudaStream_t s) {
   static const bool configured = [] {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_indexer_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_indexer_tc_kernel<kSelect, kOverlap>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
   }();
   (void)configured;
-  const int64_t n = int64_t(H_) * T_ * max_cols_;
-  fill_neg_inf_kernel<<<unsigned((n / 4 + 256) / 256), 256, 0, s>>>(scores, n);
-  M3_CUDA_LAUNCH_CHECK();
-  const CUtensorMap mq = make_tma_map_2d(iq, TmaDtype::BF16, uint64_t(T_) * H_, kDi, kDi, kRows, 64, TmaSwizzle::B128);
+  const CUtensorMap mq = make_tma_map_2d(iq, TmaDtype::BF16, uint64_t(T) * H, kDi, kDi, kRows, 64, TmaSwizzle::B128);
   const uint64_t kdims[3] = {uint64_t(kDi), uint64_t(kB), uint64_t(num_pages)};
   const uint64_t kstr[2] = {uint64_t(kDi), uint64_t(page_stride)};
   const uint32_t kbox[3] = {64, uint32_t(kB), 1};
   const CUtensorMap mk = make_tma_map_3d(ik, TmaDtype::BF16, kdims, kstr, kbox, TmaSwizzle::B128);
-  const Params p{tiles_.get(), rows.pos, rows.pt_indptr, rows.pt_pages, scores, T_, H_, max_cols_};
-  msa_indexer_tc_kernel<<<unsigned(h_tiles_.size()), kThreads, kSmem, s>>>(mq, mk, p);
+  msa_indexer_tc_kernel<kSelect, kOverlap><<<unsigned(num_tiles), kThreads, kSmem, s>>>(mq, mk, p);
   M3_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void MsaIndexerTc::run(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages,
+                       const DevStepRows& rows, float* scores, cudaStream_t s) {
+  M3_CUDA_REQUIRE(rows.T == T_, "MsaIndexerTc::run: %d rows, planned for %d", rows.T, T_);
+  if (T_ == 0) return;
+  const int64_t n = int64_t(H_) * T_ * max_cols_;
+  fill_neg_inf_kernel<<<unsigned((n / 4 + 256) / 256), 256, 0, s>>>(scores, n);
+  M3_CUDA_LAUNCH_CHECK();
+  const Params p{tiles_.get(), rows.pos, rows.pt_indptr, rows.pt_pages, scores, nullptr, T_, H_, 0, max_cols_};
+  launch<false, false>(iq, ik, page_stride, num_pages, T_, H_, p, h_tiles_.size(), s);
+}
+
+void MsaIndexerTc::run_topk(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages,
+                            const DevStepRows& rows, int top_k, int32_t* selection, cudaStream_t s,
+                            TopKPipeline pipeline) {
+  M3_CUDA_REQUIRE(rows.T == T_, "MsaIndexerTc::run_topk: %d rows, planned for %d", rows.T, T_);
+  M3_CUDA_REQUIRE(top_k >= 1 && top_k <= kMaxTopK, "MsaIndexerTc::run_topk: top_k %d (supported: 1..%d)", top_k,
+                  kMaxTopK);
+  if (T_ == 0) return;
+  const Params p{tiles_.get(), rows.pos, rows.pt_indptr, rows.pt_pages, nullptr, selection, T_, H_, top_k, max_cols_};
+  if (pipeline == TopKPipeline::Overlap)
+    launch<true, true>(iq, ik, page_stride, num_pages, T_, H_, p, h_tiles_.size(), s);
+  else
+    launch<true, false>(iq, ik, page_stride, num_pages, T_, H_, p, h_tiles_.size(), s);
 }
 
 }  // namespace m3::cuda

@@ -7,6 +7,11 @@
 // warpgroups of 64 rows; the producer streams the sequence's history pages 0 .. max local − 1 of the tile by TMA.
 // bf16 iq and bf16 index-K pages; fp32 accumulate and fp32 scores, so msa_topk ranks them exactly as for the v1
 // kernel (scores differ from v1's only by iq's bf16 rounding).
+// run_topk() fuses the top-k into the same CTA (docs/KERNELS.md §8.6): a tile already streams every history page of
+// its rows, so each row keeps a running top-(K − 1) in registers (4 slots in each lane of its quad, replaced only when
+// a block ranks before the current worst) and the CTA writes the final selection ([Hidx, T, K], the cpu::msa_topk
+// contract on the cpu::msa_block_scores scores: ties to the lower id, NaN as −inf, local block last, −1 padding).
+// No score matrix, no −inf fill, no second kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,6 +35,13 @@ class MsaIndexerTc {
   // scores: [Hidx, T, max_cols()] fp32.
   void run(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages, const DevStepRows& rows,
            float* scores, cudaStream_t s);
+
+  // Fused scores + top-k (1 ≤ top_k ≤ 16): writes selection [Hidx, T, top_k] only. Same plan() as run().
+  // Overlap: two accumulator sets, the MMAs of the next page run under this page's max + top-k epilogue.
+  enum class TopKPipeline { Serial, Overlap };
+  static constexpr int kMaxTopK = 16;
+  void run_topk(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages, const DevStepRows& rows,
+                int top_k, int32_t* selection, cudaStream_t s, TopKPipeline pipeline = TopKPipeline::Overlap);
 
   struct Tile {
     int32_t t0, n, max_local, seq;
