@@ -244,6 +244,7 @@ TEST(GpuMsaPrefillTc, RoutedPrefillReportsABlockAfterTheLocalBlock) {
 // nan_rows plants a NaN in that many (token, head) query rows: every score of the row is −inf (fmaxf and std::max
 // drop NaN dot products), so the row selects blocks 0 .. K − 2 by the lower-id rule.
 enum class IndexData { Random, Ties };
+int64_t split_rows_seen = 0;  // (token, head) rows ranked through split tiles + merge, over the cases run
 
 void run_indexer_case(const std::vector<Seq>& seqs, int Hi, std::vector<int> top_ks = {16},
                       IndexData data = IndexData::Random, int nan_rows = 0) {
@@ -327,12 +328,25 @@ void run_indexer_case(const std::vector<Seq>& seqs, int Hi, std::vector<int> top
     std::vector<int32_t> want_gpu(size_t(Hi) * T * K), want_cpu(want_gpu.size());
     cpu::msa_topk(out.data(), T, Hi, pos.data(), kB, cols, K, want_gpu.data());
     cpu::msa_topk(ref.data(), T, Hi, pos.data(), kB, cols, K, want_cpu.data());
-    for (auto pipe : {cuda::MsaIndexerTc::TopKPipeline::Serial, cuda::MsaIndexerTc::TopKPipeline::Overlap}) {
+    // target 0: the default plan (long tiles of a small step are split, candidates merged); 1: never split.
+    for (int v = 0; v < 4; ++v) {
+      const int target = v / 2;
+      const auto pipe = v % 2 ? cuda::MsaIndexerTc::TopKPipeline::Overlap : cuda::MsaIndexerTc::TopKPipeline::Serial;
+      cuda::MsaIndexerTc fidx;
+      fidx.set_target_ctas(target);
+      fidx.plan(pos, row_seq, Hi, Di, kB, nullptr);
+      if (target == 1) {
+        EXPECT_EQ(fidx.num_split_rows(), 0);
+      }
+      if (target == 0) split_rows_seen += fidx.num_split_rows();
       Dev<int32_t> dsel(want_gpu.size());
       dsel.poison(0x7F);
-      idx.run_topk(diq.p(), dik.p(), stride, num_pages, rows, K, dsel.p(), nullptr, pipe);
+      fidx.run_topk(diq.p(), dik.p(), stride, num_pages, rows, K, dsel.p(), nullptr, pipe);
       const std::vector<int32_t> sel = dsel.get();
-      const char* pname = pipe == cuda::MsaIndexerTc::TopKPipeline::Serial ? "serial" : "overlap";
+      char pname[96];
+      std::snprintf(pname, sizeof pname, "%s, %d items, %d split rows",
+                    pipe == cuda::MsaIndexerTc::TopKPipeline::Serial ? "serial" : "overlap", fidx.num_items(),
+                    fidx.num_split_rows());
       size_t diff_gpu = 0, diff_cpu = 0, unexplained = 0;
       for (int64_t r = 0; r < int64_t(Hi) * T; ++r) {
         const int32_t* a = &sel[size_t(r * K)];
@@ -382,6 +396,16 @@ TEST(GpuMsaPrefillTc, FusedTopKMatchesCpuTwinOnTiedScores) {
   // Exact data: most blocks tie, the lower-id rule decides; ragged batch with short rows and a one-token sequence.
   run_indexer_case({{4000, 200}, {1900, 100}, {0, 1}, {0, 50}, {2047, 3}}, 4, {16, 1, 2, 5}, IndexData::Ties);
   run_indexer_case({{30000, 64}}, 2, {16, 15}, IndexData::Ties);  // 234 history pages per row
+}
+
+TEST(GpuMsaPrefillTc, FusedTopKSplitsLongTilesOfSmallStepsAndMergesLikeCpuTwin) {
+  M3_SKIP_WITHOUT_GPU();
+  // Few tokens, long context: one or a few tiles of hundreds of pages are cut into page ranges (candidates + merge).
+  split_rows_seen = 0;
+  run_indexer_case({{40000, 7}}, 4, {16, 2}, IndexData::Ties);             // one tile, 312 pages
+  run_indexer_case({{17000, 40}, {0, 5}, {9000, 33}}, 4, {16}, IndexData::Ties);
+  run_indexer_case({{25000, 90}}, 4, {16, 9});                              // random data, 3 tiles
+  EXPECT_GT(split_rows_seen, 0) << "no case exercised the split + merge path";
 }
 
 TEST(GpuMsaPrefillTc, FusedTopKRanksNanRowsLikeCpuTwin) {

@@ -24,6 +24,11 @@ constexpr uint32_t kStageBytes = 2 * kAtom;  // one index-K page [128 keys, 128]
 constexpr size_t kSmem = 1024 + 2 * kAtom + kStages * kStageBytes + (2 * kStages + 1) * 8;
 static_assert(kSmem <= 232448, "shared memory over the sm_90 per-block limit");
 
+struct Cand {
+  float key;
+  int id;
+};
+
 struct Params {
   const MsaIndexerTc::Tile* tiles;
   const int32_t* pos;
@@ -31,6 +36,7 @@ struct Params {
   const int32_t* pt_pages;
   float* scores;   // score mode: [H, T, max_cols]
   int32_t* sel;    // fused mode: [H, T, K]
+  Cand* cand;      // fused mode, split tiles: [item][128 rows][16 slots]
   int T, H, K;
   int64_t max_cols;
 };
@@ -153,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive_expect_tx(q_full, 2 * kAtom);
       for (int b = 0; b < 2; ++b) tma_load_2d(q_tile + b * kAtom, &map_q, q_full, 64 * b, tile.t0 * p.H);
       PipeState<kStages> ps;
-      for (int blk = 0; blk < tile.max_local; ++blk) {
+      for (int blk = tile.b0; blk < tile.b1; ++blk) {
         const int page = pt[blk];
         mbar_wait(&empty[ps.stage], ps.phase ^ 1u);
         mbar_arrive_expect_tx(&full[ps.stage], kStageBytes);
@@ -231,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     PipeState<kStages> rd, rel;
-    const int n = tile.max_local;
+    const int b0 = tile.b0, n = tile.b1 - tile.b0;  // this item's pages b0 .. b1 − 1
     if constexpr (kOverlap) {
       float a0[64], a1[64];
       if (n > 0) {
@@ -240,20 +246,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (; blk + 2 < n; blk += 2) {  // steady state: a0 holds blk in flight
           issue(a1, rd);
           wgmma_wait<1>();
-          epilogue(a0, rel, blk);
+          epilogue(a0, rel, b0 + blk);
           issue(a0, rd);
           wgmma_wait<1>();
-          epilogue(a1, rel, blk + 1);
+          epilogue(a1, rel, b0 + blk + 1);
         }
         if (blk + 1 < n) {  // two blocks left
           issue(a1, rd);
           wgmma_wait<1>();
-          epilogue(a0, rel, blk);
+          epilogue(a0, rel, b0 + blk);
           wgmma_wait<0>();
-          epilogue(a1, rel, blk + 1);
+          epilogue(a1, rel, b0 + blk + 1);
         } else {
           wgmma_wait<0>();
-          epilogue(a0, rel, blk);
+          epilogue(a0, rel, b0 + blk);
         }
       }
     } else {
@@ -261,14 +267,70 @@ __global__ void __launch_bounds__(kThreads, 1)
         float s[64];
         issue(s, rd);
         wgmma_wait<0>();
-        epilogue(s, rel, blk);
+        epilogue(s, rel, b0 + blk);
       }
     }
     if constexpr (kSelect) {
-      topk_write(tk0, q, lane, act0, local0, p.K, p.sel + o0 * p.K);
-      topk_write(tk1, q, lane, act1, local1, p.K, p.sel + o1 * p.K);
+      if (tile.cand < 0) {  // the whole history in this CTA: final selection
+        topk_write(tk0, q, lane, act0, local0, p.K, p.sel + o0 * p.K);
+        topk_write(tk1, q, lane, act1, local1, p.K, p.sel + o1 * p.K);
+      } else {  // one split of the tile: its candidates, merged by msa_indexer_merge_kernel
+        Cand* c0 = p.cand + (int64_t(tile.cand) * kRows + r0) * 16;
+        Cand* c1 = p.cand + (int64_t(tile.cand) * kRows + r1) * 16;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          c0[q + 4 * j] = Cand{tk0.key[j], tk0.id[j]};
+          c1[q + 4 * j] = Cand{tk1.key[j], tk1.id[j]};
+        }
+      }
     }
   }
+}
+
+
+// Merge of a split tile's candidates (one warp per (token, head) row): the rows' splits hold disjoint page ranges,
+// each its own top-(K − 1) (free slots id INT_MAX, disabled slots id −1, skipped). K − 1 rounds pick the best
+// candidate ranking after the previous pick (key desc, id asc: a total order, so no "taken" set), then the picks are
+// written in ascending id order and the local block last; rows with local + 1 ≤ K get their fixed selection.
+__global__ void __launch_bounds__(128) msa_indexer_merge_kernel(const MsaIndexerTc::MergeRow* __restrict__ rows,
+                                                                int num_rows, const Cand* __restrict__ cand,
+                                                                const int32_t* __restrict__ pos, int T, int K,
+                                                                int32_t* __restrict__ selection) {
+  const int w = int(blockIdx.x) * 4 + int(threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (w >= num_rows) return;
+  const MsaIndexerTc::MergeRow mr = rows[w];
+  const int local = pos[mr.t] / kB;
+  int32_t* sel = selection + (int64_t(mr.h) * T + mr.t) * K;
+  if (local + 1 <= K) {
+    for (int i = lane; i < K; i += 32) sel[i] = i <= local ? i : -1;
+    return;
+  }
+  const Cand* c = cand + mr.cand;  // split j's 16 slots at c + j·kRows·16
+  const int n = mr.splits * 16;
+  float pk = INFINITY;
+  int pb = -1, mine = -1;
+  for (int k = 0; k < K - 1; ++k) {
+    float bk = -INFINITY;
+    int bb = 0x7fffffff;  // none yet
+    for (int i = lane; i < n; i += 32) {
+      const Cand x = c[int64_t(i / 16) * kRows * 16 + i % 16];
+      if (x.id < 0 || x.id == 0x7fffffff) continue;
+      if (!ranks_before(pk, pb, x.key, x.id) && k > 0) continue;
+      if (bb == 0x7fffffff || ranks_before(x.key, x.id, bk, bb)) bk = x.key, bb = x.id;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ok = __shfl_xor_sync(0xffffffffu, bk, o);
+      const int ob = __shfl_xor_sync(0xffffffffu, bb, o);
+      if (ob != 0x7fffffff && (bb == 0x7fffffff || ranks_before(ok, ob, bk, bb))) bk = ok, bb = ob;
+    }
+    pk = bk, pb = bb;
+    if (lane == k) mine = bb;
+  }
+  int rank = 0;
+  for (int m = 0; m < K - 1; ++m) rank += __shfl_sync(0xffffffffu, mine, m) < mine;
+  if (lane < K - 1) sel[rank] = mine;
+  if (lane == 0) sel[K - 1] = local;
 }
 
 }  // namespace
@@ -284,21 +346,64 @@ void MsaIndexerTc::plan(const std::vector<int32_t>& pos, const std::vector<int32
   H_ = num_heads;
   T_ = int(pos.size());
   const int per = kRows / num_heads;  // tokens per tile
-  h_tiles_.clear();
+  std::vector<Tile> tiles;
   max_cols_ = 1;
+  int64_t total_pages = 0;
   for (int t = 0; t < T_;) {
-    Tile tl{t, 0, 0, row_seq[size_t(t)]};
+    Tile tl{t, 0, 0, row_seq[size_t(t)], 0, 0, -1};
     while (t < T_ && tl.n < per && row_seq[size_t(t)] == tl.seq) {
       tl.max_local = std::max(tl.max_local, pos[size_t(t)] / kB);
       ++tl.n, ++t;
     }
     max_cols_ = std::max<int64_t>(max_cols_, tl.max_local + 1);
-    h_tiles_.push_back(tl);
+    total_pages += tl.max_local;
+    tiles.push_back(tl);
   }
-  // Longest first: the last wave is made of short tiles.
-  std::stable_sort(h_tiles_.begin(), h_tiles_.end(), [](const Tile& a, const Tile& b) { return a.max_local > b.max_local; });
+  // Split the page range of long tiles when the step has too few pages per SM (few tokens, long context): a tile
+  // is cut into items of ≥ kMinSplitPages pages so the grid fills the GPU; each item writes candidates, the merge
+  // kernel ranks them. A step with ≥ one tile's pages per SM is not split (the merge would only add work).
+  int ctas = target_ctas_;
+  if (ctas <= 0) {
+    static const int sms = [] {
+      int dev = 0, n = 0;
+      M3_CUDA_CHECK(cudaGetDevice(&dev));
+      M3_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+      return std::max(n, 1);
+    }();
+    ctas = sms;
+  }
+  const int64_t chunk = std::max<int64_t>(kMinSplitPages, (total_pages + ctas - 1) / ctas);
+  h_tiles_.clear();
+  h_merge_.clear();
+  int num_cand = 0;
+  for (const Tile& tl : tiles) {
+    const int splits = tl.max_local > chunk ? int(std::min<int64_t>((tl.max_local + chunk - 1) / chunk, kMaxSplits)) : 1;
+    if (splits == 1) {
+      Tile it = tl;
+      it.b0 = 0, it.b1 = tl.max_local, it.cand = -1;
+      h_tiles_.push_back(it);
+      continue;
+    }
+    for (int j = 0; j < splits; ++j) {
+      Tile it = tl;
+      it.b0 = int(int64_t(tl.max_local) * j / splits), it.b1 = int(int64_t(tl.max_local) * (j + 1) / splits);
+      it.cand = num_cand + j;
+      h_tiles_.push_back(it);
+    }
+    for (int r = 0; r < tl.n * H_; ++r)
+      h_merge_.push_back(MergeRow{tl.t0 + r / H_, r % H_, int64_t(num_cand) * kRows * 16 + int64_t(r) * 16, splits});
+    num_cand += splits;
+  }
+  num_cand_ = num_cand;
+  // Longest first: the last wave is made of short items.
+  std::stable_sort(h_tiles_.begin(), h_tiles_.end(),
+                   [](const Tile& a, const Tile& b) { return a.b1 - a.b0 > b.b1 - b.b0; });
   tiles_.grow(std::max<size_t>(h_tiles_.size(), 1));
   if (!h_tiles_.empty()) upload(tiles_, h_tiles_.data(), h_tiles_.size(), s);
+  if (!h_merge_.empty()) {
+    upload(merge_, h_merge_.data(), h_merge_.size(), s);
+    cand_.grow(size_t(num_cand) * kRows * 16 * 2);  // (key, id) pairs
+  }
 }
 
 namespace {
@@ -330,7 +435,7 @@ void MsaIndexerTc::run(const uint16_t* iq, const uint16_t* ik, int64_t page_stri
   const int64_t n = int64_t(H_) * T_ * max_cols_;
   fill_neg_inf_kernel<<<unsigned((n / 4 + 256) / 256), 256, 0, s>>>(scores, n);
   M3_CUDA_LAUNCH_CHECK();
-  const Params p{tiles_.get(), rows.pos, rows.pt_indptr, rows.pt_pages, scores, nullptr, T_, H_, 0, max_cols_};
+  const Params p{tiles_.get(), rows.pos, rows.pt_indptr, rows.pt_pages, scores, nullptr, nullptr, T_, H_, 0, max_cols_};
   launch<false, false>(iq, ik, page_stride, num_pages, T_, H_, p, h_tiles_.size(), s);
 }
 
@@ -341,11 +446,18 @@ void MsaIndexerTc::run_topk(const uint16_t* iq, const uint16_t* ik, int64_t page
   M3_CUDA_REQUIRE(top_k >= 1 && top_k <= kMaxTopK, "MsaIndexerTc::run_topk: top_k %d (supported: 1..%d)", top_k,
                   kMaxTopK);
   if (T_ == 0) return;
-  const Params p{tiles_.get(), rows.pos, rows.pt_indptr, rows.pt_pages, nullptr, selection, T_, H_, top_k, max_cols_};
+  Cand* cand = reinterpret_cast<Cand*>(cand_.get());
+  const Params p{tiles_.get(), rows.pos, rows.pt_indptr, rows.pt_pages, nullptr, selection, cand, T_, H_, top_k, max_cols_};
   if (pipeline == TopKPipeline::Overlap)
     launch<true, true>(iq, ik, page_stride, num_pages, T_, H_, p, h_tiles_.size(), s);
   else
     launch<true, false>(iq, ik, page_stride, num_pages, T_, H_, p, h_tiles_.size(), s);
+  if (!h_merge_.empty()) {
+    const int n = int(h_merge_.size());
+    msa_indexer_merge_kernel<<<unsigned((n + 3) / 4), 128, 0, s>>>(merge_.get(), n, cand, rows.pos, T_, top_k,
+                                                                    selection);
+    M3_CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace m3::cuda
