@@ -240,7 +240,7 @@ TEST(GpuMsaPrefillTc, RoutedPrefillReportsABlockAfterTheLocalBlock) {
 //  - on the CPU twin's scores: identical for IndexData::Ties (values in {−½, 0, ½}: every dot product is exact in
 //    fp32, so the scores are bit-identical and most blocks tie — the lower-id rule decides); for Random data a
 //    differing row is accepted only where the CPU scores of the differing blocks are within fp32 summation-order
-//    noise of the row's (K − 1)-th best score (the tie note of docs/KERNELS.md §8.6).
+//    noise of the row's (K − 1)-th best score (the tie note of docs/KERNELS.md §8.3).
 // nan_rows plants a NaN in that many (token, head) query rows: every score of the row is −inf (fmaxf and std::max
 // drop NaN dot products), so the row selects blocks 0 .. K − 2 by the lower-id rule.
 enum class IndexData { Random, Ties };

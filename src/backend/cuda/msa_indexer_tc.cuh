@@ -7,7 +7,7 @@
 // warpgroups of 64 rows; the producer streams the sequence's history pages 0 .. max local − 1 of the tile by TMA.
 // bf16 iq and bf16 index-K pages; fp32 accumulate and fp32 scores, so msa_topk ranks them exactly as for the v1
 // kernel (scores differ from v1's only by iq's bf16 rounding).
-// run_topk() fuses the top-k into the same CTA (docs/KERNELS.md §8.6): a tile already streams every history page of
+// run_topk() fuses the top-k into the same CTA (docs/KERNELS.md §8.3): a tile already streams every history page of
 // its rows, so each row keeps a running top-(K − 1) in registers (4 slots in each lane of its quad, replaced only when
 // a block ranks before the current worst) and the CTA writes the final selection ([Hidx, T, K], the cpu::msa_topk
 // contract on the cpu::msa_block_scores scores: ties to the lower id, NaN as −inf, local block last, −1 padding).
