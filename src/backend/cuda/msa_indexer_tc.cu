@@ -1,8 +1,11 @@
-// Tensor-core prefill indexer (msa_indexer_tc.cuh). CTA = one tile of 128 (token, head) rows of one sequence, 384
-// threads: warpgroup 0's first thread streams the tile's q rows once ([128 rows, 64] × 2, 128B-swizzled TMA boxes)
-// and then K of history pages 0 .. max_local − 1 ([128 keys, 64] × 2 each) into a 4-stage ring; consumer warpgroups
-// 1 and 2 (rows 0–63, 64–127) compute S = Q·Kᵀ (8 × wgmma m64n128k16), reduce each row's 128 values to one max and
-// write scores[h, t, b] for the rows whose local block is after b. The other columns were set to −inf first.
+// Tensor-core prefill indexer (msa_indexer_tc.cuh). CTA = one work item: a tile of 128 (token, head) rows of one
+// sequence and a range of its history pages (all of them unless plan() split the tile), 384 threads: warpgroup 0's
+// first thread streams the tile's q rows once ([128 rows, 64] × 2, 128B-swizzled TMA boxes) and then K of pages
+// b0 .. b1 − 1 ([128 keys, 64] × 2 each) into a 4-stage ring; consumer warpgroups 1 and 2 (rows 0–63, 64–127) compute
+// S = Q·Kᵀ (8 × wgmma m64n128k16) and reduce each row's 128 values to one max. Score mode: write scores[h, t, b] for
+// the rows whose local block is after b (the other columns were set to −inf first). Fused mode: rank it into the
+// row's running top-(K − 1) and write the selection, or a split's candidates for the merge kernel (§8.3 of
+// docs/KERNELS.md).
 #include "backend/cuda/msa_indexer_tc.cuh"
 
 #include <algorithm>
