@@ -405,7 +405,8 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
                         K <= cuda::MsaDecodeIndex::kMaxTopK;
   const bool tc_prefill = tc && !decode && any_sparse && G == 16 && K <= 16;
   const bool tc_dense_prefill = tc && !decode && any_dense && G == 16;  // union kernel in dense causal mode
-  const bool tc_prefill_index = tc_prefill && Di == 128 && Hi >= 1 && 128 % Hi == 0;  // MsaIndexerTc
+  const bool tc_prefill_index =  // MsaIndexerTc::run_topk
+      tc_prefill && Di == 128 && Hi >= 1 && 128 % Hi == 0 && K <= cuda::MsaIndexerTc::kMaxTopK;
   if (tc_dense_prefill) msa_union.plan(T, int(Hkv), int(G), int(D), int(B), 16);
   if (tc_prefill) msa_sparse.plan(T, int(Hkv), int(G), int(D), int(B), int(K), int64_t(pool->capacity()));
   // graph: only device-side plans with capacity launch shapes (graph_eligible guarantees the tensor-core decode).
@@ -434,8 +435,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
       else if (!tc_prefill)  // (the union kernel was planned above)
         msa_prefill.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), s);
       if (tc_prefill_index) {
-        indexer_tc.plan(pos, row_seq, int(Hi), int(Di), int(B), s);
-        scores.grow(size_t(Hi * T * indexer_tc.max_cols()));
+        indexer_tc.plan(pos, row_seq, int(Hi), int(Di), int(B), s);  // fused top-k: no score matrix
       } else {
         indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
         scores.grow(size_t(Hi * T * indexer.max_cols()));
@@ -519,18 +519,15 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         prof.mark(GpuStepProfile::kAttention, s);
         o_bf16 = true;
       } else {
-        int64_t cols = 0;
-        if (tc_prefill_index) {
+        if (tc_prefill_index) {  // scores + top-k fused: no score matrix (msa_indexer_tc.cuh)
           cuda::f32_to_bf16(iq.get(), T * Hi * Di, iqb.get(), s);
-          indexer_tc.run(iqb.get(), static_cast<const uint16_t*>(ikv.ik), ikv.page_stride, int64_t(pool->capacity()),
-                         rows, scores.get(), s);
-          cols = indexer_tc.max_cols();
+          indexer_tc.run_topk(iqb.get(), static_cast<const uint16_t*>(ikv.ik), ikv.page_stride,
+                              int64_t(pool->capacity()), rows, int(K), d_sel.get(), s);
         } else {
           indexer.run(iq.get(), ikv, rows, scores.get(), s);
-          cols = indexer.max_cols();
+          cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos, int(B), indexer.max_cols(), int(K), d_sel.get(),
+                         s);
         }
-        cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos, int(B), cols, int(K), d_sel.get(),
-                       s);
         prof.mark(GpuStepProfile::kIndexer, s);
         if (tc_prefill) {
           cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
