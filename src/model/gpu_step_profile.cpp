@@ -57,7 +57,12 @@ void GpuStepProfile::record(Cat c, cudaStream_t s) {
     M3_CUDA_CHECK(cudaEventCreate(&ev));
     events_.push_back(ev);
   }
-  M3_CUDA_CHECK(cudaEventRecord(events_[used_], s));
+  // While a decode graph is captured, a plain record would only order the capture's streams; External makes it an
+  // event-record node, so each replay records the event and the step is timed like an eager one.
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  M3_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+  M3_CUDA_CHECK(cudaEventRecordWithFlags(events_[used_], s,
+                                         cap == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0));
   cats_.push_back(int8_t(c));
   ++used_;
 }
