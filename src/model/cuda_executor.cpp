@@ -116,6 +116,7 @@ struct CudaExecutor::Impl {
                 *d_pt_indptr = nullptr, *d_pt_pages = nullptr;
   DeviceBuffer<float> x, xn, qkv, q, attn, iqk, iq, scores, hsel, logits;
   DeviceBuffer<uint16_t> qb, iqb, attnb;  // bf16 copies for the tensor-core kernels: q, index q, attention output
+  DeviceBuffer<uint16_t> xnb;             // the normalised hidden rows in bf16: the input of the bf16 GEMMs
   cuda::FfnScratch ffn;
   cuda::DenseAttention dense;
   cuda::MsaPrefill msa_prefill;
@@ -451,6 +452,8 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   x.grow(size_t(T * H));
   xn.grow(size_t(T * H));
+  const bool act_bf16 = wt == cuda::WType::BF16;  // bf16 GEMM inputs straight from the norms
+  if (act_bf16) xnb.grow(size_t(T * H));
   qkv.grow(size_t(T * qkv_w));
   q.grow(size_t(T * Hq * D));
   attn.grow(size_t(T * Hq * D));
@@ -468,13 +471,25 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     DevLayer& L = layers[l];
     const cuda::DevPagedKV kv = kv_view(l);
     // ---- attention -------------------------------------------------------------------------------------------
-    cuda::rms_norm_gemma(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xn.get(), s);
-    prof.mark(GpuStepProfile::kEmbedNorm, s);
-    gemm->nt(xn.get(), T, H, L.wqkv.get(), wt, qkv_w, qkv.get(), false, s);
+    // bf16 weights: the norm writes the GEMM input in bf16 once (no fp32 copy, no per-GEMM rounding kernel) and q /
+    // index q come out of their norm + RoPE in bf16 where a tensor-core kernel reads them — bit-identical to
+    // rounding afterwards (docs/ENGINE_STEP.md).
+    const bool sparse_layer = c.attn_kinds[l] == AttnKind::Sparse && !dense_only;
+    const bool q_bf16 = sparse_layer ? (tc_index || tc_prefill) : (tc_decode || tc_dense_prefill);
+    if (act_bf16) {
+      cuda::rms_norm_gemma_bf16(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
+      prof.mark(GpuStepProfile::kEmbedNorm, s);
+      gemm->nt_bf16(xnb.get(), T, H, L.wqkv.get(), qkv_w, qkv.get(), false, s);
+    } else {
+      cuda::rms_norm_gemma(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xn.get(), s);
+      prof.mark(GpuStepProfile::kEmbedNorm, s);
+      gemm->nt(xn.get(), T, H, L.wqkv.get(), wt, qkv_w, qkv.get(), false, s);
+    }
     prof.mark(GpuStepProfile::kGemm, s);
     cuda::HeadsNormRopeArgs a;
     a.src = qkv.get(), a.src_ld = qkv_w, a.T = int(T), a.D = int(D);
     a.n_q = int(Hq), a.q_col0 = 0, a.q_w = L.q_norm.get(), a.q_out = q.get();
+    if (q_bf16) a.q_out_bf16 = qb.get();
     a.n_k = int(Hkv), a.k_col0 = int(Hq * D), a.k_w = L.k_norm.get(), a.k_cache = kv.k, a.k_head_stride = B * D;
     a.n_v = int(Hkv), a.v_col0 = int((Hq + Hkv) * D), a.v_cache = kv.v, a.v_head_stride = B * D;
     a.cache_type = kv.type;
@@ -484,12 +499,16 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     prof.mark(GpuStepProfile::kAttention, s);  // q/k norm, RoPE and the K/V cache write
 
     bool o_bf16 = false;  // the attention output is in attnb (bf16) instead of attn
-    if (c.attn_kinds[l] == AttnKind::Sparse && !dense_only) {
+    if (sparse_layer) {
       const int64_t iw = (Hi + 1) * Di;
-      gemm->nt(xn.get(), T, H, L.w_index_qk.get(), wt, iw, iqk.get(), false, s);
+      if (act_bf16)
+        gemm->nt_bf16(xnb.get(), T, H, L.w_index_qk.get(), iw, iqk.get(), false, s);
+      else
+        gemm->nt(xn.get(), T, H, L.w_index_qk.get(), wt, iw, iqk.get(), false, s);
       cuda::HeadsNormRopeArgs b;
       b.src = iqk.get(), b.src_ld = iw, b.T = int(T), b.D = int(Di);
       b.n_q = int(Hi), b.q_col0 = 0, b.q_w = L.index_q_norm.get(), b.q_out = iq.get();
+      if (tc_index || tc_prefill_index) b.q_out_bf16 = iqb.get();  // the tensor-core indexers read bf16
       const cuda::DevPagedIndexK ikv = ik_view(l);
       b.n_k = 1, b.k_col0 = int(Hi * Di), b.k_w = L.index_k_norm.get(), b.k_cache = ikv.ik, b.k_head_stride = 0;
       b.cache_type = ikv.type;
@@ -500,13 +519,11 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
       const int32_t* sel = d_sel.get();  // [Hi, T, K]
       if (tc_index) {
         // Fused scorer + top-k + page-list emit, then the tensor-core paged decode over the emitted lists.
-        cuda::f32_to_bf16(iq.get(), T * Hi * Di, iqb.get(), s);
         dec_index.run(reinterpret_cast<const __nv_bfloat16*>(iqb.get()),
                       cuda::DevPagedIndexKT<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(ikv.ik), ikv.page_stride},
                       rows, s);
         sel = dec_index.selection();
         prof.mark(GpuStepProfile::kIndexer, s);
-        cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
         cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
         pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
         pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
@@ -520,7 +537,6 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         o_bf16 = true;
       } else {
         if (tc_prefill_index) {  // scores + top-k fused: no score matrix (msa_indexer_tc.cuh)
-          cuda::f32_to_bf16(iq.get(), T * Hi * Di, iqb.get(), s);
           indexer_tc.run_topk(iqb.get(), static_cast<const uint16_t*>(ikv.ik), ikv.page_stride,
                               int64_t(pool->capacity()), rows, int(K), d_sel.get(), s);
         } else {
@@ -530,7 +546,6 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         }
         prof.mark(GpuStepProfile::kIndexer, s);
         if (tc_prefill) {
-          cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
           const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                          kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
           msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
@@ -557,7 +572,6 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         }
       }
     } else if (tc_decode) {
-      cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
       cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
       pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
       pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
@@ -568,7 +582,6 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
       dense_tc.run(pa, s);
       o_bf16 = true;
     } else if (tc_dense_prefill) {
-      cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
       const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                      kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
       msa_union.run_dense(qb.get(), rows, kvb, scale, attn.get(), s);
@@ -583,11 +596,17 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     prof.mark(GpuStepProfile::kGemm, s);
 
     // ---- feed-forward ------------------------------------------------------------------------------------------
-    cuda::rms_norm_gemma(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xn.get(), s);
+    // (MoE layers keep the fp32 norm: the router runs in fp32, and its kernel writes the bf16 expert input itself.)
+    const bool mlp_bf16 = act_bf16 && c.mlp_kinds[l] == MlpKind::Dense;
+    if (mlp_bf16)
+      cuda::rms_norm_gemma_bf16(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
+    else
+      cuda::rms_norm_gemma(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xn.get(), s);
     prof.mark(GpuStepProfile::kEmbedNorm, s);
     if (c.mlp_kinds[l] == MlpKind::Dense) {
       const cuda::MlpDev m{L.mlp.gate_up.get(), L.mlp.down.get(), wt, L.mlp.I};
-      cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s);
+      cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s,
+                    mlp_bf16 ? xnb.get() : nullptr);
       prof.mark(GpuStepProfile::kMlp, s);
     } else {
       cuda::MoeArgs m;
