@@ -11,6 +11,8 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 
 #include "backend/cuda/warp_mma.cuh"
 
@@ -89,29 +91,6 @@ struct W8Params {
   int splits;
 };
 
-// The bf16x2 multiplier scale(row, k)·2^120 for both halves.
-template <Fp8Scale SC>
-__device__ __forceinline__ uint32_t scale_mult(const W8Params& p, int64_t row, int64_t k) {
-  if constexpr (SC == Fp8Scale::G32) {
-    const uint32_t e = static_cast<const uint8_t*>(p.scales)[row * p.sld + (k >> 5)];
-    const uint32_t b = (e + E4M3::kBias) << 7;  // bf16 of 2^(e − 127 + 120); e ≤ 134 by contract
-    return b | (b << 16);
-  } else {
-    const float* s = static_cast<const float*>(p.scales);
-    const float f = SC == Fp8Scale::Row128 ? s[(k >> 7) * p.sld + row] : s[(row >> 7) * p.sld + (k >> 7)];
-    const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(f * 0x1p120f));
-    return b | (b << 16);
-  }
-}
-
-__device__ __forceinline__ uint4 ld_stream16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
@@ -127,14 +106,62 @@ __device__ __forceinline__ void store_out(const W8Params& p, int64_t idx, float 
   }
 }
 
+constexpr int kStages = 4;  // W8A16: cp.async ring depth (chunks in flight per thread = kStages − 1)
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// Shared memory of one W8A16 block: the per-thread cp.async ring while streaming, then the reduction tile.
+template <int MT, int NT>
+constexpr size_t w8a16_smem() {
+  const size_t ring = size_t(kStages) * NT * 2 * kWarps * 32 * (16 + 4);
+  const size_t red = size_t(kWarps) * NT * 16 * MT * 8 * sizeof(float);
+  return ring > red ? ring : red;
+}
+
+// Each thread streams exactly the weight bytes (and scale words) it consumes through its own slots of a kStages-deep
+// cp.async ring, so no warp or block synchronisation is needed in the main loop and kStages − 1 chunks per thread
+// are always in flight without costing registers. Activations (small, L2-resident) are read directly.
 template <typename Elem, int MT, int NT, Fp8Scale SC>
 __global__ void __launch_bounds__(kWarps * 32) w8a16_kernel(W8Params p) {
-  extern __shared__ float red[];  // [kWarps][NT·16][MT·8]
-  constexpr int TR = NT * 16, TC = MT * 8, TILE = TR * TC;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int TR = NT * 16, TC = MT * 8, TILE = TR * TC, SLOTS = NT * 2, NTHR = kWarps * 32;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int64_t n0 = int64_t(blockIdx.x) * TR;
   const int64_t C = p.K / 64;
   const int64_t c_begin = C * blockIdx.y / p.splits, c_end = C * (blockIdx.y + 1) / p.splits;
+  const int64_t c0 = c_begin + warp;
+  const int n_my = c0 < c_end ? int((c_end - c0 + kWarps - 1) / kWarps) : 0;
+  const uint32_t ring_w = smem_addr(smem), ring_s = ring_w + uint32_t(kStages * SLOTS * NTHR * 16);
+  const bool scale_words_aligned = SC != Fp8Scale::G32 || (p.sld % 4) == 0;
+
+  auto issue = [&](int i) {  // chunk i of this warp into stage i % kStages
+    const int st = i % kStages;
+    const int64_t c = c0 + int64_t(i) * kWarps, k = c * 64 + t4 * 16;
+#pragma unroll
+    for (int slot = 0; slot < SLOTS; ++slot) {
+      const int64_t row = n0 + (slot >> 1) * 16 + (slot & 1) * 8 + g;
+      const bool ok = row < p.N;
+      const int64_t r = ok ? row : 0;
+      const uint32_t o = uint32_t((st * SLOTS + slot) * NTHR + tid);
+      cp_async16(ring_w + o * 16, p.q + r * p.K + k, ok ? 16 : 0);
+      if constexpr (SC == Fp8Scale::G32) {
+        const uint8_t* sp = static_cast<const uint8_t*>(p.scales) + r * p.sld;
+        if (scale_words_aligned) {
+          cp_async4(ring_s + o * 4, sp + ((2 * c) & ~int64_t(3)), ok ? 4 : 0);
+        } else {  // K not a multiple of 128: the group's byte, placed where the aligned word would put it
+          const uint32_t b = ok ? uint32_t(sp[2 * c + (t4 >> 1)]) : 0u;
+          const uint32_t v = b << (8 * (((2 * c) & 3) + (t4 >> 1)));
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ring_s + o * 4), "r"(v));
+        }
+      } else {
+        const float* sp = static_cast<const float*>(p.scales);
+        const float* src = SC == Fp8Scale::Row128 ? sp + (k >> 7) * p.sld + r : sp + (r >> 7) * p.sld + (k >> 7);
+        cp_async4(ring_s + o * 4, src, ok ? 4 : 0);
+      }
+    }
+  };
 
   float acc[NT][MT][4];
 #pragma unroll
@@ -142,33 +169,16 @@ __global__ void __launch_bounds__(kWarps * 32) w8a16_kernel(W8Params p) {
 #pragma unroll
     for (int b = 0; b < MT; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0.f;
 
-  uint4 wcur[NT][2];
-  uint32_t scur[NT][2];
-  auto load_w = [&](int64_t c, uint4 (&w)[NT][2], uint32_t (&sm)[NT][2]) {
-    const int64_t k = c * 64 + t4 * 16;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = n0 + nt * 16 + h * 8 + g;
-        if (row < p.N) {
-          w[nt][h] = ld_stream16(p.q + row * p.K + k);
-          sm[nt][h] = scale_mult<SC>(p, row, k);
-        } else {
-          w[nt][h] = make_uint4(0, 0, 0, 0);
-          sm[nt][h] = 0;
-        }
-      }
-  };
-
-  int64_t c = c_begin + warp;
-  if (c < c_end) load_w(c, wcur, scur);
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_my) issue(i);
+    cp_async_commit();
+  }
 #pragma unroll 1
-  for (; c < c_end; c += kWarps) {
-    uint4 wnxt[NT][2];
-    uint32_t snxt[NT][2];
-    const bool more = c + kWarps < c_end;
-    if (more) load_w(c + kWarps, wnxt, snxt);
+  for (int i = 0; i < n_my; ++i) {
+    if (i + kStages - 1 < n_my) issue(i + kStages - 1);
+    cp_async_commit();
+    const int64_t c = c0 + int64_t(i) * kWarps;
     uint4 xb[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -181,16 +191,37 @@ __global__ void __launch_bounds__(kWarps * 32) w8a16_kernel(W8Params p) {
         xb[mt][0] = xb[mt][1] = make_uint4(0, 0, 0, 0);
       }
     }
+    cp_async_wait<kStages - 1>();  // chunk i has landed (this thread's own bytes)
+    const int st = i % kStages;
+    uint4 w[NT][2];
+    uint32_t sm[NT][2];
+#pragma unroll
+    for (int slot = 0; slot < SLOTS; ++slot) {
+      const uint32_t o = uint32_t((st * SLOTS + slot) * NTHR + tid);
+      uint4 v;
+      uint32_t s;
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(ring_w + o * 16));
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(s) : "r"(ring_s + o * 4));
+      w[slot >> 1][slot & 1] = v;
+      if constexpr (SC == Fp8Scale::G32) {
+        const uint32_t e = (s >> (8 * (((2 * c) & 3) + (t4 >> 1)))) & 0xffu;
+        const uint32_t b = (e + Elem::kBias) << 7;  // bf16 of 2^(e − 127 + kBias); e ≤ 134 by contract
+        sm[slot >> 1][slot & 1] = b | (b << 16);
+      } else {
+        const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(__uint_as_float(s) * 0x1p120f));
+        sm[slot >> 1][slot & 1] = b | (b << 16);
+      }
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t a[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t w0 = word(wcur[nt][0], j), w1 = word(wcur[nt][1], j);
-        a[nt][0] = mul_bf16x2(Elem::lo2(w0), scur[nt][0]);
-        a[nt][1] = mul_bf16x2(Elem::lo2(w1), scur[nt][1]);
-        a[nt][2] = mul_bf16x2(Elem::hi2(w0), scur[nt][0]);
-        a[nt][3] = mul_bf16x2(Elem::hi2(w1), scur[nt][1]);
+        const uint32_t w0 = word(w[nt][0], j), w1 = word(w[nt][1], j);
+        a[nt][0] = mul_bf16x2(Elem::lo2(w0), sm[nt][0]);
+        a[nt][1] = mul_bf16x2(Elem::lo2(w1), sm[nt][1]);
+        a[nt][2] = mul_bf16x2(Elem::hi2(w0), sm[nt][0]);
+        a[nt][3] = mul_bf16x2(Elem::hi2(w1), sm[nt][1]);
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -200,18 +231,12 @@ __global__ void __launch_bounds__(kWarps * 32) w8a16_kernel(W8Params p) {
         for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(acc[nt][mt], a[nt], b0, b1);
       }
     }
-    if (more) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        wcur[nt][0] = wnxt[nt][0];
-        wcur[nt][1] = wnxt[nt][1];
-        scur[nt][0] = snxt[nt][0];
-        scur[nt][1] = snxt[nt][1];
-      }
-    }
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the reduction tile reuses the ring
 
   // Block reduction over the warps' K slices, in warp order (deterministic).
+  float* red = reinterpret_cast<float*>(smem);
   float* mine = red + warp * TILE;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -266,8 +291,8 @@ __global__ void __launch_bounds__(kWarps * 32) w8a16_kernel(W8Params p) {
 template <int MT, int NT, Fp8Scale SC>
 void launch_w8a16(W8Params p, cudaStream_t s, Fp8Gemm* /*unused*/, DeviceBuffer<float>& partials,
                   DeviceBuffer<unsigned>& counters) {
-  constexpr int TR = NT * 16, TC = MT * 8;
-  constexpr size_t smem = size_t(kWarps) * TR * TC * sizeof(float);
+  constexpr int TR = NT * 16;
+  constexpr size_t smem = w8a16_smem<MT, NT>();
   auto kern = w8a16_kernel<E4M3, MT, NT, SC>;
   static int blocks_per_sm = [&] {
     if (smem > 48 * 1024) M3_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -276,11 +301,19 @@ void launch_w8a16(W8Params p, cudaStream_t s, Fp8Gemm* /*unused*/, DeviceBuffer<
     return std::max(b, 1);
   }();
   const int64_t groups = ceil_div(p.N, TR), C = p.K / 64;
-  const int64_t want = int64_t(blocks_per_sm) * sm_count();
-  int64_t S = ceil_div(want, groups);
-  S = std::min<int64_t>(S, std::max<int64_t>(1, C / kWarps));          // every warp gets a chunk
-  S = std::min<int64_t>(S, std::max<int64_t>(1, p.K / (16 * p.M)));    // partial sums ≤ 1/4 of the weight bytes
-  S = std::min<int64_t>(S, 65535);
+  const int64_t cap = int64_t(blocks_per_sm) * sm_count();  // blocks resident at once
+  // Split K so the blocks fill whole waves (a streaming kernel is as slow as its last, partly empty wave), with at
+  // least four chunks per warp and partial sums of at most 1/4 of the weight bytes.
+  int64_t s_max = std::max<int64_t>(1, C / (4 * kWarps));  // ≥ 4 chunks per warp keep the ring busy
+  s_max = std::min<int64_t>(s_max, std::max<int64_t>(1, p.K / (16 * p.M)));
+  s_max = std::min<int64_t>(s_max, 65535);
+  int64_t S = 1;
+  double best = -1;
+  for (int64_t s = 1; s <= s_max; ++s) {
+    const int64_t blocks = groups * s, waves = ceil_div(blocks, cap);
+    const double eff = double(blocks) / double(waves * cap);
+    if (eff > best + 0.02) best = eff, S = s;
+  }
   p.splits = int(S);
   if (S > 1) {
     partials.grow(size_t(S * p.M * p.N));
@@ -300,7 +333,7 @@ template <Fp8Scale SC>
 void dispatch_w8a16(W8Params p, int nt, cudaStream_t s, DeviceBuffer<float>& partials,
                     DeviceBuffer<unsigned>& counters) {
   const int mt = p.M <= 8 ? 1 : p.M <= 16 ? 2 : p.M <= 32 ? 4 : 8;
-  if (nt == 0) nt = mt <= 2 ? 4 : 2;
+  if (nt == 0) nt = mt <= 4 ? 2 : 1;
 #define M3_W8_CASE(MTV, NTV) \
   if (mt == MTV && nt == NTV) return launch_w8a16<MTV, NTV, SC>(p, s, nullptr, partials, counters);
   if constexpr (SC == Fp8Scale::G32) {
@@ -309,7 +342,7 @@ void dispatch_w8a16(W8Params p, int nt, cudaStream_t s, DeviceBuffer<float>& par
     M3_W8_CASE(4, 1) M3_W8_CASE(4, 2) M3_W8_CASE(4, 4)
     M3_W8_CASE(8, 1) M3_W8_CASE(8, 2) M3_W8_CASE(8, 4)
   } else {
-    M3_W8_CASE(1, 4) M3_W8_CASE(2, 4) M3_W8_CASE(4, 2) M3_W8_CASE(8, 2)
+    M3_W8_CASE(1, 2) M3_W8_CASE(2, 2) M3_W8_CASE(4, 2) M3_W8_CASE(8, 1)
   }
 #undef M3_W8_CASE
   failf("w8a16: no kernel for %d token tiles × %d row tiles with %s scales", mt, nt, fp8_scale_name(SC));
@@ -418,6 +451,44 @@ __global__ void quant_act_kernel(const void* __restrict__ x, int64_t T, int64_t 
 
 unsigned blocks_for_warps(int64_t warps) { return unsigned(ceil_div(warps, 8)); }
 
+// The operand arrangements tried, in order, when a plan is made (cuBLASLt documents its block-scaled FP8 support by
+// example — 1×128 scales on A with 128×128 on B — so the first arrangement it accepts is used and recorded):
+//   WX  A = W (K×N, transposed), B = x (K×T): D = yᵀ column-major [N, T] = y row-major; no copy.
+//   XWr A = x (transposed), B = W: D = y column-major [T, N] declared row-order (ld N) = y row-major.
+//   XWt A = x, B = W: D column-major [T, N] (ld T) = yᵀ row-major, transposed into y by a small kernel.
+enum class LtMode : int { WX, XWr, XWt };
+const char* lt_mode_name(LtMode m) {
+  return m == LtMode::WX ? "A=W(TN) B=x D=col[N,T]" : m == LtMode::XWr ? "A=x(TN) B=W D=row[T,N]" : "A=x(TN) B=W D=col[T,N]+transpose";
+}
+
+template <typename T>
+__global__ void transpose_out_kernel(const T* __restrict__ src, int64_t ld_src, T* __restrict__ y, int64_t rows,
+                                     int64_t cols, bool accumulate) {
+  // src: [cols][ld_src] (yᵀ), y: [rows][cols]
+  __shared__ float tile[32][33];
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (c < cols && r < rows) {
+      if constexpr (sizeof(T) == 2) tile[i][threadIdx.x] = __bfloat162float(src[c * ld_src + r]);
+      else tile[i][threadIdx.x] = src[c * ld_src + r];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      float v = tile[threadIdx.x][i];
+      if constexpr (sizeof(T) == 2) {
+        if (accumulate) v += __bfloat162float(y[r * cols + c]);
+        y[r * cols + c] = __float2bfloat16_rn(v);
+      } else {
+        y[r * cols + c] = accumulate ? y[r * cols + c] + v : v;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // ---- public API ---------------------------------------------------------------------------------------------------
@@ -455,12 +526,15 @@ struct Fp8Gemm::LtPlan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  ~LtPlan() {
+  LtMode mode = LtMode::WX;
+  void clear() {
     if (c) cublasLtMatrixLayoutDestroy(c);
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (op) cublasLtMatmulDescDestroy(op);
+    op = nullptr, a = b = c = nullptr;
   }
+  ~LtPlan() { clear(); }
 };
 
 Fp8Gemm::Fp8Gemm() {
@@ -502,40 +576,69 @@ void Fp8Gemm::w8a16(const uint16_t* x, int64_t T, const Fp8Weight& W, void* y, G
   }
 }
 
-Fp8Gemm::LtPlan& Fp8Gemm::lt_plan(int64_t Tp, int64_t K, int64_t N, Fp8Scale fmt, GemmOut out, bool accumulate) {
+Fp8Gemm::LtPlan& Fp8Gemm::lt_plan(int64_t Tp, int64_t K, int64_t N, Fp8Scale fmt, GemmOut out, bool accumulate,
+                                  const void* wscale, const float* xscale) {
   const LtKey key{Tp, K, N, int(fmt), int(out), int(accumulate)};
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   auto p = std::make_unique<LtPlan>();
-  M3_FP8_LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  // Row-major y[T, N] = x·Wᵀ is column-major yᵀ[N, T] = op(A)·B with A = W seen as K×N (transposed, "TN").
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  const cublasLtMatmulMatrixScale_t am = fmt == Fp8Scale::Blk128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+  const cublasLtMatmulMatrixScale_t wm = fmt == Fp8Scale::Blk128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                                                  : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  const cublasLtMatmulMatrixScale_t bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
-  M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+  const cublasLtMatmulMatrixScale_t xm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   const cudaDataType_t ct = out == GemmOut::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  M3_FP8_LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(N), K));
-  M3_FP8_LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(Tp), K));
-  M3_FP8_LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, ct, uint64_t(N), uint64_t(Tp), N));
-  cublasLtMatmulPreference_t pref = nullptr;
-  M3_FP8_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = lt_ws_.size();
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  cublasLtMatmulHeuristicResult_t res{};
-  int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), p->op, p->a, p->b,
-                                                           p->c, p->c, pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-    failf("cuBLASLt has no block-scaled FP8 algorithm for T=%lld K=%lld N=%lld (%s weights, %s out): status %d",
-          (long long)Tp, (long long)K, (long long)N, fp8_scale_name(fmt), out == GemmOut::BF16 ? "bf16" : "f32",
-          int(st));
-  p->algo = res.algo;
-  return *plans_.emplace(key, std::move(p)).first->second;
+  char tried[512] = "";
+  for (LtMode mode : {LtMode::WX, LtMode::XWr, LtMode::XWt}) {
+    p->clear();
+    p->mode = mode;
+    const bool wx = mode == LtMode::WX;
+    M3_FP8_LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;  // FP8 on Hopper: "TN" only
+    M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    const cublasLtMatmulMatrixScale_t am = wx ? wm : xm, bm = wx ? xm : wm;
+    const void* ap = wx ? wscale : static_cast<const void*>(xscale);
+    const void* bp = wx ? static_cast<const void*>(xscale) : wscale;
+    M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+    M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+    M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ap, sizeof ap));
+    M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bp, sizeof bp));
+    const int64_t am_cols = wx ? N : Tp, bm_cols = wx ? Tp : N;
+    M3_FP8_LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(am_cols), K));
+    M3_FP8_LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(bm_cols), K));
+    if (mode == LtMode::WX) {
+      M3_FP8_LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, ct, uint64_t(N), uint64_t(Tp), N));
+    } else if (mode == LtMode::XWr) {
+      M3_FP8_LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, ct, uint64_t(Tp), uint64_t(N), N));
+      const cublasLtOrder_t row = CUBLASLT_ORDER_ROW;
+      M3_FP8_LT_CHECK(cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof row));
+    } else {
+      M3_FP8_LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, ct, uint64_t(Tp), uint64_t(N), Tp));
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    M3_FP8_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = lt_ws_.size();
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), p->op, p->a, p->b,
+                                                             p->c, p->c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+      p->algo = res.algo;
+      return *plans_.emplace(key, std::move(p)).first->second;
+    }
+    const size_t used = std::strlen(tried);
+    std::snprintf(tried + used, sizeof tried - used, "%s[%s: status %d, %d algos]", used ? " " : "",
+                  lt_mode_name(mode), int(st), found);
+  }
+  failf("cuBLASLt has no block-scaled FP8 algorithm for T=%lld K=%lld N=%lld (%s weights, %s out): %s",
+        (long long)Tp, (long long)K, (long long)N, fp8_scale_name(fmt), out == GemmOut::BF16 ? "bf16" : "f32", tried);
+}
+
+const char* Fp8Gemm::lt_arrangement(int64_t T, const Fp8Weight& W, GemmOut out, bool accumulate) const {
+  const LtKey key{round_up(T, 4), W.K, W.N, int(W.fmt), int(out), int(accumulate)};
+  auto it = plans_.find(key);
+  return it == plans_.end() ? "none" : lt_mode_name(it->second->mode);
 }
 
 void Fp8Gemm::blockscaled_q(const uint8_t* xq, const float* xs, int64_t T, const Fp8Weight& W, void* y, GemmOut out,
@@ -544,19 +647,39 @@ void Fp8Gemm::blockscaled_q(const uint8_t* xq, const float* xs, int64_t T, const
   M3_CUDA_REQUIRE(W.fmt != Fp8Scale::G32, "blockscaled: weights must be Row128 or Blk128 (fp8_requant_from_mx)");
   M3_CUDA_REQUIRE(W.K % 128 == 0, "blockscaled: K must be a multiple of 128, got %lld", (long long)W.K);
   const int64_t Tp = round_up(T, 4), esz = out == GemmOut::BF16 ? 2 : 4;
-  LtPlan& p = lt_plan(Tp, W.K, W.N, W.fmt, out, accumulate);
-  const void* as = W.scales;
-  M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as, sizeof as));
-  M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs));
+  LtPlan& p = lt_plan(Tp, W.K, W.N, W.fmt, out, accumulate, W.scales, xs);
+  const bool wx = p.mode == LtMode::WX;
+  const void* ap = wx ? W.scales : static_cast<const void*>(xs);
+  const void* bp = wx ? static_cast<const void*>(xs) : W.scales;
+  M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ap, sizeof ap));
+  M3_FP8_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bp, sizeof bp));
+  const void* A = wx ? static_cast<const void*>(W.q) : xq;
+  const void* B = wx ? static_cast<const void*>(xq) : W.q;
+  const float alpha = 1.f;
+  if (p.mode == LtMode::XWt) {  // D = yᵀ: stage, then transpose (+ accumulate) into y
+    ypad_.grow(size_t(Tp * W.N * esz));
+    const float beta = 0.f;
+    M3_FP8_LT_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, A, p.a, B, p.b, &beta,
+                                   ypad_.get(), p.c, ypad_.get(), p.c, &p.algo, lt_ws_.get(), lt_ws_.size(), s));
+    const dim3 grid(unsigned(ceil_div(W.N, 32)), unsigned(ceil_div(T, 32))), block(32, 8);
+    if (out == GemmOut::BF16)
+      transpose_out_kernel<__nv_bfloat16><<<grid, block, 0, s>>>(reinterpret_cast<const __nv_bfloat16*>(ypad_.get()),
+                                                                 Tp, static_cast<__nv_bfloat16*>(y), T, W.N, accumulate);
+    else
+      transpose_out_kernel<float><<<grid, block, 0, s>>>(reinterpret_cast<const float*>(ypad_.get()), Tp,
+                                                         static_cast<float*>(y), T, W.N, accumulate);
+    M3_CUDA_LAUNCH_CHECK();
+    return;
+  }
   void* yt = y;
   if (Tp != T) {  // cuBLASLt writes Tp rows: stage them
     ypad_.grow(size_t(Tp * W.N * esz));
     yt = ypad_.get();
     if (accumulate) M3_CUDA_CHECK(cudaMemcpyAsync(yt, y, size_t(T * W.N * esz), cudaMemcpyDeviceToDevice, s));
   }
-  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  M3_FP8_LT_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, W.q, p.a, xq, p.b, &beta, yt, p.c,
-                                 yt, p.c, &p.algo, lt_ws_.get(), lt_ws_.size(), s));
+  const float beta = accumulate ? 1.f : 0.f;
+  M3_FP8_LT_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p.op, &alpha, A, p.a, B, p.b, &beta, yt, p.c, yt,
+                                 p.c, &p.algo, lt_ws_.get(), lt_ws_.size(), s));
   if (Tp != T) M3_CUDA_CHECK(cudaMemcpyAsync(y, yt, size_t(T * W.N * esz), cudaMemcpyDeviceToDevice, s));
 }
 

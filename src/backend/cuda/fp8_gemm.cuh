@@ -65,11 +65,14 @@ class Fp8Gemm {
   // The GEMM alone on activations already quantised (xq [T_pad, K], xs [K/128][T_pad], T_pad = round_up(T, 4)).
   void blockscaled_q(const uint8_t* xq, const float* xs, int64_t T, const Fp8Weight& W, void* y, GemmOut out,
                      bool accumulate, cudaStream_t s);
+  // The operand arrangement cuBLASLt accepted for this call's plan ("none" before the first call).
+  const char* lt_arrangement(int64_t T, const Fp8Weight& W, GemmOut out, bool accumulate) const;
 
  private:
   struct LtPlan;
   using LtKey = std::tuple<int64_t, int64_t, int64_t, int, int, int>;  // T_pad, K, N, fmt, out, accumulate
-  LtPlan& lt_plan(int64_t Tp, int64_t K, int64_t N, Fp8Scale fmt, GemmOut out, bool accumulate);
+  LtPlan& lt_plan(int64_t Tp, int64_t K, int64_t N, Fp8Scale fmt, GemmOut out, bool accumulate,
+                  const void* wscale, const float* xscale);
 
   void* lt_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer<uint8_t> lt_ws_;
