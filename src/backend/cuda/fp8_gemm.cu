@@ -333,7 +333,8 @@ template <Fp8Scale SC>
 void dispatch_w8a16(W8Params p, int nt, cudaStream_t s, DeviceBuffer<float>& partials,
                     DeviceBuffer<unsigned>& counters) {
   const int mt = p.M <= 8 ? 1 : p.M <= 16 ? 2 : p.M <= 32 ? 4 : 8;
-  if (nt == 0) nt = mt <= 4 ? 2 : 1;
+  // Defaults from bench/results/2026-12-02-fp8-gemm-h200.md (fastest forced tile per token count).
+  if (nt == 0) nt = mt == 1 ? 1 : mt == 8 ? 4 : 2;
 #define M3_W8_CASE(MTV, NTV) \
   if (mt == MTV && nt == NTV) return launch_w8a16<MTV, NTV, SC>(p, s, nullptr, partials, counters);
   if constexpr (SC == Fp8Scale::G32) {
@@ -342,7 +343,7 @@ void dispatch_w8a16(W8Params p, int nt, cudaStream_t s, DeviceBuffer<float>& par
     M3_W8_CASE(4, 1) M3_W8_CASE(4, 2) M3_W8_CASE(4, 4)
     M3_W8_CASE(8, 1) M3_W8_CASE(8, 2) M3_W8_CASE(8, 4)
   } else {
-    M3_W8_CASE(1, 2) M3_W8_CASE(2, 2) M3_W8_CASE(4, 2) M3_W8_CASE(8, 1)
+    M3_W8_CASE(1, 1) M3_W8_CASE(2, 2) M3_W8_CASE(4, 2) M3_W8_CASE(8, 4)
   }
 #undef M3_W8_CASE
   failf("w8a16: no kernel for %d token tiles × %d row tiles with %s scales", mt, nt, fp8_scale_name(SC));
