@@ -35,7 +35,8 @@ struct Fp8Weight {
 };
 
 // MXFP8 (G32) → Row128 / Blk128 by requantisation, bit for bit backend/cpu/fp8.h fp8_requant_from_mx.
-// q_out: [N, K]; s_out: fp8_scale_count(fmt, N, K) floats.
+// q_out: [N, K] (may be q itself: every element is read before it is written); s_out: fp8_scale_count(fmt, N, K)
+// floats.
 void fp8_requant_from_mx(const uint8_t* q, const uint8_t* ue8m0, int64_t N, int64_t K, Fp8Scale fmt, uint8_t* q_out,
                          float* s_out, cudaStream_t s);
 
