@@ -164,6 +164,38 @@ TEST(GpuFp8, W8A16IsExactOnOneHotActivationsForEveryCodeAndScale) {
   }
 }
 
+TEST(GpuFp8, W8A16LinesVariantIsExactOnOneHotActivations) {
+  M3_SKIP_WITHOUT_GPU();
+  // As above for the whole-line kernel (K = 256: two 128-byte lines per row, 16 token rows per call).
+  const int64_t N = 256, K = 256, T = 40;
+  std::vector<uint8_t> q(size_t(N * K)), s(size_t(N * K / 32));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      uint8_t c = uint8_t((n + 3 * k) & 255);
+      q[size_t(n * K + k)] = (c & 0x7f) == 0x7f ? 0 : c;
+    }
+  for (size_t i = 0; i < s.size(); ++i) s[i] = uint8_t(100 + (i * 7) % 35);
+  std::vector<uint16_t> x(size_t(T * K), 0);
+  for (int64_t m = 0; m < T; ++m) x[size_t(m * K + (m * 5) % K)] = 0x3f80;  // 1.0
+  std::vector<float> W(size_t(N * K));
+  cpu::fp8_dequant(q.data(), s.data(), Fp8Scale::G32, N, K, W.data());
+  Dev<uint8_t> dq(q), ds(s);
+  Dev<uint16_t> dx(x);
+  Dev<float> y(size_t(T * N));
+  cuda::Fp8Gemm g;
+  for (int nt : {1, 2}) {
+    y.poison();
+    g.w8a16(dx.p(), T, {dq.p(), ds.p(), Fp8Scale::G32, N, K}, y.p(), GemmOut::F32, false, nullptr, nt,
+            cuda::W8Kernel::Lines128);
+    const auto got = y.get();
+    size_t bad = 0;
+    for (int64_t m = 0; m < T; ++m)
+      for (int64_t n = 0; n < N; ++n) bad += got[size_t(m * N + n)] != W[size_t(n * K + (m * 5) % K)];
+    EXPECT_EQ(bad, 0u) << "nt=" << nt;
+    std::printf("[gpu-op] fp8_w8a16 lines one-hot nt=%d  mismatches %zu of %lld (exact)\n", nt, bad, (long long)(T * N));
+  }
+}
+
 TEST(GpuFp8, W8A16MatchesCpuTwin) {
   M3_SKIP_WITHOUT_GPU();
   cuda::Fp8Gemm g;
@@ -190,6 +222,12 @@ TEST(GpuFp8, W8A16MatchesCpuTwin) {
         g.w8a16(dx.p(), sh.T, W, y.p(), out, false, nullptr);
         expect_close(std::string("fp8_w8a16 ") + fp8_scale_name(fmt) + (out == GemmOut::BF16 ? " bf16" : " f32"),
                      shape_str(sh.T, sh.N, sh.K), out_floats(y.get(), out), ref, out == GemmOut::BF16 ? 8e-3 : 1e-4);
+        if (sh.K % 128 == 0) {  // the whole-line variant, every format
+          y.poison();
+          g.w8a16(dx.p(), sh.T, W, y.p(), out, false, nullptr, 0, cuda::W8Kernel::Lines128);
+          expect_close(std::string("fp8_w8a16 lines ") + fp8_scale_name(fmt) + (out == GemmOut::BF16 ? " bf16" : " f32"),
+                       shape_str(sh.T, sh.N, sh.K), out_floats(y.get(), out), ref, out == GemmOut::BF16 ? 8e-3 : 1e-4);
+        }
         if (fmt == Fp8Scale::G32 && out == GemmOut::F32 && sh.T == 17) {  // accumulate, and every nt
           std::vector<float> y0 = gpu_test::rand_vec(ref.size()), ref2 = ref;
           for (size_t i = 0; i < ref2.size(); ++i) ref2[i] += y0[i];

@@ -148,6 +148,11 @@ int main(int argc, char** argv) {
           for (int nt : {0, 1, 2, 4})
             vs.push_back({nt ? "fp8 w8a16 g32 f32-out nt=" + std::to_string(nt) : "fp8 w8a16 g32 f32-out", true, false,
                           bg, [&, nt](int c) { fp8.w8a16(x.get(), M, Wg(c), y32.get(), GemmOut::F32, false, nullptr, nt); }});
+          for (int nt : {1, 2})
+            if (M <= 16) vs.push_back({"fp8 w8a16-lines g32 f32-out nt=" + std::to_string(nt), true, false, bg, [&, nt](int c) {
+                            fp8.w8a16(x.get(), M, Wg(c), y32.get(), GemmOut::F32, false, nullptr, nt,
+                                      cuda::W8Kernel::Lines128);
+                          }});
           vs.push_back({"fp8 w8a16 g32 bf16-out", true, true, bg,
                         [&](int c) { fp8.w8a16(x.get(), M, Wg(c), y16.get(), GemmOut::BF16, false, nullptr); }});
           vs.push_back({"fp8 w8a16 128x128 f32-out", true, false, bb,

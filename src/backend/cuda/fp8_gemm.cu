@@ -120,13 +120,72 @@ constexpr size_t w8a16_smem() {
   return ring > red ? ring : red;
 }
 
+// Block reduction over the warps' K slices in warp order, then the split-K reduction by the last block of the row
+// tile (both in a fixed order: deterministic). `smem` must be free (the caller synchronised the block).
+template <int MT, int NT>
+__device__ __forceinline__ void w8a16_epilogue(const W8Params& p, float (&acc)[NT][MT][4], uint8_t* smem,
+                                               int64_t n0) {
+  constexpr int TR = NT * 16, TC = MT * 8, TILE = TR * TC;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  float* red = reinterpret_cast<float*>(smem);
+  float* mine = red + warp * TILE;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int r = nt * 16 + g, col = mt * 8 + 2 * t4;
+      mine[r * TC + col] = acc[nt][mt][0];
+      mine[r * TC + col + 1] = acc[nt][mt][1];
+      mine[(r + 8) * TC + col] = acc[nt][mt][2];
+      mine[(r + 8) * TC + col + 1] = acc[nt][mt][3];
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += red[w * TILE + i];
+    red[i] = v;
+  }
+  __syncthreads();
+  // Element i ↦ (token m, row r) with r fastest, so consecutive threads write consecutive outputs.
+  if (p.splits == 1) {
+    for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
+      const int m = i / TR, r = i % TR;
+      const int64_t row = n0 + r;
+      if (m < p.M && row < p.N) store_out(p, int64_t(m) * p.N + row, red[r * TC + m]);
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
+    const int m = i / TR, r = i % TR;
+    const int64_t row = n0 + r;
+    if (m < p.M && row < p.N) p.partials[(int64_t(blockIdx.y) * p.M + m) * p.N + row] = red[r * TC + m];
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(&p.counters[blockIdx.x], 1u) == unsigned(p.splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
+    const int m = i / TR, r = i % TR;
+    const int64_t row = n0 + r;
+    if (m >= p.M || row >= p.N) continue;
+    float v = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(&p.partials[(int64_t(sp) * p.M + m) * p.N + row]);
+    store_out(p, int64_t(m) * p.N + row, v);
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;  // ready for the next launch on this stream
+}
+
 // Each thread streams exactly the weight bytes (and scale words) it consumes through its own slots of a kStages-deep
 // cp.async ring, so no warp or block synchronisation is needed in the main loop and kStages − 1 chunks per thread
 // are always in flight without costing registers. Activations (small, L2-resident) are read directly.
 template <typename Elem, int MT, int NT, Fp8Scale SC>
 __global__ void __launch_bounds__(kWarps * 32) w8a16_kernel(W8Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int TR = NT * 16, TC = MT * 8, TILE = TR * TC, SLOTS = NT * 2, NTHR = kWarps * 32;
+  constexpr int TR = NT * 16, SLOTS = NT * 2, NTHR = kWarps * 32;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int64_t n0 = int64_t(blockIdx.x) * TR;
   const int64_t C = p.K / 64;
@@ -235,76 +294,177 @@ __global__ void __launch_bounds__(kWarps * 32) w8a16_kernel(W8Params p) {
   cp_async_wait<0>();
   __syncthreads();  // the reduction tile reuses the ring
 
-  // Block reduction over the warps' K slices, in warp order (deterministic).
-  float* red = reinterpret_cast<float*>(smem);
-  float* mine = red + warp * TILE;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int r = nt * 16 + g, col = mt * 8 + 2 * t4;
-      mine[r * TC + col] = acc[nt][mt][0];
-      mine[r * TC + col + 1] = acc[nt][mt][1];
-      mine[(r + 8) * TC + col] = acc[nt][mt][2];
-      mine[(r + 8) * TC + col + 1] = acc[nt][mt][3];
-    }
-  __syncthreads();
-  for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += red[w * TILE + i];
-    red[i] = v;
-  }
-  __syncthreads();
-  // Element i ↦ (token m, row r) with r fastest, so consecutive threads write consecutive outputs.
-  if (p.splits == 1) {
-    for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
-      const int m = i / TR, r = i % TR;
-      const int64_t row = n0 + r;
-      if (m < p.M && row < p.N) store_out(p, int64_t(m) * p.N + row, red[r * TC + m]);
-    }
-    return;
-  }
-  for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
-    const int m = i / TR, r = i % TR;
-    const int64_t row = n0 + r;
-    if (m < p.M && row < p.N) p.partials[(int64_t(blockIdx.y) * p.M + m) * p.N + row] = red[r * TC + m];
-  }
-  __threadfence();
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(&p.counters[blockIdx.x], 1u) == unsigned(p.splits - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
-    const int m = i / TR, r = i % TR;
-    const int64_t row = n0 + r;
-    if (m >= p.M || row >= p.N) continue;
-    float v = 0.f;
-    for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(&p.partials[(int64_t(sp) * p.M + m) * p.N + row]);
-    store_out(p, int64_t(m) * p.N + row, v);
-  }
-  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;  // ready for the next launch on this stream
+  w8a16_epilogue<MT, NT>(p, acc, smem, n0);
 }
 
-template <int MT, int NT, Fp8Scale SC>
-void launch_w8a16(W8Params p, cudaStream_t s, Fp8Gemm* /*unused*/, DeviceBuffer<float>& partials,
-                  DeviceBuffer<unsigned>& counters) {
+// Shared memory of the whole-line W8A16 variant: per warp a kStages-deep ring of [16·NT rows][128 B] values and
+// [16·NT] scale words, then the reduction tile.
+template <int MT, int NT>
+constexpr size_t w8a16_lines_smem() {
+  const size_t ring = size_t(kWarps) * kStages * NT * 16 * (128 + 4);
+  const size_t red = size_t(kWarps) * NT * 16 * MT * 8 * sizeof(float);
+  return ring > red ? ring : red;
+}
+
+// Whole-line variant (K % 128 == 0, up to 16 token rows): a chunk is 128 K values, so each row of the warp's tile
+// is one 128-byte line. Lane l copies 16 bytes of row l/8 (+4 per instruction) at (l%8)·16, so every cp.async
+// instruction reads 4 whole lines instead of 8 half lines; the 16-byte pieces are stored XOR-swizzled by row parity
+// (piece u of row r at u ^ 4·(r&1)) so the fragment reads — rows g and g+1 of a quarter warp, pieces 4h..4h+3 —
+// hit 32 distinct banks. The warp's lanes share the ring, hence the __syncwarp()s. Same mapping of k inside an mma
+// as w8a16_kernel, applied to each 64-wide half h of the chunk.
+template <typename Elem, int MT, int NT, Fp8Scale SC>
+__global__ void __launch_bounds__(kWarps * 32) w8a16_lines_kernel(W8Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];
   constexpr int TR = NT * 16;
-  constexpr size_t smem = w8a16_smem<MT, NT>();
-  auto kern = w8a16_kernel<E4M3, MT, NT, SC>;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int64_t n0 = int64_t(blockIdx.x) * TR;
+  const int64_t C = p.K / 128;
+  const int64_t c_begin = C * blockIdx.y / p.splits, c_end = C * (blockIdx.y + 1) / p.splits;
+  const int64_t c0 = c_begin + warp;
+  const int n_my = c0 < c_end ? int((c_end - c0 + kWarps - 1) / kWarps) : 0;
+  const uint32_t wq = smem_addr(smem) + uint32_t(warp * kStages * TR * (128 + 4));
+  const uint32_t ws = wq + uint32_t(kStages * TR * 128);
+
+  auto issue = [&](int i) {
+    const int st = i % kStages;
+    const int64_t c = c0 + int64_t(i) * kWarps;
+#pragma unroll
+    for (int it = 0; it < TR / 4; ++it) {
+      const int r = it * 4 + (lane >> 3), u = lane & 7;
+      const int64_t row = n0 + r;
+      const bool ok = row < p.N;
+      cp_async16(wq + uint32_t((st * TR + r) * 128 + ((u ^ ((r & 1) << 2)) << 4)),
+                 p.q + (ok ? row : 0) * p.K + c * 128 + u * 16, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int it = 0; it < (TR + 31) / 32; ++it) {
+      const int r = it * 32 + lane;
+      if (r < TR) {
+        const int64_t row = n0 + r;
+        const bool ok = row < p.N;
+        const int64_t rr = ok ? row : 0;
+        const void* src;
+        if constexpr (SC == Fp8Scale::G32)
+          src = static_cast<const uint8_t*>(p.scales) + rr * p.sld + c * 4;  // the row's 4 group scales
+        else if constexpr (SC == Fp8Scale::Row128)
+          src = static_cast<const float*>(p.scales) + c * p.sld + rr;
+        else
+          src = static_cast<const float*>(p.scales) + (rr >> 7) * p.sld + c;
+        cp_async4(ws + uint32_t((st * TR + r) * 4), src, ok ? 4 : 0);
+      }
+    }
+  };
+
+  float acc[NT][MT][4];
+#pragma unroll
+  for (int a = 0; a < NT; ++a)
+#pragma unroll
+    for (int b = 0; b < MT; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0.f;
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_my) issue(i);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int i = 0; i < n_my; ++i) {
+    __syncwarp();  // every lane has finished reading the stage the next issue overwrites
+    if (i + kStages - 1 < n_my) issue(i + kStages - 1);
+    cp_async_commit();
+    const int64_t c = c0 + int64_t(i) * kWarps;
+    uint4 xb[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = mt * 8 + g;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (m < p.M) {
+          const uint4* px = reinterpret_cast<const uint4*>(p.x + int64_t(m) * p.K + c * 128 + h * 64 + t4 * 16);
+          xb[mt][2 * h] = __ldg(px);
+          xb[mt][2 * h + 1] = __ldg(px + 1);
+        } else {
+          xb[mt][2 * h] = xb[mt][2 * h + 1] = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // the other lanes' copies of chunk i are visible
+    const int st = i % kStages;
+    uint32_t sw[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = nt * 16 + hh * 8 + g;
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sw[nt][hh]) : "r"(ws + uint32_t((st * TR + r) * 4)));
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint4 w[NT][2];
+      uint32_t sm[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = nt * 16 + hh * 8 + g;
+          const uint32_t a = wq + uint32_t((st * TR + r) * 128 + (((4 * h + t4) ^ ((r & 1) << 2)) << 4));
+          uint4 v;
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+          w[nt][hh] = v;
+          uint32_t b;
+          if constexpr (SC == Fp8Scale::G32) {
+            const uint32_t e = (sw[nt][hh] >> (8 * (2 * h + (t4 >> 1)))) & 0xffu;
+            b = (e + Elem::kBias) << 7;
+          } else {
+            b = __bfloat16_as_ushort(__float2bfloat16_rn(__uint_as_float(sw[nt][hh]) * 0x1p120f));
+          }
+          sm[nt][hh] = b | (b << 16);
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t a[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t w0 = word(w[nt][0], j), w1 = word(w[nt][1], j);
+          a[nt][0] = mul_bf16x2(Elem::lo2(w0), sm[nt][0]);
+          a[nt][1] = mul_bf16x2(Elem::lo2(w1), sm[nt][1]);
+          a[nt][2] = mul_bf16x2(Elem::hi2(w0), sm[nt][0]);
+          a[nt][3] = mul_bf16x2(Elem::hi2(w1), sm[nt][1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint4& xv = xb[mt][2 * h + (j >> 1)];
+          const uint32_t b0 = (j & 1) ? xv.z : xv.x, b1 = (j & 1) ? xv.w : xv.y;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(acc[nt][mt], a[nt], b0, b1);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the reduction tile reuses the rings
+  w8a16_epilogue<MT, NT>(p, acc, smem, n0);
+}
+
+template <int MT, int NT, Fp8Scale SC, bool LINES>
+void launch_w8a16(W8Params p, cudaStream_t s, DeviceBuffer<float>& partials, DeviceBuffer<unsigned>& counters) {
+  constexpr int TR = NT * 16, KC = LINES ? 128 : 64;
+  constexpr size_t smem = LINES ? w8a16_lines_smem<MT, NT>() : w8a16_smem<MT, NT>();
+  auto kern = [] {  // instantiate only the kernel this launch uses
+    if constexpr (LINES) return w8a16_lines_kernel<E4M3, MT, NT, SC>;
+    else return w8a16_kernel<E4M3, MT, NT, SC>;
+  }();
   static int blocks_per_sm = [&] {
     if (smem > 48 * 1024) M3_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int b = 0;
     M3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, kWarps * 32, smem));
     return std::max(b, 1);
   }();
-  const int64_t groups = ceil_div(p.N, TR), C = p.K / 64;
+  const int64_t groups = ceil_div(p.N, TR), C = p.K / KC;
   const int64_t cap = int64_t(blocks_per_sm) * sm_count();  // blocks resident at once
   // Split K so the blocks fill whole waves (a streaming kernel is as slow as its last, partly empty wave), with at
-  // least four chunks per warp and partial sums of at most 1/4 of the weight bytes.
-  int64_t s_max = std::max<int64_t>(1, C / (4 * kWarps));  // ≥ 4 chunks per warp keep the ring busy
+  // least 256 K values per warp and partial sums of at most 1/4 of the weight bytes.
+  int64_t s_max = std::max<int64_t>(1, C / ((LINES ? 2 : 4) * kWarps));  // ≥ 256 K values per warp
   s_max = std::min<int64_t>(s_max, std::max<int64_t>(1, p.K / (16 * p.M)));
   s_max = std::min<int64_t>(s_max, 65535);
   int64_t S = 1;
@@ -330,13 +490,22 @@ void launch_w8a16(W8Params p, cudaStream_t s, Fp8Gemm* /*unused*/, DeviceBuffer<
 }
 
 template <Fp8Scale SC>
-void dispatch_w8a16(W8Params p, int nt, cudaStream_t s, DeviceBuffer<float>& partials,
+void dispatch_w8a16(W8Params p, int nt, W8Kernel kernel, cudaStream_t s, DeviceBuffer<float>& partials,
                     DeviceBuffer<unsigned>& counters) {
   const int mt = p.M <= 8 ? 1 : p.M <= 16 ? 2 : p.M <= 32 ? 4 : 8;
+  if (kernel == W8Kernel::Lines128) {
+    M3_CUDA_REQUIRE(p.K % 128 == 0 && mt <= 2, "w8a16 lines: K %% 128 == 0 and at most 16 rows per call");
+    if (nt == 0) nt = 1;
+    if (mt == 1 && nt == 1) return launch_w8a16<1, 1, SC, true>(p, s, partials, counters);
+    if (mt == 1 && nt == 2) return launch_w8a16<1, 2, SC, true>(p, s, partials, counters);
+    if (mt == 2 && nt == 1) return launch_w8a16<2, 1, SC, true>(p, s, partials, counters);
+    if (mt == 2 && nt == 2) return launch_w8a16<2, 2, SC, true>(p, s, partials, counters);
+    failf("w8a16 lines: no kernel for %d token tiles × %d row tiles", mt, nt);
+  }
   // Defaults from bench/results/2026-12-02-fp8-gemm-h200.md (fastest forced tile per token count).
   if (nt == 0) nt = mt == 1 ? 1 : mt == 8 ? 4 : 2;
 #define M3_W8_CASE(MTV, NTV) \
-  if (mt == MTV && nt == NTV) return launch_w8a16<MTV, NTV, SC>(p, s, nullptr, partials, counters);
+  if (mt == MTV && nt == NTV) return launch_w8a16<MTV, NTV, SC, false>(p, s, partials, counters);
   if constexpr (SC == Fp8Scale::G32) {
     M3_W8_CASE(1, 1) M3_W8_CASE(1, 2) M3_W8_CASE(1, 4)
     M3_W8_CASE(2, 1) M3_W8_CASE(2, 2) M3_W8_CASE(2, 4)
@@ -551,13 +720,14 @@ Fp8Gemm::~Fp8Gemm() {
 }
 
 void Fp8Gemm::w8a16(const uint16_t* x, int64_t T, const Fp8Weight& W, void* y, GemmOut out, bool accumulate,
-                    cudaStream_t s, int nt) {
+                    cudaStream_t s, int nt, W8Kernel kernel) {
   if (T <= 0 || W.N <= 0) return;
   M3_CUDA_REQUIRE(W.K > 0 && W.K % 64 == 0, "w8a16: K must be a positive multiple of 64, got %lld", (long long)W.K);
   M3_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W.q) % 16 == 0,
                   "w8a16: x and W.q must be 16-byte aligned");
   const int64_t esz = out == GemmOut::BF16 ? 2 : 4;
-  for (int64_t t0 = 0; t0 < T; t0 += 64) {
+  const int64_t slice = kernel == W8Kernel::Lines128 ? 16 : 64;
+  for (int64_t t0 = 0; t0 < T; t0 += slice) {
     W8Params p{};
     p.q = W.q;
     p.scales = W.scales;
@@ -565,14 +735,14 @@ void Fp8Gemm::w8a16(const uint16_t* x, int64_t T, const Fp8Weight& W, void* y, G
     p.K = W.K;
     p.sld = fp8_scale_ld(W.fmt, W.N, W.K);
     p.x = x + t0 * W.K;
-    p.M = int(std::min<int64_t>(64, T - t0));
+    p.M = int(std::min<int64_t>(slice, T - t0));
     p.y = static_cast<uint8_t*>(y) + t0 * W.N * esz;
     p.out_bf16 = out == GemmOut::BF16;
     p.accumulate = accumulate;
     switch (W.fmt) {
-      case Fp8Scale::G32: dispatch_w8a16<Fp8Scale::G32>(p, nt, s, partials_, counters_); break;
-      case Fp8Scale::Row128: dispatch_w8a16<Fp8Scale::Row128>(p, nt, s, partials_, counters_); break;
-      case Fp8Scale::Blk128: dispatch_w8a16<Fp8Scale::Blk128>(p, nt, s, partials_, counters_); break;
+      case Fp8Scale::G32: dispatch_w8a16<Fp8Scale::G32>(p, nt, kernel, s, partials_, counters_); break;
+      case Fp8Scale::Row128: dispatch_w8a16<Fp8Scale::Row128>(p, nt, kernel, s, partials_, counters_); break;
+      case Fp8Scale::Blk128: dispatch_w8a16<Fp8Scale::Blk128>(p, nt, kernel, s, partials_, counters_); break;
     }
   }
 }

@@ -46,6 +46,9 @@ void fp8_requant_from_mx(const uint8_t* q, const uint8_t* ue8m0, int64_t N, int6
 void fp8_quantize_act_1x128(const void* x, bool x_bf16, int64_t T, int64_t T_pad, int64_t K, uint8_t* q, float* s,
                             int64_t ld_s, cudaStream_t st);
 
+// W8A16 kernel variants (Fp8Gemm::w8a16).
+enum class W8Kernel : uint8_t { Auto, Chunk64, Lines128 };
+
 class Fp8Gemm {
  public:
   Fp8Gemm();
@@ -55,9 +58,11 @@ class Fp8Gemm {
 
   // W8A16: y[T, N] (+)= x[T, K] · dequant(W)ᵀ, x bf16. K % 64 == 0, 16-byte aligned x and q; any T ≥ 0 (slices of
   // 64 rows). `nt` forces the rows-per-warp tile (16·nt weight rows; 1, 2 or 4; 0 = default) for benchmarks.
+  // `kernel` Lines128 selects the whole-line variant (K % 128 == 0, slices of 16 rows, nt 1 or 2; docs/FP8.md §5 —
+  // not yet measured on a device, so Auto keeps the 64-wide chunk kernel).
   // One stream at a time per Fp8Gemm (the split-K counters live in the object).
   void w8a16(const uint16_t* x, int64_t T, const Fp8Weight& W, void* y, GemmOut out, bool accumulate, cudaStream_t s,
-             int nt = 0);
+             int nt = 0, W8Kernel kernel = W8Kernel::Auto);
 
   // FP8×FP8 through cuBLASLt: quantises x (bf16 or fp32) to e4m3 with 1×128 scales, then the block-scaled GEMM.
   // W must be Row128 or Blk128; K % 128 == 0.
