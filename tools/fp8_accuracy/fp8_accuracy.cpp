@@ -4,7 +4,10 @@
 //     weights' relative Frobenius error, the largest error relative to max|W|, the share of values changed and of
 //     non-zero values flushed to zero, and the error of y = x·Wᵀ (16 activation rows) relative to ‖y‖;
 //   - the 1×128 e4m3 activation quantisation of the FP8×FP8 GEMM, on the same products;
-//   - for context, what MXFP8 itself costs against the fp32 weights it was made from.
+//   - for context, what MXFP8 itself costs against the fp32 weights it was made from;
+//   - through the whole CPU model, when the checkpoint directory has a golden.safetensors (tests/golden): the logits
+//     with every MXFP8 matrix requantised, against the HF reference and against the exact-MXFP8 model (the
+//     1×128 e4m3 activation quantisation of the prefill GEMM emulated through a cpu::matmul_nt input hook).
 // Weight distributions: synthetic at M3's hidden size (see kDists) and every MXFP8 tensor of a checkpoint
 // (--checkpoint DIR, e.g. tests/golden/fixtures/tiny_sparse_mxfp8).
 //   fp8_accuracy [--checkpoint DIR] [--rows N] [--seed S]        prints markdown tables
@@ -20,7 +23,11 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fp8.h"
 #include "base/dtype.h"
+#include "io/config.h"
 #include "io/safetensors.h"
+#include "kv/sequence_kv.h"
+#include "model/m3_model.h"
+#include "model/weight_plan.h"
 
 namespace {
 
@@ -104,6 +111,146 @@ void print_header() {
 void print_row(const std::string& name, int64_t N, int64_t K, const char* target, const Err& e) {
   std::printf("| %s | %lldx%lld | %s | %.2e | %.2e | %.2f %% | %.3f %% | %.2e | %.2e |\n", name.c_str(), (long long)N,
               (long long)K, target, e.fro, e.max_rel, 100 * e.changed, 100 * e.flushed, e.y_rel, e.y_max_rel);
+}
+
+// FP8-activation emulation for the model run: GEMMs whose weight is one of `mats` see their input quantised per
+// 1×128 block to e4m3 (scale amax/448, the prefill GEMM's quantisation; a short last block when K % 128 ≠ 0).
+struct ActQuant {
+  std::vector<const float*> mats;
+  std::vector<float> buf;
+  bool bf16 = false;  // round to bf16 instead (what the bf16 GEMMs and W8A16 do), for calibration
+};
+const float* act_quant_hook(const float* x, int64_t T, int64_t K, const float* W, void* ctx) {
+  ActQuant& a = *static_cast<ActQuant*>(ctx);
+  if (std::find(a.mats.begin(), a.mats.end(), W) == a.mats.end()) return nullptr;
+  a.buf.assign(x, x + T * K);
+  if (a.bf16) {
+    for (float& v : a.buf) v = round_to_bf16(v);
+    return a.buf.data();
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k0 = 0; k0 < K; k0 += 128) {
+      float* b = a.buf.data() + t * K + k0;
+      const int64_t n = std::min<int64_t>(128, K - k0);
+      float amax = 0.f;
+      for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(b[i]));
+      const float s = amax > 0.f ? amax / 448.0f : 1.0f;
+      for (int64_t i = 0; i < n; ++i) b[i] = e4m3_to_f32(cpu::e4m3_rne(b[i] / s)) * s;
+    }
+  return a.buf.data();
+}
+
+// Logits of every position of `ids` (one-shot prefill on the CPU model).
+std::vector<float> model_logits(const M3Config& c, M3Weights w, const std::vector<int32_t>& ids) {
+  M3Model model(c, std::move(w));
+  const int64_t T = int64_t(ids.size());
+  KVCache cache(c, int32_t((T + c.sparse_block_size - 1) / c.sparse_block_size));
+  SequenceKV seq(cache);
+  seq.reserve(T);
+  SeqInput in{std::span<const int32_t>(ids), 0, seq.pages(), true};
+  return model.forward(std::span<const SeqInput>(&in, 1), cache)[0];
+}
+
+// Per row r: max|a − b| / max|b| (the golden test's measure, tolerance 1e-4). Returns its maximum and median over
+// rows and the share of rows whose argmax agrees.
+struct RowErr {
+  double max = 0, p50 = 0, argmax_agree = 1;
+};
+RowErr row_errors(const std::vector<float>& a, const std::vector<float>& b, int64_t cols) {
+  const int64_t rows = int64_t(b.size()) / cols;
+  std::vector<double> e(static_cast<size_t>(rows));
+  int64_t agree = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double scale = 1e-30, err = 0;
+    int64_t ia = 0, ib = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(r * cols + c);
+      scale = std::max(scale, double(std::fabs(b[i])));
+      err = std::max(err, double(std::fabs(a[i] - b[i])));
+      if (a[i] > a[size_t(r * cols + ia)]) ia = c;
+      if (b[i] > b[size_t(r * cols + ib)]) ib = c;
+    }
+    e[size_t(r)] = err / scale;
+    agree += ia == ib;
+  }
+  RowErr out;
+  if (rows == 0) return out;
+  std::sort(e.begin(), e.end());
+  out.max = e.back();
+  out.p50 = e[e.size() / 2];
+  out.argmax_agree = double(agree) / double(rows);
+  return out;
+}
+
+bool slot_pieces_mxfp8(const SafeTensors& st, const WeightSlot& s) {
+  for (const WeightPiece& p : s.pieces) {
+    const std::string name = resolve_name(st, p);
+    if (!st.has(name) || !st.has(name + "_scale_inv") || st.get(name).dtype != DType::F8_E4M3) return false;
+  }
+  return !s.pieces.empty();
+}
+
+void through_the_model(const std::string& dir, const SafeTensors& st) {
+  const std::string gold_path = dir + "/golden.safetensors";
+  FILE* f = std::fopen(gold_path.c_str(), "rb");
+  if (!f) return;
+  std::fclose(f);
+  const M3Config c = load_m3_config(dir + "/config.json");
+  const SafeTensors gold = SafeTensors::open(gold_path);
+  const TensorRef& it = gold.get("input_ids");
+  std::vector<int32_t> ids(size_t(it.numel()));
+  std::memcpy(ids.data(), it.data, it.nbytes);
+  const std::vector<float> ref = gold.read_f32("logits", gold.get("logits").shape);
+  const M3Weights w0 = M3Weights::load(c, st);
+  const std::vector<float> base = model_logits(c, w0, ids);
+  const int64_t V = c.vocab_size;
+  std::printf("\n## Through the CPU model: %s, %zu positions (golden test tolerance: 1e-4 row-relative)\n\n",
+              dir.c_str(), ids.size());
+  std::printf("| weights (GEMM inputs) | logits vs HF reference: max / median row | vs exact MXFP8: max / median row | "
+              "argmax = exact MXFP8 | matrices converted |\n");
+  std::printf("|---|---|---|---|---|\n");
+  const RowErr e0 = row_errors(base, ref, V);
+  std::printf("| exact MXFP8 (dequantised to fp32) | %.2e / %.2e | 0 | 100 %% | 0 |\n", e0.max, e0.p50);
+  // 0, 1: weights requantised; 2: + e4m3 activations into every converted matrix; 3: the same but the index
+  // projection keeps bf16 activations; 4: bf16 activations (calibration: what the bf16 path already costs).
+  for (int variant = 0; variant < 5; ++variant) {
+    const Fp8Scale fmt = variant == 0 ? Fp8Scale::Row128 : Fp8Scale::Blk128;
+    const bool quant_act = variant >= 2;
+    M3Weights w = w0;
+    ActQuant aq;
+    aq.bf16 = variant == 4;
+    int converted = 0;
+    for (const WeightSlot& s : weight_plan(c)) {
+      if (!s.matrix || !slot_pieces_mxfp8(st, s)) continue;
+      std::vector<uint8_t> q, g;
+      for (const WeightPiece& p : s.pieces) {
+        const std::string name = resolve_name(st, p);
+        const TensorRef& t = st.get(name);
+        const TensorRef& sc = st.get(name + "_scale_inv");
+        q.insert(q.end(), t.data, t.data + t.nbytes);
+        g.insert(g.end(), sc.data, sc.data + sc.nbytes);
+      }
+      const int64_t rows = s.rows(), cols = s.pieces[0].shape.back();
+      std::vector<uint8_t> q2(q.size());
+      std::vector<float> s2(size_t(fp8_scale_count(fmt, rows, cols)));
+      cpu::fp8_requant_from_mx(q.data(), g.data(), rows, cols, fmt, q2.data(), s2.data());
+      std::vector<float>& dst = host_slot(w, s);
+      dst.assign(size_t(rows * cols), 0.f);
+      cpu::fp8_dequant(q2.data(), s2.data(), fmt, rows, cols, dst.data());
+      if (!(variant == 3 && s.kind == SlotKind::WIndexQk))
+        aq.mats.push_back(dst.data());  // stays valid: the model takes the vectors by move
+      ++converted;
+    }
+    if (quant_act) cpu::set_matmul_input_hook(act_quant_hook, &aq);
+    const std::vector<float> got = model_logits(c, std::move(w), ids);
+    cpu::set_matmul_input_hook(nullptr, nullptr);
+    const RowErr er = row_errors(got, ref, V), eb = row_errors(got, base, V);
+    std::printf("| requantised to %s%s | %.2e / %.2e | %.2e / %.2e | %.1f %% | %d |\n", fp8_scale_name(fmt),
+                !quant_act ? "" : aq.bf16 ? " + bf16 activations (W8A16, bf16 GEMMs)"
+                : variant == 3 ? " + e4m3 1×128 activations except the index projection"
+                               : " + e4m3 1×128 activations (the prefill GEMM)",
+                er.max, er.p50, eb.max, eb.p50, 100 * eb.argmax_agree, converted);
+  }
 }
 
 struct Dist {
@@ -205,6 +352,7 @@ int main(int argc, char** argv) {
       print_header();
       print_row("worst of the checkpoint", 0, 0, fp8_scale_name(Fp8Scale::Row128), worst[0]);
       print_row("worst of the checkpoint", 0, 0, fp8_scale_name(Fp8Scale::Blk128), worst[1]);
+      through_the_model(ckpt, st);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fp8_accuracy: %s\n", e.what());
