@@ -134,6 +134,7 @@ LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<Weig
         M3_CHECK(w.src == cuda::SrcType::E4M3 && t.shape.size() == 2,
                  "tensor '{}' in {} is {} {}; FP8 storage needs a 2-D MXFP8 tensor", name, t.file,
                  dtype_name(t.dtype), shape_str(t.shape));
+        M3_CHECK(dst.ptr && dst.scales, "FP8 slot {} bound without value or scale storage", s.label());
         ++fp8_pieces_left[si];
       }
       if (w.src == cuda::SrcType::E4M3) {
