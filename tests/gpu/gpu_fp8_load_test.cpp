@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -23,7 +24,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fixture(const char* name) { return (fs::path(M3_SOURCE_DIR) / "tests/golden/fixtures" / name).string(); }
+// The source tree: $M3_SOURCE_DIR when set (binaries carried to another machine), else the one this was built from.
+std::string fixture(const char* name) {
+  const char* env = std::getenv("M3_SOURCE_DIR");
+  return (fs::path(env && *env ? env : M3_SOURCE_DIR) / "tests/golden/fixtures" / name).string();
+}
 
 template <typename T>
 std::vector<T> to_host(const cuda::DeviceBuffer<uint8_t>& b, size_t n) {
