@@ -74,6 +74,15 @@ def parse_profile(s):
     return res
 
 
+IDLE_RE = re.compile(r"gpu idle between back-to-back decode steps ([0-9.]+)% \(([0-9.]+) of ([0-9.]+) ms\)")
+
+
+def parse_idle(s):
+    """The profile's "gpu idle between back-to-back decode steps 3.1% (12 of 400 ms)" → 3.1, or None."""
+    m = IDLE_RE.search(s or "")
+    return float(m.group(1)) if m else None
+
+
 def fmt(v, nd=1):
     if v is None:
         return "—"
@@ -194,6 +203,13 @@ def main():
                 lines.append(f'| {w["r"]["backend"]} | {w["r"]["traffic"]} | {w["r"]["concurrency"]} | {kind} | '
                              f'{p["steps"]} | {p["ms_per_step"]:.3f} | '
                              + " | ".join(fmt(p["cats"].get(c), 3) for c in cats) + " |")
+
+    idle = [(w, parse_idle(w["r"].get("gpu_profile", ""))) for w in rows]
+    idle = [(w, v) for w, v in idle if v is not None]
+    if idle:
+        lines += ["", "GPU idle between back-to-back decode steps (host wall time from one decode step's start to the "
+                  "next, against the first step's GPU time; `src/model/gpu_step_profile.*`):", ""]
+        lines += [f'- {w["r"]["backend"]} {w["r"]["traffic"]} c{w["r"]["concurrency"]}: {v:.1f} %' for w, v in idle]
 
     # Roofline breakdown.
     lines += ["", "Bytes a decode step must read (MB): attention+index weights / experts / dense MLPs / lm_head / KV:", ""]

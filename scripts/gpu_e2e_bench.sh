@@ -24,6 +24,8 @@
 #   M3_E2E_DEVICE   [cuda] cpu = dry run of the same path on this machine with the demo model (small counts: set
 #                   the sizes above; --load-format/--num-layers/--dtype/--attention are not passed)
 #   M3_E2E_M3SERVE  a built m3serve to use instead of building;  M3_E2E_BUILD_DIR [build-gpu]
+#   M3_E2E_CHAT_TEMPLATE  --chat-template for serve [a placeholder when the model dir has none: the traffic uses
+#                   /v1/completions and never renders it]
 #   M3_E2E_EXTRA_SERVE_ARGS  more `serve` arguments;  M3_JOBS [16];  M3_COMMIT (recorded)
 # Output: OUTDIR/summary.md, OUTDIR/e2e_runs.json, OUTDIR/<date>-e2e-<gpu>.md + e2e_latest.json (scripts/e2e_report.py),
 #         OUTDIR/runs/NN-*/ (bench.json, requests.jsonl, server.log, metrics.txt, meta.json) and build.log.
@@ -108,6 +110,15 @@ if [ "$device" = cuda ]; then
   fi
   serve_model=(--model "$model" --tokenizer "$tok" --device cuda --load-format dummy --num-layers "$layers"
                --dtype "$dtype")
+  # `serve` needs a chat template to start (the model's, or --chat-template); bench-serve drives /v1/completions, so
+  # a config-only model dir gets a plain placeholder that the traffic never renders.
+  tmpl="${M3_E2E_CHAT_TEMPLATE:-}"
+  if [ -z "$tmpl" ] && [ ! -f "$model/chat_template.jinja" ]; then
+    tmpl=/tmp/m3-e2e-tok/bench_placeholder.jinja
+    mkdir -p /tmp/m3-e2e-tok
+    printf '%s' '{% for m in messages %}{{ m.content }}{% endfor %}' >"$tmpl"
+  fi
+  [ -z "$tmpl" ] || serve_model+=(--chat-template "$tmpl")
 else
   model="${M3_E2E_MODEL:-$root/models/demo}"
   [ -f "$model/config.json" ] || PYTHON=/usr/bin/python3 bash "$root/scripts/make_demo_model.sh" "$model" >>"$out/build.log" 2>&1
@@ -273,6 +284,8 @@ doc = {"schema": "m3serve-e2e/1", "date": now.strftime("%Y-%m-%d"), "time": now.
 json.dump(doc, open(os.path.join(out, "e2e_runs.json"), "w"), indent=2)
 print(f"e2e_runs.json: {len(runs)} runs")
 PY
+# The report merges its records into the repository's latest ones (other traffic / backends stay).
+[ -f "$out/e2e_latest.json" ] || cp "$root/bench/results/e2e_latest.json" "$out/" 2>/dev/null || true
 if "$py" "$root/scripts/e2e_report.py" "$out/e2e_runs.json" --model-config "$model/config.json" \
      --num-layers "$layers" --results-dir "$out" >>"$summary" 2>&1; then
   say "report: $(ls "$out"/*-e2e-*.md 2>/dev/null | head -1)"

@@ -7,6 +7,7 @@
 #include "model/cuda_executor.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +30,7 @@
 #include "backend/cuda/paged_decode_tc.cuh"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "engine/request.h"
 #include "model/checkpoint.h"
 #include "model/cuda_weight_loader.h"
 #include "model/device_sampling.h"
@@ -104,10 +106,17 @@ struct CudaExecutor::Impl {
   std::vector<LayerPools> kvp;
   int64_t kv_page_elems = 0, ik_page_elems = 0;  // Hkv·B·D and B·Di
 
-  // Step state.
-  DeviceBuffer<int32_t> d_pos, d_row_seq, d_slot, d_pt_indptr, d_pt_pages, d_ids, d_head_rows, d_sel;
+  // Step state. The rows of a step go up in ONE copy from pinned staging (upload_step): [ids | pos | row_seq | slot |
+  // head_rows | pt_indptr | pt_pages], each part at a fixed offset for a given (T, S, head rows), so a decode graph
+  // of a bucket reads the same addresses at every replay.
+  DeviceBuffer<int32_t> d_step, d_sel;
+  int32_t* h_step = nullptr;
+  size_t h_step_cap = 0;
+  const int32_t *d_ids = nullptr, *d_pos = nullptr, *d_row_seq = nullptr, *d_slot = nullptr, *d_head_rows = nullptr,
+                *d_pt_indptr = nullptr, *d_pt_pages = nullptr;
   DeviceBuffer<float> x, xn, qkv, q, attn, iqk, iq, scores, hsel, logits;
   DeviceBuffer<uint16_t> qb, iqb, attnb;  // bf16 copies for the tensor-core kernels: q, index q, attention output
+  DeviceBuffer<uint16_t> xnb;             // the normalised hidden rows in bf16: the input of the bf16 GEMMs
   cuda::FfnScratch ffn;
   cuda::DenseAttention dense;
   cuda::MsaPrefill msa_prefill;
@@ -137,6 +146,8 @@ struct CudaExecutor::Impl {
   // and the dummy fill write into.
   DeviceSlot bind(const WeightSlot& s);
   ~Impl() {
+    drop_graphs();
+    if (h_step) cudaFreeHost(h_step);
     if (stream) cudaStreamDestroy(stream);
   }
   cuda::DevPagedKV kv_view(int l) {
@@ -151,7 +162,35 @@ struct CudaExecutor::Impl {
   // The forward up to the LM head: logits [head rows, V] stay in `logits` on the device (forward() copies them out,
   // forward_sample() samples them there).
   StepRows forward_device(std::span<const SeqInput> seqs, ForwardTrace* trace);
+  // Its two halves: the step's one upload of its rows, then every launch of the forward. graph = true: the decode
+  // step of a graph bucket (docs/ENGINE_STEP.md): plans from the device rows with capacity launch shapes, so the
+  // launches depend on the bucket alone and can be captured; the same code runs eagerly before a capture.
+  void upload_step(const StepRows& r);
+  void enqueue_forward(const StepRows& r, ForwardTrace* trace, bool graph);
   cuda::DeviceSampler sampler;  // forward_sample: logits → ids on the device (backend/cuda/sampling.cuh)
+
+  // ---- decode through CUDA graphs (issue 9 item 4) --------------------------------------------------------------
+  // A pure decode step (every sequence brings one token, no trace) is padded to a bucket of rows; padding sequences
+  // decode token 0 at position 0 into the scratch page (one page past the pool, never handed out). Per bucket, the
+  // first step runs eagerly in graph form and is then captured; later steps upload their rows and sampling staging
+  // and replay. A graph bakes device addresses in: when any DeviceBuffer was reallocated since its capture
+  // (cuda::alloc_epoch), every graph is dropped and captured again.
+  struct DecodeGraph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t epoch = 0;
+    std::vector<int8_t> prof_cats;  // the step profile's intervals recorded by the graph's event nodes
+    bool failed = false;            // capture failed once: this bucket stays eager
+  };
+  std::vector<std::pair<int, DecodeGraph>> graphs;  // by bucket
+  int32_t scratch_page = 0;      // = pool capacity: the padding rows' page
+  int64_t graph_page_cap = 0;    // capacity of pages per sequence (launch shapes of the graph plans)
+  GraphStats graph_stats;
+  static const std::vector<int>& buckets();
+  int bucket_for(size_t n) const;  // 0: no bucket (eager)
+  bool graph_eligible(std::span<const SeqInput> seqs, std::span<const RowSampling> rows) const;
+  std::vector<SampledToken> decode_graph_step(std::span<const SeqInput> seqs, std::span<const RowSampling> rows);
+  bool capture(DecodeGraph& g, const StepRows& r);
+  void drop_graphs();
 };
 
 CudaExecutor::Impl::Impl(const M3Config& cfg, CudaExecutorOptions o)
@@ -279,6 +318,10 @@ void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
     num_pages = int32_t(n);
   }
   pool = std::make_unique<PagePool>(num_pages);
+  // One page more than the pool hands out: the scratch page the padding rows of a decode graph write to.
+  scratch_page = num_pages;
+  graph_page_cap = std::min<int64_t>(num_pages, (std::max<int64_t>(c.max_position_embeddings, 1) + B - 1) / B);
+  const int64_t alloc_pages = int64_t(num_pages) + 1;
   const size_t esz = cuda::kv_elem_bytes(kv_type);
   // Initial contents. fp32 (verification): NaN poison (0xFF…), so a read of a slot nothing wrote shows up in the
   // logits — the v1 kernels never read past a row's last valid token. bf16 (serving): zeros, as vLLM does, because
@@ -289,13 +332,13 @@ void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
   kvp.resize(size_t(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     LayerPools& lp = kvp[size_t(l)];
-    const size_t kv_bytes = size_t(num_pages) * size_t(kv_page_elems) * esz;
+    const size_t kv_bytes = size_t(alloc_pages) * size_t(kv_page_elems) * esz;
     lp.k.grow(kv_bytes);
     lp.v.grow(kv_bytes);
     M3_CUDA_CHECK(cudaMemset(lp.k.get(), fill, kv_bytes));
     M3_CUDA_CHECK(cudaMemset(lp.v.get(), fill, kv_bytes));
     if (c.attn_kinds[l] == AttnKind::Sparse) {
-      const size_t ik_bytes = size_t(num_pages) * size_t(ik_page_elems) * esz;
+      const size_t ik_bytes = size_t(alloc_pages) * size_t(ik_page_elems) * esz;
       lp.ik.grow(ik_bytes);
       M3_CUDA_CHECK(cudaMemset(lp.ik.get(), fill, ik_bytes));
     }
@@ -304,29 +347,48 @@ void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
 }
 
 StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, ForwardTrace* trace) {
+  M3_CHECK(!seqs.empty(), "forward: no sequences");
+  // ---- plan: rows of the step (model/step_plan.h, shared with the CPU forward) ------------------------------
+  StepRows r = StepRows::build(c, seqs, pool->capacity());
+  upload_step(r);
+  enqueue_forward(r, trace, false);
+  return r;
+}
+
+void CudaExecutor::Impl::upload_step(const StepRows& r) {
+  const size_t T = size_t(r.num_rows()), HR = r.head_rows.size(), S = r.pt_indptr.size();
+  const size_t n = 4 * T + HR + S + r.pt_pages.size();
+  if (n > h_step_cap) {  // pinned, so the copy is a true async DMA; the previous step has synchronised by now
+    if (h_step) M3_CUDA_CHECK(cudaFreeHost(h_step));
+    h_step = nullptr;
+    h_step_cap = std::max(n, 2 * h_step_cap);
+    M3_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_step), h_step_cap * 4));
+  }
+  int32_t* h = h_step;
+  auto put_part = [&](const std::vector<int32_t>& v) {
+    std::memcpy(h, v.data(), v.size() * 4);
+    h += v.size();
+  };
+  put_part(r.ids), put_part(r.pos), put_part(r.row_seq), put_part(r.slot), put_part(r.head_rows);
+  put_part(r.pt_indptr), put_part(r.pt_pages);
+  // Grow with headroom: a reallocation invalidates every captured graph (cuda::alloc_epoch).
+  if (d_step.size() < n) d_step.grow(std::max(n, d_step.size() + d_step.size() / 2));
+  M3_CUDA_CHECK(cudaMemcpyAsync(d_step.get(), h_step, n * 4, cudaMemcpyHostToDevice, stream));
+  const int32_t* d = d_step.get();
+  d_ids = d, d_pos = d + T, d_row_seq = d + 2 * T, d_slot = d + 3 * T, d_head_rows = d + 4 * T;
+  d_pt_indptr = d + 4 * T + HR, d_pt_pages = d_pt_indptr + S;
+}
+
+void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace* trace, bool graph) {
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_q_heads, Hkv = c.num_kv_heads;
   const int64_t B = c.sparse_block_size, V = c.vocab_size, G = Hq / Hkv;
   cudaStream_t s = stream;
-  M3_CHECK(!seqs.empty(), "forward: no sequences");
-
-  // ---- plan: rows of the step (model/step_plan.h, shared with the CPU forward) ------------------------------
-  const StepRows plan_rows = StepRows::build(c, seqs, pool->capacity());
   const std::vector<int32_t>& pos = plan_rows.pos;
   const std::vector<int32_t>& row_seq = plan_rows.row_seq;
-  const std::vector<int32_t>& slot = plan_rows.slot;
-  const std::vector<int32_t>& pt_indptr = plan_rows.pt_indptr;
-  const std::vector<int32_t>& pt_pages = plan_rows.pt_pages;
-  const std::vector<int32_t>& ids = plan_rows.ids;
   const std::vector<int64_t>& seq_begin = plan_rows.seq_begin;
   const int max_n = plan_rows.max_new_tokens;
   const int64_t T = plan_rows.num_rows();
-  cuda::upload(d_pos, pos.data(), pos.size(), s);
-  cuda::upload(d_row_seq, row_seq.data(), row_seq.size(), s);
-  cuda::upload(d_slot, slot.data(), slot.size(), s);
-  cuda::upload(d_pt_indptr, pt_indptr.data(), pt_indptr.size(), s);
-  cuda::upload(d_pt_pages, pt_pages.data(), pt_pages.size(), s);
-  cuda::upload(d_ids, ids.data(), ids.size(), s);
-  const cuda::DevStepRows rows{d_pos.get(), d_row_seq.get(), d_pt_indptr.get(), d_pt_pages.get(), int(T)};
+  const cuda::DevStepRows rows{d_pos, d_row_seq, d_pt_indptr, d_pt_pages, int(T)};
   const bool decode = max_n <= 16;  // decode / speculative verify rows: split-K and the decode indexer launch
   prof.begin(decode, s);
   const int64_t ppu = Hkv;  // virtual pages per physical page in a per-layer pool [P, Hkv, B, D]
@@ -344,25 +406,37 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
                         K <= cuda::MsaDecodeIndex::kMaxTopK;
   const bool tc_prefill = tc && !decode && any_sparse && G == 16 && K <= 16;
   const bool tc_dense_prefill = tc && !decode && any_dense && G == 16;  // union kernel in dense causal mode
-  const bool tc_prefill_index = tc_prefill && Di == 128 && Hi >= 1 && 128 % Hi == 0;  // MsaIndexerTc
+  const bool tc_prefill_index =  // MsaIndexerTc::run_topk
+      tc_prefill && Di == 128 && Hi >= 1 && 128 % Hi == 0 && K <= cuda::MsaIndexerTc::kMaxTopK;
   if (tc_dense_prefill) msa_union.plan(T, int(Hkv), int(G), int(D), int(B), 16);
   if (tc_prefill) msa_sparse.plan(T, int(Hkv), int(G), int(D), int(B), int(K), int64_t(pool->capacity()));
+  // graph: only device-side plans with capacity launch shapes (graph_eligible guarantees the tensor-core decode).
+  M3_CHECK(!graph || (tc_decode && (!any_sparse || tc_index) && !trace), "CUDA executor: step cannot run as a graph");
   if (any_dense && !tc_dense_prefill) {
-    dense.plan(pos, rows, int(Hkv), int(G), int(D), int(B), ppu, decode, s);
-    if (tc_decode) dense_tc.plan(int(T * Hkv), int(G), dense.max_pages(), true);
+    if (graph) {
+      dense.plan_device(rows, int(Hkv), int(G), int(D), int(B), ppu, int(graph_page_cap), s);
+      dense_tc.plan(int(T * Hkv), int(G), int(graph_page_cap), true, /*dynamic=*/true);
+    } else {
+      dense.plan(pos, rows, int(Hkv), int(G), int(D), int(B), ppu, decode, s);
+      if (tc_decode) dense_tc.plan(int(T * Hkv), int(G), dense.max_pages(), true);
+    }
   }
   if (any_sparse) {
     if (tc_index) {
-      dec_index.plan(pos, rows, int(Hi), int(K), ppu, s);
-      sparse_tc.plan(int(T * Hkv), int(G), dec_index.max_pages(), true);
+      if (graph) {
+        dec_index.plan_device(rows, int(Hi), int(K), ppu, graph_page_cap, s);
+        sparse_tc.plan(int(T * Hkv), int(G), int(K), true, /*dynamic=*/true);
+      } else {
+        dec_index.plan(pos, rows, int(Hi), int(K), ppu, s);
+        sparse_tc.plan(int(T * Hkv), int(G), dec_index.max_pages(), true);
+      }
     } else {
       if (decode)
         msa_decode.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), true, s);
       else if (!tc_prefill)  // (the union kernel was planned above)
         msa_prefill.plan(pos, int(Hkv), int(G), int(D), int(B), int(K), s);
       if (tc_prefill_index) {
-        indexer_tc.plan(pos, row_seq, int(Hi), int(Di), int(B), s);
-        scores.grow(size_t(Hi * T * indexer_tc.max_cols()));
+        indexer_tc.plan(pos, row_seq, int(Hi), int(Di), int(B), s);  // fused top-k: no score matrix
       } else {
         indexer.plan(pos, row_seq, int(Hi), int(B), decode, s);
         scores.grow(size_t(Hi * T * indexer.max_cols()));
@@ -378,6 +452,8 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   x.grow(size_t(T * H));
   xn.grow(size_t(T * H));
+  const bool act_bf16 = wt == cuda::WType::BF16;  // bf16 GEMM inputs straight from the norms
+  if (act_bf16) xnb.grow(size_t(T * H));
   qkv.grow(size_t(T * qkv_w));
   q.grow(size_t(T * Hq * D));
   attn.grow(size_t(T * Hq * D));
@@ -385,55 +461,69 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
     trace->hidden.assign(trace->capture_hidden ? c.num_layers : 0, {});
     trace->selection.assign(c.num_layers, {});
     trace->block_scores.assign(c.num_layers, {});
-    trace->block_scores_cols.assign(seqs.size(), 0);
+    trace->block_scores_cols.assign(seq_begin.size() - 1, 0);
   }
 
-  cuda::embed_rows(embed.get(), wt == cuda::WType::BF16, H, d_ids.get(), T, x.get(), s);
+  cuda::embed_rows(embed.get(), wt == cuda::WType::BF16, H, d_ids, T, x.get(), s);
   prof.mark(GpuStepProfile::kEmbedNorm, s);  // with the plans' small kernels and uploads
   const float scale = 1.0f / std::sqrt(float(D));
   for (int l = 0; l < c.num_layers; ++l) {
     DevLayer& L = layers[l];
     const cuda::DevPagedKV kv = kv_view(l);
     // ---- attention -------------------------------------------------------------------------------------------
-    cuda::rms_norm_gemma(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xn.get(), s);
-    prof.mark(GpuStepProfile::kEmbedNorm, s);
-    gemm->nt(xn.get(), T, H, L.wqkv.get(), wt, qkv_w, qkv.get(), false, s);
+    // bf16 weights: the norm writes the GEMM input in bf16 once (no fp32 copy, no per-GEMM rounding kernel) and q /
+    // index q come out of their norm + RoPE in bf16 where a tensor-core kernel reads them — bit-identical to
+    // rounding afterwards (docs/ENGINE_STEP.md).
+    const bool sparse_layer = c.attn_kinds[l] == AttnKind::Sparse && !dense_only;
+    const bool q_bf16 = sparse_layer ? (tc_index || tc_prefill) : (tc_decode || tc_dense_prefill);
+    if (act_bf16) {
+      cuda::rms_norm_gemma_bf16(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
+      prof.mark(GpuStepProfile::kEmbedNorm, s);
+      gemm->nt_bf16(xnb.get(), T, H, L.wqkv.get(), qkv_w, qkv.get(), false, s);
+    } else {
+      cuda::rms_norm_gemma(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xn.get(), s);
+      prof.mark(GpuStepProfile::kEmbedNorm, s);
+      gemm->nt(xn.get(), T, H, L.wqkv.get(), wt, qkv_w, qkv.get(), false, s);
+    }
     prof.mark(GpuStepProfile::kGemm, s);
     cuda::HeadsNormRopeArgs a;
     a.src = qkv.get(), a.src_ld = qkv_w, a.T = int(T), a.D = int(D);
     a.n_q = int(Hq), a.q_col0 = 0, a.q_w = L.q_norm.get(), a.q_out = q.get();
+    if (q_bf16) a.q_out_bf16 = qb.get();
     a.n_k = int(Hkv), a.k_col0 = int(Hq * D), a.k_w = L.k_norm.get(), a.k_cache = kv.k, a.k_head_stride = B * D;
     a.n_v = int(Hkv), a.v_col0 = int((Hq + Hkv) * D), a.v_cache = kv.v, a.v_head_stride = B * D;
     a.cache_type = kv.type;
-    a.pos = d_pos.get(), a.slot_page = d_slot.get(), a.page_stride = kv.page_stride, a.block_size = int(B);
+    a.pos = d_pos, a.slot_page = d_slot, a.page_stride = kv.page_stride, a.block_size = int(B);
     a.inv_freq = inv_freq.get(), a.rotary_dim = c.rotary_dim, a.eps = c.rms_norm_eps;
     cuda::heads_norm_rope(a, s);
     prof.mark(GpuStepProfile::kAttention, s);  // q/k norm, RoPE and the K/V cache write
 
     bool o_bf16 = false;  // the attention output is in attnb (bf16) instead of attn
-    if (c.attn_kinds[l] == AttnKind::Sparse && !dense_only) {
+    if (sparse_layer) {
       const int64_t iw = (Hi + 1) * Di;
-      gemm->nt(xn.get(), T, H, L.w_index_qk.get(), wt, iw, iqk.get(), false, s);
+      if (act_bf16)
+        gemm->nt_bf16(xnb.get(), T, H, L.w_index_qk.get(), iw, iqk.get(), false, s);
+      else
+        gemm->nt(xn.get(), T, H, L.w_index_qk.get(), wt, iw, iqk.get(), false, s);
       cuda::HeadsNormRopeArgs b;
       b.src = iqk.get(), b.src_ld = iw, b.T = int(T), b.D = int(Di);
       b.n_q = int(Hi), b.q_col0 = 0, b.q_w = L.index_q_norm.get(), b.q_out = iq.get();
+      if (tc_index || tc_prefill_index) b.q_out_bf16 = iqb.get();  // the tensor-core indexers read bf16
       const cuda::DevPagedIndexK ikv = ik_view(l);
       b.n_k = 1, b.k_col0 = int(Hi * Di), b.k_w = L.index_k_norm.get(), b.k_cache = ikv.ik, b.k_head_stride = 0;
       b.cache_type = ikv.type;
-      b.pos = d_pos.get(), b.slot_page = d_slot.get(), b.page_stride = ikv.page_stride, b.block_size = int(B);
+      b.pos = d_pos, b.slot_page = d_slot, b.page_stride = ikv.page_stride, b.block_size = int(B);
       b.inv_freq = inv_freq.get(), b.rotary_dim = c.rotary_dim, b.eps = c.rms_norm_eps;
       cuda::heads_norm_rope(b, s);
       prof.mark(GpuStepProfile::kIndexer, s);  // index projection, norm, RoPE, index-K write
       const int32_t* sel = d_sel.get();  // [Hi, T, K]
       if (tc_index) {
         // Fused scorer + top-k + page-list emit, then the tensor-core paged decode over the emitted lists.
-        cuda::f32_to_bf16(iq.get(), T * Hi * Di, iqb.get(), s);
         dec_index.run(reinterpret_cast<const __nv_bfloat16*>(iqb.get()),
                       cuda::DevPagedIndexKT<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(ikv.ik), ikv.page_stride},
                       rows, s);
         sel = dec_index.selection();
         prof.mark(GpuStepProfile::kIndexer, s);
-        cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
         cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
         pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
         pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
@@ -446,21 +536,16 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
         prof.mark(GpuStepProfile::kAttention, s);
         o_bf16 = true;
       } else {
-        int64_t cols = 0;
-        if (tc_prefill_index) {
-          cuda::f32_to_bf16(iq.get(), T * Hi * Di, iqb.get(), s);
-          indexer_tc.run(iqb.get(), static_cast<const uint16_t*>(ikv.ik), ikv.page_stride, int64_t(pool->capacity()),
-                         rows, scores.get(), s);
-          cols = indexer_tc.max_cols();
+        if (tc_prefill_index) {  // scores + top-k fused: no score matrix (msa_indexer_tc.cuh)
+          indexer_tc.run_topk(iqb.get(), static_cast<const uint16_t*>(ikv.ik), ikv.page_stride,
+                              int64_t(pool->capacity()), rows, int(K), d_sel.get(), s);
         } else {
           indexer.run(iq.get(), ikv, rows, scores.get(), s);
-          cols = indexer.max_cols();
+          cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos, int(B), indexer.max_cols(), int(K), d_sel.get(),
+                         s);
         }
-        cuda::msa_topk(scores.get(), int(T), int(Hi), d_pos.get(), int(B), cols, int(K), d_sel.get(),
-                       s);
         prof.mark(GpuStepProfile::kIndexer, s);
         if (tc_prefill) {
-          cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
           const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                          kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
           msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
@@ -478,7 +563,7 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
         std::vector<int32_t> all(size_t(Hi * T * K));
         M3_CUDA_CHECK(cudaMemcpyAsync(all.data(), sel, all.size() * 4, cudaMemcpyDeviceToHost, s));
         M3_CUDA_CHECK(cudaStreamSynchronize(s));
-        for (size_t si = 0; si < seqs.size(); ++si) {
+        for (size_t si = 0; si + 1 < seq_begin.size(); ++si) {
           const int64_t t0 = seq_begin[si], n = seq_begin[si + 1] - t0;
           std::vector<int32_t> one(size_t(Hi * n * K));
           for (int64_t h = 0; h < Hi; ++h)
@@ -487,7 +572,6 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
         }
       }
     } else if (tc_decode) {
-      cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
       cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
       pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
       pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
@@ -498,7 +582,6 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
       dense_tc.run(pa, s);
       o_bf16 = true;
     } else if (tc_dense_prefill) {
-      cuda::f32_to_bf16(q.get(), T * Hq * D, qb.get(), s);
       const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                      kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
       msa_union.run_dense(qb.get(), rows, kvb, scale, attn.get(), s);
@@ -513,11 +596,17 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
     prof.mark(GpuStepProfile::kGemm, s);
 
     // ---- feed-forward ------------------------------------------------------------------------------------------
-    cuda::rms_norm_gemma(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xn.get(), s);
+    // (MoE layers keep the fp32 norm: the router runs in fp32, and its kernel writes the bf16 expert input itself.)
+    const bool mlp_bf16 = act_bf16 && c.mlp_kinds[l] == MlpKind::Dense;
+    if (mlp_bf16)
+      cuda::rms_norm_gemma_bf16(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
+    else
+      cuda::rms_norm_gemma(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xn.get(), s);
     prof.mark(GpuStepProfile::kEmbedNorm, s);
     if (c.mlp_kinds[l] == MlpKind::Dense) {
       const cuda::MlpDev m{L.mlp.gate_up.get(), L.mlp.down.get(), wt, L.mlp.I};
-      cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s);
+      cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s,
+                    mlp_bf16 ? xnb.get() : nullptr);
       prof.mark(GpuStepProfile::kMlp, s);
     } else {
       cuda::MoeArgs m;
@@ -544,16 +633,13 @@ StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, Forw
   }
 
   // ---- head: final norm + LM head on the rows that need logits ---------------------------------------------------
-  const std::vector<int32_t>& head_rows = plan_rows.head_rows;
-  const int64_t HR = int64_t(head_rows.size());
-  cuda::upload(d_head_rows, head_rows.data(), head_rows.size(), s);
+  const int64_t HR = int64_t(plan_rows.head_rows.size());
   hsel.grow(size_t(HR * H));
   logits.grow(size_t(HR * V));
-  cuda::gather_rows(x.get(), H, d_head_rows.get(), HR, hsel.get(), s);
+  cuda::gather_rows(x.get(), H, d_head_rows, HR, hsel.get(), s);
   cuda::rms_norm_gemma(hsel.get(), HR, H, final_norm.get(), c.rms_norm_eps, hsel.get(), s);
   gemm->nt(hsel.get(), HR, H, lm_head.get(), wt, V, logits.get(), false, s);
   prof.mark(GpuStepProfile::kHead, s);
-  return plan_rows;
 }
 
 std::vector<std::vector<float>> CudaExecutor::Impl::forward(std::span<const SeqInput> seqs, ForwardTrace* trace) {
@@ -639,11 +725,145 @@ std::vector<std::vector<float>> CudaExecutor::forward(std::span<const SeqInput> 
   return impl_->forward(seqs, trace);
 }
 
+// ---- decode through CUDA graphs ---------------------------------------------------------------------------------
+
+const std::vector<int>& CudaExecutor::Impl::buckets() {
+  // Batch sizes a decode graph is captured for (as vLLM's capture sizes): fine steps where padding costs most.
+  static const std::vector<int> b = [] {
+    std::vector<int> v{1, 2, 4, 8};
+    for (int n = 16; n <= 64; n += 8) v.push_back(n);
+    for (int n = 80; n <= 128; n += 16) v.push_back(n);
+    for (int n = 160; n <= 512; n += 32) v.push_back(n);
+    return v;
+  }();
+  return b;
+}
+
+int CudaExecutor::Impl::bucket_for(size_t n) const {
+  for (int b : buckets())
+    if (size_t(b) >= n) return b <= opt.max_graph_batch ? b : 0;
+  return 0;
+}
+
+bool CudaExecutor::Impl::graph_eligible(std::span<const SeqInput> seqs, std::span<const RowSampling> rows) const {
+  if (!opt.cuda_graphs || kv_type != cuda::KvType::BF16 || wt != cuda::WType::BF16) return false;
+  if (opt.attention == AttentionBackend::MsaV1 || opt.validate) return false;
+  const int64_t G = c.num_q_heads / c.num_kv_heads, K = c.sparse_topk_blocks;
+  if (c.head_dim != 128 || c.sparse_block_size != 128 || (G != 8 && G != 16)) return false;
+  const bool sparse = opt.attention != AttentionBackend::Dense && c.num_sparse_layers() > 0;
+  if (sparse && (c.index_head_dim != 128 || c.index_num_heads > cuda::MsaDecodeIndex::kMaxHeads ||
+                 K > cuda::MsaDecodeIndex::kMaxTopK || K < 2))
+    return false;
+  if (bucket_for(seqs.size()) == 0) return false;
+  for (const SeqInput& q : seqs)
+    if (q.tokens.size() != 1 || q.all_logits || q.start_pos / c.sparse_block_size + 1 > graph_page_cap) return false;
+  for (const RowSampling& r : rows)  // the logprob rows' raw copy is sized on demand: those steps run eagerly
+    if (r.params && r.params->top_logprobs >= 0) return false;
+  return true;
+}
+
+void CudaExecutor::Impl::drop_graphs() {
+  for (auto& [b, g] : graphs)
+    if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
+}
+
+bool CudaExecutor::Impl::capture(DecodeGraph& g, const StepRows& r) {
+  if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
+  prof.flush();  // the eager step's events are complete (it synchronised); nothing may wait inside the capture
+  const uint64_t epoch = cuda::alloc_epoch();
+  cudaGraph_t graph = nullptr;
+  M3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  bool ok = true;
+  std::string why;
+  try {
+    enqueue_forward(r, nullptr, true);
+    sampler.launch(logits.get(), stream);
+    prof.mark(GpuStepProfile::kSampling, stream);
+  } catch (const std::exception& e) {
+    ok = false, why = e.what();
+  }
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  g.prof_cats = prof.take_recorded();  // the capture executed nothing: its events are the graph's
+  if (ok && end != cudaSuccess) ok = false, why = cudaGetErrorString(end);
+  if (ok && cuda::alloc_epoch() != epoch) ok = false, why = "a buffer was allocated while capturing";
+  if (ok) {
+    const cudaError_t inst = cudaGraphInstantiate(&g.exec, graph, 0);
+    if (inst != cudaSuccess) ok = false, why = cudaGetErrorString(inst), g.exec = nullptr;
+  }
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a failed capture leaves a sticky launch error on some paths; the step itself succeeded
+  if (!ok) {
+    g.failed = true;
+    ++graph_stats.capture_failures;
+    spdlog::warn("CUDA executor: decode graph capture failed ({}); this batch size stays eager", why);
+    return false;
+  }
+  g.epoch = epoch;
+  ++graph_stats.captures;
+  return true;
+}
+
+std::vector<SampledToken> CudaExecutor::Impl::decode_graph_step(std::span<const SeqInput> seqs,
+                                                                 std::span<const RowSampling> rows) {
+  const size_t S = seqs.size();
+  const int bucket = bucket_for(S);
+  // Padding: sequences of one token (id 0) at position 0 whose page table is the scratch page.
+  std::vector<SeqInput> padded(seqs.begin(), seqs.end());
+  std::vector<RowSampling> prow(rows.begin(), rows.end());
+  static const int32_t zero_token = 0;
+  const int32_t scratch = scratch_page;
+  for (size_t i = S; i < size_t(bucket); ++i) {
+    SeqInput q;
+    q.tokens = std::span<const int32_t>(&zero_token, 1);
+    q.start_pos = 0;
+    q.page_table = std::span<const int32_t>(&scratch, 1);
+    padded.push_back(q);
+    prow.emplace_back();  // no params: no token
+  }
+  const StepRows r = StepRows::build(c, padded, pool->capacity() + 1);  // the scratch page is a valid id here
+  std::vector<int32_t> logit_rows(static_cast<size_t>(bucket));
+  for (int i = 0; i < bucket; ++i) logit_rows[size_t(i)] = i;
+  upload_step(r);
+  stage_device_sampling(sampler, int(c.vocab_size), prow, logit_rows, stream);
+
+  auto it = std::find_if(graphs.begin(), graphs.end(), [&](const auto& e) { return e.first == bucket; });
+  if (it == graphs.end()) it = graphs.insert(graphs.end(), {bucket, DecodeGraph{}});
+  DecodeGraph& g = it->second;
+  if (g.exec && g.epoch != cuda::alloc_epoch()) {  // something moved: every graph is stale
+    drop_graphs();
+    ++graph_stats.invalidations;
+  }
+  std::vector<SampledToken> out;
+  if (g.exec) {
+    prof.replay(true, g.prof_cats, stream);
+    M3_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+    ++graph_stats.replays;
+    out = finish_device_sampling(sampler, prow, stream);
+  } else {
+    // This step runs eagerly in graph form (its tokens are the result), then the same launches are captured.
+    enqueue_forward(r, nullptr, true);
+    sampler.launch(logits.get(), stream);
+    prof.mark(GpuStepProfile::kSampling, stream);
+    out = finish_device_sampling(sampler, prow, stream);
+    ++graph_stats.eager_graph_form;
+    if (!g.failed && opt.capture_graphs) capture(g, r);
+  }
+  out.resize(S);
+  return out;
+}
+
+GraphStats CudaExecutor::graph_stats() const { return impl_->graph_stats; }
+
 std::vector<SampledToken> CudaExecutor::forward_sample(std::span<const SeqInput> seqs,
                                                        std::span<const RowSampling> rows,
                                                        const std::function<void()>& before_sampling) {
   M3_CHECK(rows.size() == seqs.size(), "forward_sample: {} sampling rows for {} sequences", rows.size(), seqs.size());
   Impl& m = *impl_;
+  if (m.graph_eligible(seqs, rows)) {
+    validate_step(m.c, seqs, m.pool->capacity());  // the real rows may not use the scratch page
+    return m.decode_graph_step(seqs, rows);
+  }
+  ++m.graph_stats.eager_steps;
   const StepRows plan_rows = m.forward_device(seqs, nullptr);
   // Each sequence's last head row is the one it samples (all_logits sequences have one head row per token).
   std::vector<int32_t> logit_rows(seqs.size());
@@ -666,10 +886,12 @@ std::string CudaExecutor::describe() const {
   const double mib = double(page_bytes()) * m.pool->capacity() / (1 << 20);
   const bool bf16_kv = m.kv_type == cuda::KvType::BF16;
   const char* attn = m.opt.attention == AttentionBackend::Dense ? "dense" : m.opt.attention == AttentionBackend::MsaV1 ? "msa-v1" : "msa";
-  return fmt::format("cuda {} ({} weights, {} KV, attention {}, {} layers, weights {}), KV cache {} pages × {} tokens "
-                     "= {} tokens ({:.1f} MiB)", name,
+  return fmt::format("cuda {} ({} weights, {} KV, attention {}, {} layers, weights {}, decode graphs {}), KV cache {} "
+                     "pages × {} tokens = {} tokens ({:.1f} MiB)", name,
                      m.wt == cuda::WType::BF16 ? "bf16" : "fp32", bf16_kv ? "bf16" : "fp32", attn, m.c.num_layers,
-                     m.weights_source, m.pool->capacity(),
+                     m.weights_source,
+                     m.opt.cuda_graphs ? fmt::format("≤ {} sequences", m.opt.max_graph_batch) : std::string("off"),
+                     m.pool->capacity(),
                      m.c.sparse_block_size,
                      int64_t(m.pool->capacity()) * m.c.sparse_block_size, mib);
 }

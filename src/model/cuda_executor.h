@@ -30,6 +30,23 @@ struct CudaExecutorOptions {
   AttentionBackend attention = AttentionBackend::Msa;
   bool validate = false;  // check every sparse layer's selection against the MSA contract (syncs; tests)
   int device = 0;
+  // Decode steps through CUDA graphs (docs/ENGINE_STEP.md): pure decode steps of up to max_graph_batch sequences
+  // are padded to a bucket and replayed from a captured graph. `--enforce-eager` turns it off (as in vLLM).
+  bool cuda_graphs = true;
+  int max_graph_batch = 256;
+  // false: decode steps still run in graph form (padded bucket, device plans) but are never captured — the eager
+  // twin the graph tests compare replays with bit for bit.
+  bool capture_graphs = true;
+};
+
+// What the decode graphs did so far (tests, the startup log).
+struct GraphStats {
+  int64_t replays = 0;           // decode steps replayed from a graph
+  int64_t captures = 0;          // graphs captured (first use of a bucket, and after invalidations)
+  int64_t eager_graph_form = 0;  // decode steps run eagerly in graph form (the step before a capture)
+  int64_t eager_steps = 0;       // steps that are no graph decode step (prefill, mixed, logprobs, too large)
+  int64_t invalidations = 0;     // times every graph was dropped because a device buffer moved
+  int64_t capture_failures = 0;  // captures that failed (that bucket then stays eager; logged)
 };
 
 class CudaExecutor final : public ModelExecutor {
@@ -67,6 +84,7 @@ class CudaExecutor final : public ModelExecutor {
   std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows,
                                            const std::function<void()>& before_sampling = {}) override;
   std::string describe() const override;
+  GraphStats graph_stats() const;
   int64_t page_bytes() const override;
   // Bytes of one page across the per-layer pools: K and V of every layer, index-K of the sparse layers, in bf16
   // (bf16 weights, the default) or fp32.

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8_gemm.cuh"
 #include "backend/cuda/weight_convert.cuh"
 #include "base/counter_hash.h"
 #include "base/error.h"
@@ -29,6 +31,7 @@ struct Work {
   cuda::SrcType src = cuda::SrcType::F32;
   DeviceSlot dst;
   int64_t dst_off = 0;
+  int slot = -1;  // index in the plan (FP8 storage: the slot's pieces are counted down to its conversion)
 };
 
 cuda::SrcType src_type(const TensorRef& t, const std::string& name) {
@@ -106,7 +109,9 @@ LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<Weig
   std::vector<const WeightSlot*> tied;  // LM heads that are a copy of the embedding
   LoadStats stats;
   size_t max_scale = 0;
-  for (const WeightSlot& s : plan) {
+  std::vector<int> fp8_pieces_left(plan.size(), 0);
+  for (size_t si = 0; si < plan.size(); ++si) {
+    const WeightSlot& s = plan[si];
     if (s.kind == SlotKind::Embed) embed = &s;
     if (s.kind == SlotKind::LmHead && s.may_tie_to_embed && !st.has(s.pieces[0].names[0])) {
       tied.push_back(&s);
@@ -124,6 +129,14 @@ LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<Weig
       w.src = src_type(t, name);
       w.dst = dst;
       w.dst_off = off;
+      w.slot = int(si);
+      if (dst.fp8) {
+        M3_CHECK(w.src == cuda::SrcType::E4M3 && t.shape.size() == 2,
+                 "tensor '{}' in {} is {} {}; FP8 storage needs a 2-D MXFP8 tensor", name, t.file,
+                 dtype_name(t.dtype), shape_str(t.shape));
+        M3_CHECK(dst.ptr && dst.scales, "FP8 slot {} bound without value or scale storage", s.label());
+        ++fp8_pieces_left[si];
+      }
       if (w.src == cuda::SrcType::E4M3) {
         const std::string scale_name = name + "_scale_inv";
         M3_CHECK(st.has(scale_name), "tensor '{}' in {} is FP8 but its block scale '{}' is missing", name, t.file,
@@ -155,6 +168,7 @@ LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<Weig
   StagingRing ring(opt.chunk_bytes, opt.ring);
   cuda::DeviceBuffer<uint8_t> scales;
   if (max_scale) scales.grow(max_scale);
+  std::map<int, cuda::DeviceBuffer<uint8_t>> g32_pending;  // FP8 slots bound as Row128 / Blk128: their G32 scales
   for (const Work& w : work) {
     if (w.scale) {
       // The scales of this tensor, ahead of its data on the same stream (so the previous tensor's conversions have
@@ -167,6 +181,35 @@ LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<Weig
         M3_CUDA_CHECK(cudaEventRecord(sl.done, stream));
       }
       stats.bytes_read += int64_t(w.scale->nbytes);
+    }
+    if (w.dst.fp8) {  // FP8 storage: the e4m3 bytes as they are, the UE8M0 scales beside them (docs/FP8.md)
+      const WeightSlot& s = plan[size_t(w.slot)];
+      const int64_t rows = w.t->shape[0], cols = w.t->shape[1], scols = (cols + 31) / 32, row0 = w.dst_off / cols;
+      uint8_t* g32 = static_cast<uint8_t*>(w.dst.scales);
+      if (w.dst.fp8_fmt != Fp8Scale::G32) {
+        cuda::DeviceBuffer<uint8_t>& b = g32_pending[w.slot];
+        if (!b.get()) b.grow(size_t(s.rows() * scols));
+        g32 = b.get();
+      }
+      M3_CUDA_CHECK(cudaMemcpyAsync(g32 + row0 * scols, scales.get(), size_t(rows * scols), cudaMemcpyDeviceToDevice,
+                                    stream));
+      for (size_t at = 0; at < w.t->nbytes; at += ring.bytes()) {
+        const size_t n = std::min(ring.bytes(), w.t->nbytes - at);
+        StagingRing::Slot& sl = ring.acquire();
+        parallel_copy(sl.host, w.t->data + at, n);
+        M3_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(w.dst.ptr) + size_t(w.dst_off) + at, sl.host, n,
+                                      cudaMemcpyHostToDevice, stream));
+        M3_CUDA_CHECK(cudaEventRecord(sl.done, stream));
+      }
+      if (--fp8_pieces_left[size_t(w.slot)] == 0 && w.dst.fp8_fmt != Fp8Scale::G32) {
+        uint8_t* q = static_cast<uint8_t*>(w.dst.ptr);  // requantised in place
+        cuda::fp8_requant_from_mx(q, g32, s.rows(), cols, w.dst.fp8_fmt, q, static_cast<float*>(w.dst.scales),
+                                  stream);
+        g32_pending.erase(w.slot);  // cudaFree waits for the conversion
+      }
+      stats.bytes_read += int64_t(w.t->nbytes);
+      stats.tensors += 1;
+      continue;
     }
     const size_t esz = dtype_size(w.t->dtype);
     const size_t dsz = w.dst.bf16 ? 2 : 4;
@@ -189,14 +232,32 @@ LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<Weig
   for (const WeightSlot* s : tied) {
     M3_CHECK(embed, "tied LM head without an embedding");
     const DeviceSlot from = bind(*embed), to = bind(*s);
-    M3_CHECK(from.bf16 == to.bf16, "tied LM head: embedding and head dtypes differ");
+    M3_CHECK(from.bf16 == to.bf16 && !from.fp8 && !to.fp8, "tied LM head: embedding and head dtypes differ");
     M3_CUDA_CHECK(cudaMemcpyAsync(to.ptr, from.ptr, size_t(s->numel()) * (to.bf16 ? 2 : 4), cudaMemcpyDeviceToDevice,
                                   stream));
   }
   M3_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (const WeightSlot& s : plan) stats.bytes_written += s.numel() * (bind(s).bf16 ? 2 : 4);
+  for (const WeightSlot& s : plan) {
+    const DeviceSlot d = bind(s);
+    if (d.fp8) {
+      const int64_t cols = s.pieces[0].shape.back();
+      stats.bytes_written += s.numel() + fp8_scale_count(d.fp8_fmt, s.rows(), cols) * (d.fp8_fmt == Fp8Scale::G32 ? 1 : 4);
+    } else {
+      stats.bytes_written += s.numel() * (d.bf16 ? 2 : 4);
+    }
+  }
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return stats;
+}
+
+bool slot_is_mxfp8(const SafeTensors& st, const WeightSlot& s) {
+  for (const WeightPiece& p : s.pieces) {
+    const std::string name = resolve_name(st, p);
+    if (!st.has(name) || !st.has(name + "_scale_inv")) return false;
+    const TensorRef& t = st.get(name);
+    if (t.dtype != DType::F8_E4M3 || t.shape.size() != 2) return false;
+  }
+  return !s.pieces.empty();
 }
 
 LoadStats fill_dummy_weights(const std::vector<WeightSlot>& plan, const SlotBinder& bind, uint64_t seed,
@@ -209,6 +270,7 @@ LoadStats fill_dummy_weights(const std::vector<WeightSlot>& plan, const SlotBind
     // A tied LM head is the embedding, as dummy_weights (the CPU twin) makes it.
     const WeightSlot& src = (s.kind == SlotKind::LmHead && s.may_tie_to_embed && embed) ? *embed : s;
     const DeviceSlot d = bind(s);
+    M3_CHECK(!d.fp8, "dummy weights in FP8 storage are not supported yet ({})", s.label());
     cuda::fill_counter_uniform(d.ptr, d.bf16, s.numel(), counter_key(seed, src.stream_id()), src.dummy_scale, stream);
     stats.bytes_written += s.numel() * (d.bf16 ? 2 : 4);
     stats.tensors += 1;

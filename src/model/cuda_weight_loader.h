@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "base/fp8_format.h"
 #include "io/safetensors.h"
 #include "model/weight_plan.h"
 
@@ -25,6 +26,14 @@ namespace m3 {
 struct DeviceSlot {
   void* ptr = nullptr;
   bool bf16 = false;
+  // FP8 storage (issue 15, docs/FP8.md): `ptr` receives the slot's e4m3 bytes as the checkpoint holds them
+  // (rows() × cols bytes, pieces concatenated along rows) and `scales` its scales in `fp8_fmt`
+  // (fp8_scale_count(fp8_fmt, rows(), cols): UE8M0 bytes for G32, floats otherwise; Row128 / Blk128 are made on the
+  // device by cuda::fp8_requant_from_mx once the slot's last piece has arrived). Every piece must be MXFP8
+  // (slot_is_mxfp8).
+  bool fp8 = false;
+  Fp8Scale fp8_fmt = Fp8Scale::G32;
+  void* scales = nullptr;
 };
 using SlotBinder = std::function<DeviceSlot(const WeightSlot&)>;
 
@@ -47,6 +56,10 @@ struct StreamOptions {
 // holds every weight.
 LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<WeightSlot>& plan, const SlotBinder& bind,
                                    cudaStream_t stream, StreamOptions opt = {});
+
+// Whether every piece of `s` is a 2-D MXFP8 tensor in `st` (F8_E4M3 values and their UE8M0 "_scale_inv"), i.e.
+// whether the slot can be bound with FP8 storage.
+bool slot_is_mxfp8(const SafeTensors& st, const WeightSlot& s);
 
 // Fills every slot with the dummy weights of `seed` (model/weight_plan.h dummy_slot_values is the CPU twin).
 LoadStats fill_dummy_weights(const std::vector<WeightSlot>& plan, const SlotBinder& bind, uint64_t seed,

@@ -8,6 +8,12 @@ namespace m3 {
 
 void enqueue_device_sampling(cuda::DeviceSampler& sampler, float* logits, int vocab, std::span<const RowSampling> rows,
                              std::span<const int32_t> logit_rows, cudaStream_t s) {
+  stage_device_sampling(sampler, vocab, rows, logit_rows, s);
+  sampler.launch(logits, s);
+}
+
+void stage_device_sampling(cuda::DeviceSampler& sampler, int vocab, std::span<const RowSampling> rows,
+                           std::span<const int32_t> logit_rows, cudaStream_t s) {
   M3_CHECK(rows.size() == logit_rows.size(), "device sampling: {} rows for {} logit rows", rows.size(),
            logit_rows.size());
   sampler.begin(vocab);
@@ -45,7 +51,7 @@ void enqueue_device_sampling(cuda::DeviceSampler& sampler, float* logits, int vo
     sampler.add_row(p, toks.data(), int(toks.size()), all ? row.prompt_len : 0, bias_ids.data(), bias_vals.data(),
                     int(bias_ids.size()), mask.data(), int(mask.size()), row.allowed);
   }
-  sampler.enqueue(logits, s);
+  sampler.upload(s);
 }
 
 std::vector<SampledToken> finish_device_sampling(cuda::DeviceSampler& sampler, std::span<const RowSampling> rows,

@@ -17,6 +17,10 @@ namespace m3 {
 // kernels on `s`; `logits` [*, V] are adjusted in place on the sampled rows.
 void enqueue_device_sampling(cuda::DeviceSampler& sampler, float* logits, int vocab, std::span<const RowSampling> rows,
                              std::span<const int32_t> logit_rows, cudaStream_t s);
+// The first half of enqueue_device_sampling: stages the rows and queues their upload, but launches no kernel (a
+// captured decode graph holds the sampler's kernels: DeviceSampler::launch).
+void stage_device_sampling(cuda::DeviceSampler& sampler, int vocab, std::span<const RowSampling> rows,
+                           std::span<const int32_t> logit_rows, cudaStream_t s);
 // Reads the ids (+ logprobs) back — the step's one host sync — and returns them in the CPU sampler's form.
 std::vector<SampledToken> finish_device_sampling(cuda::DeviceSampler& sampler, std::span<const RowSampling> rows,
                                                  cudaStream_t s);

@@ -51,6 +51,7 @@ std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const
     o.attention = load.attention == LoadAttention::Dense   ? AttentionBackend::Dense
                   : load.attention == LoadAttention::MsaV1 ? AttentionBackend::MsaV1
                                                            : AttentionBackend::Msa;
+    o.cuda_graphs = !load.enforce_eager;
     const int32_t pages = pages_for(c, kv, CudaExecutor::page_bytes_for(c, o.bf16_weights));
     if (load.dummy()) return CudaExecutor::dummy(c, load.dummy_seed, pages, o);
     return CudaExecutor::load(c, model_dir, pages, o);

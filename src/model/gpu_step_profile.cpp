@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -29,9 +30,19 @@ GpuStepProfile::~GpuStepProfile() {
   for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
 }
 
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
 void GpuStepProfile::begin(bool decode, cudaStream_t s) {
   if (!on_) return;
   collect();
+  const double t = now_s();
+  if (last_begin_s_ >= 0 && last_was_decode_ && decode && t - last_begin_s_ < 0.1)
+    busy_wall_ms_ += 1e3 * (t - last_begin_s_), busy_gpu_ms_ += pending_gpu_ms_;
+  last_begin_s_ = t, last_was_decode_ = decode, pending_gpu_ms_ = 0.0;
   if ((steps_[0] + steps_[1]) > 0 && (steps_[0] + steps_[1]) % 500 == 0) spdlog::info("gpu step profile: {}", report());
   used_ = 0;
   cats_.clear();
@@ -46,7 +57,12 @@ void GpuStepProfile::record(Cat c, cudaStream_t s) {
     M3_CUDA_CHECK(cudaEventCreate(&ev));
     events_.push_back(ev);
   }
-  M3_CUDA_CHECK(cudaEventRecord(events_[used_], s));
+  // While a decode graph is captured, a plain record would only order the capture's streams; External makes it an
+  // event-record node, so each replay records the event and the step is timed like an eager one.
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  M3_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+  M3_CUDA_CHECK(cudaEventRecordWithFlags(events_[used_], s,
+                                         cap == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0));
   cats_.push_back(int8_t(c));
   ++used_;
 }
@@ -56,15 +72,45 @@ void GpuStepProfile::collect() {
     pending_ = false;
     return;
   }
-  M3_CUDA_CHECK(cudaEventSynchronize(events_[used_ - 1]));
-  auto& acc = ms_[pending_decode_ ? 1 : 0];
+  pending_ = false;
+  if (cudaEventSynchronize(events_[used_ - 1]) != cudaSuccess) {
+    cudaGetLastError();
+    ++untimed_;
+    return;
+  }
+  std::array<double, kCount> step{};
+  double total = 0;
   for (size_t i = 1; i < used_; ++i) {
     float ms = 0.f;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
-    acc[size_t(cats_[i])] += ms;
+    if (cudaEventElapsedTime(&ms, events_[i - 1], events_[i]) != cudaSuccess) {  // never fatal: a profile
+      cudaGetLastError();
+      ++untimed_;
+      return;
+    }
+    step[size_t(cats_[i])] += ms;
+    total += ms;
   }
+  auto& acc = ms_[pending_decode_ ? 1 : 0];
+  for (int c = 0; c < kCount; ++c) acc[size_t(c)] += step[size_t(c)];
   ++steps_[pending_decode_ ? 1 : 0];
+  pending_gpu_ms_ = total;
+}
+
+std::vector<int8_t> GpuStepProfile::take_recorded() {
+  std::vector<int8_t> out;
+  if (!on_) return out;
+  out.swap(cats_);
+  used_ = 0;
   pending_ = false;
+  return out;
+}
+
+void GpuStepProfile::replay(bool decode, const std::vector<int8_t>& cats, cudaStream_t s) {
+  if (!on_ || cats.empty()) return;
+  begin(decode, s);  // collects the previous step, records nothing new into events_[0]… but see below
+  // begin() recorded events_[0] eagerly; the graph records events_[0..n) itself, so start over at its list.
+  cats_ = cats;
+  used_ = cats.size();
 }
 
 std::string GpuStepProfile::report() const {
@@ -79,6 +125,11 @@ std::string GpuStepProfile::report() const {
       out += fmt::format(" {} {:.3f} ms ({:.0f}%)", name(Cat(c)), ms_[size_t(d)][size_t(c)] / double(steps_[size_t(d)]),
                          total > 0 ? 100.0 * ms_[size_t(d)][size_t(c)] / total : 0.0);
   }
+  if (busy_wall_ms_ > 0)
+    out += fmt::format(" | gpu idle between back-to-back decode steps {:.1f}% ({:.0f} of {:.0f} ms)",
+                       100.0 * std::max(0.0, 1.0 - busy_gpu_ms_ / busy_wall_ms_),
+                       std::max(0.0, busy_wall_ms_ - busy_gpu_ms_), busy_wall_ms_);
+  if (untimed_) out += fmt::format(" | {} steps not timed", untimed_);
   return out.empty() ? "no steps" : out;
 }
 

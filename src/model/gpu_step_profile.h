@@ -35,6 +35,16 @@ class GpuStepProfile {
   // Totals so far as a one-line summary, e.g. "decode 812 steps, 3.10 ms/step: attention 21% …".
   std::string report() const;
 
+  // CUDA graphs (docs/ENGINE_STEP.md). flush(): collect the pending step now (before a capture, which may not
+  // wait). take_recorded(): after a capture — the marks since begin() were recorded into the graph as event nodes,
+  // not executed; returns their categories and forgets them. replay(): a step that replays such a graph; its event
+  // nodes record the same events, so the step is collected like an eager one.
+  void flush() {
+    if (on_) collect();
+  }
+  std::vector<int8_t> take_recorded();
+  void replay(bool decode, const std::vector<int8_t>& cats, cudaStream_t s);
+
  private:
   void record(Cat c, cudaStream_t s);
   void collect();
@@ -45,6 +55,12 @@ class GpuStepProfile {
   bool pending_ = false, pending_decode_ = false;
   std::array<std::array<double, kCount>, 2> ms_{};  // [prefill, decode][cat]
   std::array<int64_t, 2> steps_{};
+  // GPU idle between decode steps, from the host clock: the wall time from one decode step's begin to the next
+  // (when the next follows within 100 ms, i.e. the engine had work) against the first step's GPU time.
+  double last_begin_s_ = -1.0, pending_gpu_ms_ = 0.0;
+  bool last_was_decode_ = false;
+  double busy_wall_ms_ = 0.0, busy_gpu_ms_ = 0.0;
+  int64_t untimed_ = 0;  // steps whose events could not be timed
 };
 
 }  // namespace m3

@@ -49,6 +49,8 @@ void add_load_flags(CLI::App& cmd, LoadOptions& o) {
                  "Attention of the MSA layers (CUDA): msa (tensor-core kernels where they apply), msa-v1 (the "
                  "query-major kernels) or dense (dense causal attention, a benchmark baseline)")
       ->transform(choice_of(attns));
+  cmd.add_flag("--enforce-eager", o.enforce_eager,
+               "Run every step eagerly (CUDA only; default: decode steps of up to 256 sequences replay CUDA graphs)");
 }
 
 const char* name(LoadDType d) {

@@ -23,11 +23,12 @@ struct LoadOptions {
   int num_layers = 0;  // 0 = all of the config's layers; else its first N (io/config.h truncate_layers)
   LoadAttention attention = LoadAttention::Msa;
   uint64_t dummy_seed = 0;  // seed of the dummy weights (src/base/counter_hash.h)
+  bool enforce_eager = false;  // CUDA: no decode graphs (CudaExecutorOptions::cuda_graphs = false)
 
   bool dummy() const { return load_format == LoadFormat::Dummy; }
 };
 
-// Adds --dtype, --load-format, --num-layers and --attention to a subcommand. Bad values fail at parse time with
+// Adds --dtype, --load-format, --num-layers, --attention and --enforce-eager to a subcommand. Bad values fail at parse time with
 // CLI11's message (exit code ≠ 0, no crash); the device-dependent checks (CPU refuses bfloat16 and the non-msa
 // attention backends) happen in make_executor (model/executor_factory.h).
 void add_load_flags(CLI::App& cmd, LoadOptions& o);

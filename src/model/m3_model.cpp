@@ -47,7 +47,7 @@ M3Model M3Model::load(const std::string& model_dir) {
 }
 
 std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs, KVCache& cache,
-                                                 ForwardTrace* trace) const {
+                                                 ForwardTrace* trace, const ExpertParallel* ep) const {
   const M3Config& c = cfg_;
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_q_heads, Hkv = c.num_kv_heads;
   const int64_t B = c.sparse_block_size, V = c.vocab_size;
@@ -147,7 +147,13 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
       // Expert outputs per (token, slot); summed afterwards in slot order so a token's result does not depend on
       // which other tokens share the step.
       std::vector<float> slot_out(size_t(T * Kx * H));
-      for (int64_t e = 0; e < E; ++e) {
+      if (ep) {
+        moe_slots_expert_parallel(
+            *ep, E, Kx, H, xn.data(), T, ids.data(),
+            [&](int64_t e, const float* xe, int64_t n) { return run_mlp(L.experts[size_t(e)], xe, n, H, c); },
+            slot_out.data());
+      }
+      for (int64_t e = 0; e < E && !ep; ++e) {
         std::vector<int64_t> rows;  // (t·Kx + k) of the slots routed to expert e
         for (int64_t r = 0; r < T * Kx; ++r)
           if (ids[r] == e) rows.push_back(r);
@@ -181,6 +187,18 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
     out.push_back(std::move(lg));
   }
   return out;
+}
+
+void M3Model::idle_step(const ExpertParallel& ep) const {
+  const M3Config& c = cfg_;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.mlp_kinds[l] != MlpKind::MoE) continue;
+    const LayerWeights& L = w_.layers[size_t(l)];
+    moe_slots_expert_parallel(
+        ep, c.num_experts, c.num_experts_per_tok, c.hidden_size, nullptr, 0, nullptr,
+        [&](int64_t e, const float* xe, int64_t n) { return run_mlp(L.experts[size_t(e)], xe, n, c.hidden_size, c); },
+        nullptr);
+  }
 }
 
 }  // namespace m3

@@ -11,6 +11,7 @@
 
 #include "io/config.h"
 #include "kv/kv_cache.h"
+#include "model/expert_parallel.h"
 #include "model/m3_weights.h"
 #include "model/step_plan.h"
 
@@ -37,8 +38,13 @@ class M3Model {
 
   // Runs one step. Writes K, V, index-K of the new tokens into `cache` through each sequence's page table.
   // Returns logits per sequence: [rows, V] with rows = n (all_logits) or 1.
+  // ep: expert parallelism (model/expert_parallel.h) — this rank runs the routed experts it owns and exchanges
+  // token rows with the other ranks at every MoE layer; the logits equal a one-rank forward's bit for bit.
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, KVCache& cache,
-                                          ForwardTrace* trace = nullptr) const;
+                                          ForwardTrace* trace = nullptr, const ExpertParallel* ep = nullptr) const;
+  // A step of a rank that has no tokens while other ranks of its expert-parallel group run one: takes part in
+  // every MoE layer's exchange (with no rows) and runs its experts for the others.
+  void idle_step(const ExpertParallel& ep) const;
 
  private:
   M3Config cfg_;

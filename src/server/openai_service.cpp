@@ -111,7 +111,8 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
       Prompt p;
       if (const auto* s = std::get_if<std::string>(&in)) {
         p.text = *s;
-        p.ids = tok.encode(*s, true);
+        // Agents resend a growing prompt: resume at the longest cached prefix (id-exact; text/tokenizer).
+        p.ids = cfg_.tokenizer_prefix_cache ? tok.encode_cached(*s, true) : tok.encode(*s, true);
       } else {
         p.ids = std::get<std::vector<int32_t>>(in);
         if (r.echo) p.text = tok.decode(p.ids, r.skip_special_tokens);

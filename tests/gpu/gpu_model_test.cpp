@@ -75,11 +75,16 @@ Loaded tensor_core_model() {
 
 // What one scripted run measured. Errors are per logits row: max |gpu − cpu| over the row / max |cpu| over the row,
 // so a bug confined to a few rows is not diluted by the rest of the step.
+constexpr float kDecisiveGap = 2e-2f;
+
 struct RunStats {
   int selection_rows = 0;
   int selection_flips = 0;   // rows whose GPU selection differs from the CPU's
   int untied_flips = 0;      // of those, flips where a swapped block was not a near-tie of the k-th CPU score
   int argmax_agree = 0, rows = 0;
+  // Rows where the reference is decisive: its top-2 logit gap exceeds kDecisiveGap of its largest |logit| (about
+  // twice the bf16 path's p90 per-row error), so a flip there is a real error and not rounding at a near-tie.
+  int decisive_rows = 0, decisive_agree = 0;
   int flipped_rows = 0;      // logits rows of a token whose selection flipped in some layer (exempt from row_errs)
   std::vector<double> row_errs;  // rows without a flip
   double worst_row = 0;          // max of row_errs
@@ -165,8 +170,18 @@ RunStats run_script(const Loaded& l, bool bf16, double tie_tol,
       double step_worst = 0;
       for (size_t r = 0; r < rows; ++r) {
         std::span<const float> rc(&lc[s][r * V], V), rg(&lg[s][r * V], V);
-        st.argmax_agree += argmax(rc) == argmax(rg);
+        const bool agree = argmax(rc) == argmax(rg);
+        st.argmax_agree += agree;
         ++st.rows;
+        {
+          float top1 = -INFINITY, top2 = -INFINITY, mx = 0.f;
+          for (float v : rc) {
+            if (v > top1) top2 = top1, top1 = v;
+            else if (v > top2) top2 = v;
+            mx = std::max(mx, std::fabs(v));
+          }
+          if (top1 - top2 > kDecisiveGap * mx) ++st.decisive_rows, st.decisive_agree += agree;
+        }
         double m = 0, ref = 0;
         for (size_t i = 0; i < V; ++i) {
           m = std::max(m, std::isfinite(rg[i]) ? double(std::fabs(rc[i] - rg[i])) : INFINITY);
@@ -202,8 +217,10 @@ RunStats run_script(const Loaded& l, bool bf16, double tie_tol,
     next = argmax(lc[0]);
   }
   std::printf("[gpu-model] %s: selection rows differing %d of %d (%d not near-ties); %d logits rows exempt after a "
-              "flip; worst row rel err %.3e; argmax agree %d/%d\n", bf16 ? "bf16" : "fp32", st.selection_flips,
-              st.selection_rows, st.untied_flips, st.flipped_rows, st.worst_row, st.argmax_agree, st.rows);
+              "flip; worst row rel err %.3e; argmax agree %d/%d; on rows where the reference's top-2 gap > %.0e of "
+              "its max |logit|: %d/%d\n", bf16 ? "bf16" : "fp32", st.selection_flips,
+              st.selection_rows, st.untied_flips, st.flipped_rows, st.worst_row, st.argmax_agree, st.rows,
+              double(kDecisiveGap), st.decisive_agree, st.decisive_rows);
   return st;
 }
 
@@ -219,6 +236,8 @@ void expect_bf16_bounds(RunStats st, const char* what) {
   EXPECT_LT(p50, 2e-2) << what;
   EXPECT_LT(p90, 5e-2) << what;
   EXPECT_GE(st.argmax_agree, st.rows * 95 / 100) << what;
+  // The GPU serving issue's top-1 target (≥ 99 %), on the rows where the reference decides.
+  EXPECT_GE(st.decisive_agree * 100, st.decisive_rows * 99) << what;
 }
 
 TEST(GpuModel, TinySparseModelMatchesCpuLogitsAndSelectionsInFp32) {

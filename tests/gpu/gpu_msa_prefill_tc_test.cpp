@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -231,9 +233,21 @@ TEST(GpuMsaPrefillTc, RoutedPrefillReportsABlockAfterTheLocalBlock) {
 }
 
 // Tensor-core prefill indexer (msa_indexer_tc.cuh) against cpu::msa_block_scores on the same bf16-rounded iq and
-// index keys: ragged multi-sequence steps, prefix > 0, tiles cut at sequence boundaries, 4 and 2 index heads, a
-// page stride larger than a page. Every element is checked: −inf exactly where the CPU has −inf.
-void run_indexer_case(const std::vector<Seq>& seqs, int Hi) {
+// index keys: ragged multi-sequence steps, prefix > 0, tiles cut at sequence boundaries, 4, 2 and 1 index heads, a
+// page stride larger than a page. Every score is checked: −inf exactly where the CPU has −inf.
+// The fused top-k (run_topk, both pipelines, each top_k in `top_ks`) is checked against cpu::msa_topk:
+//  - on the GPU's own score matrix (run()): identical selections, always;
+//  - on the CPU twin's scores: identical for IndexData::Ties (values in {−½, 0, ½}: every dot product is exact in
+//    fp32, so the scores are bit-identical and most blocks tie — the lower-id rule decides); for Random data a
+//    differing row is accepted only where the CPU scores of the differing blocks are within fp32 summation-order
+//    noise of the row's (K − 1)-th best score (the tie note of docs/KERNELS.md §8.3).
+// nan_rows plants a NaN in that many (token, head) query rows: every score of the row is −inf (fmaxf and std::max
+// drop NaN dot products), so the row selects blocks 0 .. K − 2 by the lower-id rule.
+enum class IndexData { Random, Ties };
+int64_t split_rows_seen = 0;  // (token, head) rows ranked through split tiles + merge, over the cases run
+
+void run_indexer_case(const std::vector<Seq>& seqs, int Hi, std::vector<int> top_ks = {16},
+                      IndexData data = IndexData::Random, int nan_rows = 0) {
   constexpr int Di = 128;
   std::vector<int32_t> pos, row_seq, pt_indptr{0}, pt_pages;
   int total_pages = 0;
@@ -254,8 +268,21 @@ void run_indexer_case(const std::vector<Seq>& seqs, int Hi) {
   }
   const int T = int(pos.size());
   const int64_t stride = int64_t(kB) * Di + 256;  // page [B, Di] + padding
-  std::vector<float> ik = rand_vec(size_t(stride * num_pages)), iq = rand_vec(size_t(T) * Hi * Di);
-  const std::vector<uint16_t> ik_bits = to_bf16(ik), iq_bits = to_bf16(iq);
+  std::vector<float> ik, iq;
+  if (data == IndexData::Ties) {
+    std::uniform_int_distribution<int> u(-1, 1);
+    ik.resize(size_t(stride * num_pages)), iq.resize(size_t(T) * Hi * Di);
+    for (float& x : ik) x = 0.5f * float(u(rng()));
+    for (float& x : iq) x = 0.5f * float(u(rng()));
+  } else {
+    ik = rand_vec(size_t(stride * num_pages)), iq = rand_vec(size_t(T) * Hi * Di);
+  }
+  std::vector<uint16_t> ik_bits = to_bf16(ik), iq_bits = to_bf16(iq);
+  for (int i = 0; i < nan_rows; ++i) {
+    const size_t r = size_t(rng()() % uint64_t(T * Hi));
+    iq[r * Di + 7] = NAN;
+    iq_bits[r * Di + 7] = 0x7FC0;
+  }
 
   cuda::MsaIndexerTc idx;
   idx.plan(pos, row_seq, Hi, Di, kB, nullptr);
@@ -292,14 +319,98 @@ void run_indexer_case(const std::vector<Seq>& seqs, int Hi) {
   std::printf("[gpu-op] msa_indexer_tc bf16 T=%d Hi=%d cols=%lld worst rel %.3g bad %zu of %zu\n", T, Hi,
               (long long)cols, worst, bad, ref.size());
   EXPECT_EQ(bad, 0u);
+  if (data == IndexData::Ties) {
+    EXPECT_EQ(out, ref) << "exact data: scores must be bit-identical";
+  }
+
+  // Row-wise CPU top-k: pos is per step row, so run cpu::msa_topk with the step's positions on the whole matrix.
+  for (int K : top_ks) {
+    std::vector<int32_t> want_gpu(size_t(Hi) * T * K), want_cpu(want_gpu.size());
+    cpu::msa_topk(out.data(), T, Hi, pos.data(), kB, cols, K, want_gpu.data());
+    cpu::msa_topk(ref.data(), T, Hi, pos.data(), kB, cols, K, want_cpu.data());
+    // target 0: the default plan (long tiles of a small step are split, candidates merged); 1: never split.
+    for (int v = 0; v < 4; ++v) {
+      const int target = v / 2;
+      const auto pipe = v % 2 ? cuda::MsaIndexerTc::TopKPipeline::Overlap : cuda::MsaIndexerTc::TopKPipeline::Serial;
+      cuda::MsaIndexerTc fidx;
+      fidx.set_target_ctas(target);
+      fidx.plan(pos, row_seq, Hi, Di, kB, nullptr);
+      if (target == 1) {
+        EXPECT_EQ(fidx.num_split_rows(), 0);
+      }
+      if (target == 0) split_rows_seen += fidx.num_split_rows();
+      Dev<int32_t> dsel(want_gpu.size());
+      dsel.poison(0x7F);
+      fidx.run_topk(diq.p(), dik.p(), stride, num_pages, rows, K, dsel.p(), nullptr, pipe);
+      const std::vector<int32_t> sel = dsel.get();
+      char pname[96];
+      std::snprintf(pname, sizeof pname, "%s, %d items, %d split rows",
+                    pipe == cuda::MsaIndexerTc::TopKPipeline::Serial ? "serial" : "overlap", fidx.num_items(),
+                    fidx.num_split_rows());
+      size_t diff_gpu = 0, diff_cpu = 0, unexplained = 0;
+      for (int64_t r = 0; r < int64_t(Hi) * T; ++r) {
+        const int32_t* a = &sel[size_t(r * K)];
+        diff_gpu += !std::equal(a, a + K, &want_gpu[size_t(r * K)]);
+        const int32_t* c = &want_cpu[size_t(r * K)];
+        if (std::equal(a, a + K, c)) continue;
+        ++diff_cpu;
+        // Explained only by near-ties at the cut: every block in exactly one of the two lists scores (CPU) within
+        // noise of the row's (K − 1)-th best CPU score.
+        const float* sr = &ref[size_t(r) * cols];
+        const int local = pos[size_t(r % T)] / kB;
+        std::vector<float> keys(sr, sr + local);
+        std::sort(keys.begin(), keys.end(), std::greater<float>());
+        const float cut = keys.size() >= size_t(K - 1) && K > 1 ? keys[size_t(K - 2)] : 0.f;
+        std::vector<int32_t> x(a, a + K), y(c, c + K), sd;
+        std::sort(x.begin(), x.end()), std::sort(y.begin(), y.end());
+        std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(sd));
+        for (int32_t b : sd)
+          if (b < 0 || b >= local || !(std::fabs(sr[b] - cut) <= 2e-4 * std::max(1.f, std::fabs(cut)))) {
+            ++unexplained;
+            break;
+          }
+      }
+      std::printf("[gpu-op] msa_indexer_tc run_topk (%s) K=%d: rows %lld, differ from topk(gpu scores) %zu, from "
+                  "topk(cpu scores) %zu (unexplained %zu)\n",
+                  pname, K, (long long)(int64_t(Hi) * T), diff_gpu, diff_cpu, unexplained);
+      EXPECT_EQ(diff_gpu, 0u) << pname << " K=" << K;
+      if (data == IndexData::Ties) {
+        EXPECT_EQ(diff_cpu, 0u) << pname << " K=" << K;
+      }
+      EXPECT_EQ(unexplained, 0u) << pname << " K=" << K;
+    }
+  }
 }
 
 TEST(GpuMsaPrefillTc, TensorCoreIndexerMatchesCpuBlockScoresOnRaggedSteps) {
   M3_SKIP_WITHOUT_GPU();
   run_indexer_case({{0, 300}}, 4);                              // rows of the first blocks: few or no history columns
   run_indexer_case({{5000, 77}, {0, 1}, {2304, 250}}, 4);       // ragged: tiles cut at sequence boundaries
-  run_indexer_case({{20000, 129}}, 2);                          // 156 history pages, 64 tokens per tile
-  run_indexer_case({{3 * 128 + 5, 40}, {16 * 128, 300}}, 4);
+  run_indexer_case({{20000, 129}}, 2, {16, 8});                 // 156 history pages, 64 tokens per tile
+  run_indexer_case({{3 * 128 + 5, 40}, {16 * 128, 300}}, 4);    // rows around n = K (local 15, 16, 17)
+  run_indexer_case({{9000, 200}}, 1, {16, 3});                  // one index head: 128 tokens per tile
+}
+
+TEST(GpuMsaPrefillTc, FusedTopKMatchesCpuTwinOnTiedScores) {
+  M3_SKIP_WITHOUT_GPU();
+  // Exact data: most blocks tie, the lower-id rule decides; ragged batch with short rows and a one-token sequence.
+  run_indexer_case({{4000, 200}, {1900, 100}, {0, 1}, {0, 50}, {2047, 3}}, 4, {16, 1, 2, 5}, IndexData::Ties);
+  run_indexer_case({{30000, 64}}, 2, {16, 15}, IndexData::Ties);  // 234 history pages per row
+}
+
+TEST(GpuMsaPrefillTc, FusedTopKSplitsLongTilesOfSmallStepsAndMergesLikeCpuTwin) {
+  M3_SKIP_WITHOUT_GPU();
+  // Few tokens, long context: one or a few tiles of hundreds of pages are cut into page ranges (candidates + merge).
+  split_rows_seen = 0;
+  run_indexer_case({{40000, 7}}, 4, {16, 2}, IndexData::Ties);             // one tile, 312 pages
+  run_indexer_case({{17000, 40}, {0, 5}, {9000, 33}}, 4, {16}, IndexData::Ties);
+  run_indexer_case({{25000, 90}}, 4, {16, 9});                              // random data, 3 tiles
+  EXPECT_GT(split_rows_seen, 0) << "no case exercised the split + merge path";
+}
+
+TEST(GpuMsaPrefillTc, FusedTopKRanksNanRowsLikeCpuTwin) {
+  M3_SKIP_WITHOUT_GPU();
+  run_indexer_case({{6000, 96}, {300, 20}}, 4, {16, 4}, IndexData::Ties, /*nan_rows=*/9);
 }
 
 TEST(GpuMsaPrefillTc, TensorCoreIndexerRefusesUnsupportedShapes) {
@@ -308,6 +419,10 @@ TEST(GpuMsaPrefillTc, TensorCoreIndexerRefusesUnsupportedShapes) {
   const std::vector<int32_t> pos{0, 1}, seq{0, 0};
   EXPECT_THROW(idx.plan(pos, seq, 3, 128, 128, nullptr), Error);  // 128 % 3 != 0
   EXPECT_THROW(idx.plan(pos, seq, 4, 64, 128, nullptr), Error);   // index dim 64
+  idx.plan(pos, seq, 4, 128, 128, nullptr);
+  const cuda::DevStepRows rows{nullptr, nullptr, nullptr, nullptr, 2};
+  EXPECT_THROW(idx.run_topk(nullptr, nullptr, 128 * 128, 1, rows, 17, nullptr, nullptr), Error);  // top_k 17
+  EXPECT_THROW(idx.run_topk(nullptr, nullptr, 128 * 128, 1, rows, 0, nullptr, nullptr), Error);   // top_k 0
 }
 
 TEST(GpuMsaPrefillTc, UnionTileReportsABlockAfterTheLocalBlock) {

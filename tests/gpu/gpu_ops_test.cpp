@@ -97,6 +97,71 @@ TEST(GpuOps, RmsNormGemmaMatchesCpu) {
   }
 }
 
+// bf16 activations (issue 9 item 1): each op that now writes bf16 must give exactly the bits of its fp32 result
+// rounded by f32_to_bf16 — the executor's numerics did not change when the rounding kernels were dropped.
+std::vector<uint16_t> rounded(const std::vector<float>& v) {
+  Dev<float> d(v);
+  Dev<uint16_t> b(v.size());
+  cuda::f32_to_bf16(d.p(), int64_t(v.size()), b.p(), nullptr);
+  return b.get();
+}
+
+TEST(GpuOps, Bf16OutputsOfNormRopeAndSwigluEqualTheRoundedFp32Results) {
+  M3_SKIP_WITHOUT_GPU();
+  const int64_t rows = 9, D = 6144;
+  std::vector<float> x = rand_vec(static_cast<size_t>(rows * D), 0.05f, 4.f), w = rand_vec(static_cast<size_t>(D));
+  Dev<float> dx(x), dw(w), dy(x.size()), dy2(x.size());
+  Dev<uint16_t> dyb(x.size());
+  dyb.poison(), dy2.poison();
+  cuda::rms_norm_gemma(dx.p(), rows, D, dw.p(), 1e-6f, dy.p(), nullptr);
+  cuda::rms_norm_gemma_bf16(dx.p(), rows, D, dw.p(), 1e-6f, dyb.p(), dy2.p(), nullptr);
+  EXPECT_EQ(dyb.get(), rounded(dy.get())) << "rms_norm_gemma_bf16";
+  EXPECT_EQ(dy2.get(), dy.get()) << "rms_norm_gemma_bf16's fp32 output";
+
+  const int T = 5, Hq = 16, Hkv = 2, Dh = 128, width = (Hq + 2 * Hkv) * Dh, B = 16;
+  std::vector<float> src = rand_vec(static_cast<size_t>(T) * width, 0.05f, 3.f), qw = rand_vec(Dh), kw = rand_vec(Dh);
+  std::vector<int32_t> pos{3, 70, 1000, 5, 17}, slot{0, 1, 2, 3, 4};
+  const int64_t unit = int64_t(2 * Hkv) * B * Dh;
+  Dev<float> dsrc(src), dqw(qw), dkw(kw), dq(static_cast<size_t>(T) * Hq * Dh), dcache(static_cast<size_t>(5 * unit));
+  Dev<uint16_t> dqb(static_cast<size_t>(T) * Hq * Dh);
+  Dev<float> dfreq(cuda::rope_inv_freq(64, 5e6));
+  Dev<int32_t> dpos(pos), dslot(slot);
+  dqb.poison();
+  cuda::HeadsNormRopeArgs a;
+  a.src = dsrc.p(), a.src_ld = width, a.T = T, a.D = Dh;
+  a.n_q = Hq, a.q_col0 = 0, a.q_w = dqw.p(), a.q_out = dq.p();
+  a.n_k = Hkv, a.k_col0 = Hq * Dh, a.k_w = dkw.p(), a.k_cache = dcache.p(), a.k_head_stride = int64_t(B) * Dh;
+  a.n_v = Hkv, a.v_col0 = (Hq + Hkv) * Dh, a.v_cache = dcache.p() + Hkv * B * Dh, a.v_head_stride = int64_t(B) * Dh;
+  a.pos = dpos.p(), a.slot_page = dslot.p(), a.page_stride = unit, a.block_size = B;
+  a.inv_freq = dfreq.p(), a.rotary_dim = 64, a.eps = 1e-6f;
+  cuda::heads_norm_rope(a, nullptr);
+  cuda::HeadsNormRopeArgs ab = a;
+  ab.q_out_bf16 = dqb.p();
+  cuda::heads_norm_rope(ab, nullptr);
+  EXPECT_EQ(dqb.get(), rounded(dq.get())) << "heads_norm_rope q_out_bf16";
+
+  const int64_t Tm = 7, I = 3072;
+  std::vector<float> gu = rand_vec(static_cast<size_t>(Tm * 2 * I), 0.01f, 9.f);
+  Dev<float> dgu(gu), dact(static_cast<size_t>(Tm * I));
+  cuda::swiglu_oai(dgu.p(), Tm, I, 1.702f, 7.f, dact.p(), nullptr);
+  // run_mlp's bf16 path: gate/up GEMM (fp32 out) → SwiGLU in bf16 → down GEMM; compare its result with the fp32
+  // SwiGLU rounded by the GEMM wrapper (nt on fp32 act) — identical bits.
+  cuda::Gemm g;
+  const int64_t H = 256;
+  std::vector<float> wgu = rand_vec(static_cast<size_t>(2 * I * H), 0.001f, 0.05f), wdn = rand_vec(static_cast<size_t>(H * I), 0.001f, 0.05f),
+                     xin = rand_vec(static_cast<size_t>(Tm * H));
+  Dev<uint16_t> bgu(rounded(wgu)), bdn(rounded(wdn));
+  Dev<float> dxin(xin), y1(static_cast<size_t>(Tm * H)), y2(static_cast<size_t>(Tm * H)), gu2(static_cast<size_t>(Tm * 2 * I)),
+      act2(static_cast<size_t>(Tm * I));
+  const cuda::MlpDev m{bgu.p(), bdn.p(), cuda::WType::BF16, I};
+  cuda::FfnScratch scr;
+  cuda::run_mlp(g, m, dxin.p(), Tm, H, 1.702f, 7.f, y1.p(), false, scr, nullptr);
+  g.nt(dxin.p(), Tm, H, bgu.p(), cuda::WType::BF16, 2 * I, gu2.p(), false, nullptr);
+  cuda::swiglu_oai(gu2.p(), Tm, I, 1.702f, 7.f, act2.p(), nullptr);
+  g.nt(act2.p(), Tm, I, bdn.p(), cuda::WType::BF16, H, y2.p(), false, nullptr);
+  EXPECT_EQ(y1.get(), y2.get()) << "run_mlp with a bf16 SwiGLU output";
+}
+
 struct NormRopeCase {
   int Hq, Hkv, D, rot, B;
   double theta;

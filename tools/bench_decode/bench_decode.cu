@@ -7,7 +7,12 @@
 // working set of one replay exceeds 2× L2), 5 warm-up + 25 timed replays, median per call and CV. GB/s by the MSA byte
 // model (attention: K+V of the selected tokens; scorer: every index key of the batch), % of a device copy ceiling
 // measured in the same run.
-//   bench_decode [--json FILE] [--commit SHA] [--quick]
+//   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query]
+// --multi-query: only the Q > 1 section (speculative verify / MTP rows): Q rows per request at consecutive positions,
+// their selections overlapping as neighbouring tokens' do (each row swaps `drift` of the request's 15 history blocks
+// for others), timed against Q = 1. The kernels read each row's own pages; the rows of a request are adjacent fake
+// requests, so the union's pages are fetched from HBM about once and the other rows hit L2 — the time ratio against
+// Q = 1 shows how close that comes to reading the union once (issue 11 item 4).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -166,12 +171,125 @@ std::string fmt_anchor(double v) {
   return b;
 }
 
+// ---- Q > 1: rows of a request at consecutive positions (speculative verify) ---------------------------------------
+bool run_multi_query(double copy) {
+  const int P = 16384, ctx = 65536, local = (ctx - 1) / kBlock, n = kTopK;
+  m3::cuda::DeviceBuffer<bf16> kpool(size_t(P) * kHkv * kBlock * kD), vpool(size_t(P) * kHkv * kBlock * kD);
+  fill(kpool.get(), size_t(P) * kHkv * kBlock * kD, 3);
+  fill(vpool.get(), size_t(P) * kHkv * kBlock * kD, 4);
+  std::mt19937_64 g(11);
+  std::printf("\n| op | B | Q | drift | union pages / row pages | median µs | × Q=1 | union bytes × Q=1 |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  for (int B : {8, 32, 64})
+    for (int drift : {1, 3}) {
+      double t1 = 0;
+      for (int Q : {1, 4, 8}) {
+        const int R = B * Q * kHkv;  // fake request (b, q, h): the rows of a request adjacent, as the executor orders
+        const double bytes_q1 = double(B) * kHkv * n * kBlock * kD * 2 * 2;
+        const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / bytes_q1), 1, 64));
+        std::vector<int32_t> indptr(size_t(R) + 1), last(static_cast<size_t>(R)), idx(size_t(rot) * R * n);
+        for (int r = 0; r < R; ++r) indptr[size_t(r) + 1] = indptr[size_t(r)] + n;
+        double union_pages = 0;
+        for (int rr = 0; rr < rot; ++rr)
+          for (int b = 0; b < B; ++b) {
+            std::vector<int32_t> base;  // the request's 15 history pages + its local page
+            while (int(base.size()) < n) {
+              const int32_t p = int32_t(g() % P);
+              if (std::find(base.begin(), base.end(), p) == base.end()) base.push_back(p);
+            }
+            std::vector<int32_t> seen;
+            for (int q = 0; q < Q; ++q) {
+              std::vector<int32_t> row = base;
+              for (int d = 0; d < drift * std::min(q, 1); ++d) {  // row 0 keeps the base; later rows drift
+                int32_t p;
+                do p = int32_t(g() % P);
+                while (std::find(row.begin(), row.end(), p) != row.end());
+                row[size_t(g() % (n - 1))] = p;  // never the local page (last)
+              }
+              std::sort(row.begin(), row.end() - 1);
+              for (int32_t p : row)
+                if (std::find(seen.begin(), seen.end(), p) == seen.end()) seen.push_back(p);
+              for (int h = 0; h < kHkv; ++h) {
+                const int r = (b * Q + q) * kHkv + h;
+                last[size_t(r)] = (ctx - Q + q) % kBlock + 1;
+                for (int s2 = 0; s2 < n; ++s2) idx[(size_t(rr) * R + r) * n + s2] = row[size_t(s2)] * kHkv + h;
+              }
+            }
+            if (rr == 0) union_pages += double(seen.size()) / double(B);
+          }
+        DevVec<int32_t> dind(indptr), dlast(last), didx(idx);
+        m3::cuda::DeviceBuffer<bf16> qb(size_t(rot) * R * kG * kD), out(size_t(rot) * R * kG * kD);
+        fill(qb.get(), size_t(rot) * R * kG * kD, 5);
+        m3::cuda::PagedDecodeTc op;
+        op.plan(R, kG, n, true);
+        const Timing t = time_graph(
+            [&](cudaStream_t s) {
+              for (int r = 0; r < rot; ++r) {
+                m3::cuda::PagedDecodeTcArgs<bf16> a;
+                a.q = qb.get() + size_t(r) * R * kG * kD, a.out = out.get() + size_t(r) * R * kG * kD;
+                a.k = kpool.get(), a.v = vpool.get(), a.stride_page = int64_t(kBlock) * kD, a.stride_tok = kD;
+                a.indptr = dind.get(), a.indices = didx.get() + size_t(r) * R * n, a.last_len = dlast.get();
+                a.R = R, a.G = kG, a.scale = 1.f / std::sqrt(float(kD));
+                op.run(a, s, false);
+              }
+            },
+            rot);
+        if (Q == 1) t1 = t.median_us;
+        std::printf("| paged_decode_tc | %d | %d | %d | %.1f / %d | %.1f | %.2f | %.2f |\n", B, Q, drift, union_pages, n,
+                    t.median_us, t.median_us / t1, union_pages / n);
+      }
+    }
+  // The index scorer: Q rows per request, each scoring its whole history (the rows' histories are the same pages).
+  const size_t ipages_max = size_t(8) << 30 >> 15;
+  m3::cuda::DeviceBuffer<bf16> ipool(ipages_max * kBlock * kD);
+  fill(ipool.get(), ipages_max * kBlock * kD, 1);
+  std::printf("\n| op | B | Q | ctx | median µs | × Q=1 | GB/s on the unique index bytes (%% of copy) |\n"
+              "|---|---|---|---|---|---|---|\n");
+  for (int B : {8, 32})
+    for (int ictx : {16384, 65536}) {
+      double t1 = 0;
+      for (int Q : {1, 4, 8}) {
+        const int npages = (ictx - 1) / kBlock + 1, T = B * Q;
+        const size_t pages = size_t(B) * npages;
+        const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / (pages * 32768.0)), 1, 64));
+        if (pages * rot > ipages_max) continue;
+        std::vector<int32_t> pos(static_cast<size_t>(T)), seq(static_cast<size_t>(T)), pti(size_t(B) + 1);
+        for (int b = 0; b < B; ++b) {
+          pti[size_t(b) + 1] = pti[size_t(b)] + npages;
+          for (int q = 0; q < Q; ++q) pos[size_t(b * Q + q)] = ictx - Q + q, seq[size_t(b * Q + q)] = b;
+        }
+        std::vector<int32_t> perm(pages * size_t(rot));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), g);
+        DevVec<int32_t> dpos(pos), dseq(seq), dpti(pti), dperm(perm);
+        m3::cuda::DeviceBuffer<bf16> iq(size_t(rot) * T * kHidx * kD);
+        fill(iq.get(), size_t(rot) * T * kHidx * kD, 2);
+        std::vector<m3::cuda::DevStepRows> rows(static_cast<size_t>(rot));
+        for (int r = 0; r < rot; ++r) rows[size_t(r)] = {dpos.get(), dseq.get(), dpti.get(), dperm.get() + size_t(r) * pages, T};
+        std::vector<m3::cuda::MsaDecodeIndex> ops(static_cast<size_t>(rot));
+        for (int r = 0; r < rot; ++r) ops[size_t(r)].plan(pos, rows[size_t(r)], kHidx, kTopK, kHkv, nullptr);
+        m3::cuda::DevPagedIndexKT<bf16> cache{ipool.get(), int64_t(kBlock) * kD};
+        const Timing t = time_graph(
+            [&](cudaStream_t s) {
+              for (int r = 0; r < rot; ++r) ops[size_t(r)].run(iq.get() + size_t(r) * T * kHidx * kD, cache, rows[size_t(r)], s);
+            },
+            rot);
+        if (Q == 1) t1 = t.median_us;
+        const double gbps = double(B) * ictx * kD * 2 / (t.median_us * 1e3);
+        std::printf("| msa_decode_index | %d | %d | %dk | %.1f | %.2f | %.0f (%.0f%%) |\n", B, Q, ictx / 1024,
+                    t.median_us, t.median_us / t1, gbps, 100 * gbps / copy);
+      }
+    }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path, commit = "unknown";
-  bool quick = false;
+  bool quick = false, multi_query = false;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--multi-query")) multi_query = true;
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--commit") && i + 1 < argc) commit = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -216,6 +334,7 @@ int main(int argc, char** argv) {
     std::string copy_detail;
     const double copy = copy_ceiling_gbps(&copy_detail);
     std::printf("copy ceiling (read + write, best of): %.0f GB/s (%s)\n", copy, copy_detail.c_str());
+    if (multi_query) return run_multi_query(copy) && all_ok ? 0 : 1;
 
     const std::vector<int> batches = quick ? std::vector<int>{8, 64} : std::vector<int>{1, 8, 32, 64, 128};
     const std::vector<int> ctxs =

@@ -4,7 +4,8 @@
 // top-16), random bf16 data on a random page table seeded from the case id. Per case and selection kind
 // (random = low neighbour overlap, spread = neighbouring rows choose the same blocks; prefill_inputs.h): the
 // union-tile kernel, the KV-block-major kernel and the per-tile router (msa_prefill_sparse.cuh), then the
-// tensor-core indexer + top-16. CUDA-event median of --reps after 2 warm-ups; inputs are not rotated, so the
+// tensor-core indexer + top-16 as two kernels (scores, msa_topk) and fused (run_topk), with the number of rows
+// whose selections differ. CUDA-event median of --reps after 2 warm-ups; inputs are not rotated, so the
 // smallest cases run partly from L2 (the table says the working set). Aggregates follow the manifest's rule:
 // representative cases weighted by representative_weight (Σ w·t / Σ w; useful TFLOP/s = Σ w·F / Σ w·t).
 //   bench_prefill_cases --cases FILE [--reps N] [--limit N]
@@ -94,9 +95,11 @@ int main(int argc, char** argv) {
     const std::vector<Case> cases = read_cases(cases_path);
     std::printf("%zu cases from %s; ms = CUDA-event median of %d\n\n", cases.size(), cases_path.c_str(), reps);
     std::printf("| case | tags | seqs | T | max KV | set (MB) | sel | union | KV-major | routed | best | routed/best | "
-                "indexer+top16 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "indexer+top16 | fused top16 (rows ≠) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     Agg agg[2][3];  // [selection][union, kvmajor, routed], representative cases
     int within5[2] = {0, 0}, counted[2] = {0, 0};
+    Agg idx_agg[2];  // indexer: [scores + msa_topk, fused], representative cases
+    size_t total_differ = 0;
     const float scale = 1.f / std::sqrt(float(kD));
     int n_done = 0;
     for (const Case& c : cases) {
@@ -149,6 +152,20 @@ int main(int argc, char** argv) {
       };
       const std::vector<float> ti = bench::time_sorted_ms(fi, 2, reps);
       const double idx_ms = ti[ti.size() / 2];
+      // Fused scores + top-16 (run_topk, default pipeline): time and agreement with the two-kernel selection.
+      cuda::DeviceBuffer<int32_t> fsel(size_t(kHi) * T * kTopK);
+      auto ff = [&] { idx.run_topk(iq.get(), ikp.get(), ik_stride, num_pages, rows, kTopK, fsel.get(), nullptr); };
+      const std::vector<float> tf = bench::time_sorted_ms(ff, 2, reps);
+      const double fused_ms = tf[tf.size() / 2];
+      size_t fused_differ = 0;
+      {
+        std::vector<int32_t> a(isel.size()), b(fsel.size());
+        M3_CUDA_CHECK(cudaMemcpy(a.data(), isel.get(), a.size() * 4, cudaMemcpyDeviceToHost));
+        M3_CUDA_CHECK(cudaMemcpy(b.data(), fsel.get(), b.size() * 4, cudaMemcpyDeviceToHost));
+        for (size_t r = 0; r < a.size(); r += kTopK) fused_differ += !std::equal(&a[r], &a[r] + kTopK, &b[r]);
+      }
+      total_differ += fused_differ;
+      if (c.weight > 0) idx_agg[0].add(c.weight, idx_ms, 0), idx_agg[1].add(c.weight, fused_ms, 0);
 
       for (int s = 0; s < 2; ++s) {
         const std::vector<int32_t> sel = bench::make_selection(pos, s == 1, g);
@@ -167,9 +184,9 @@ int main(int argc, char** argv) {
           ms[v] = t[t.size() / 2];
         }
         const double best = std::min(ms[0], ms[1]);
-        std::printf("| %s | %s | %zu | %d | %d | %.0f | %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f |\n",
+        std::printf("| %s | %s | %zu | %d | %d | %.0f | %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.3f (%zu) |\n",
                     c.id.c_str() + 8, c.tags.c_str(), c.q.size(), T, max_kv, set_mb, s ? "spread" : "random", ms[0],
-                    ms[1], ms[2], best, ms[2] / best, idx_ms);
+                    ms[1], ms[2], best, ms[2] / best, idx_ms, fused_ms, fused_differ);
         ++counted[s];
         within5[s] += ms[2] <= 1.05 * best;
         if (c.weight > 0)
@@ -186,6 +203,10 @@ int main(int argc, char** argv) {
                     agg[s][v].wf / std::max(agg[s][v].wt * 1e-3, 1e-12) / 1e12);
       std::printf(" %d / %d |\n", within5[s], counted[s]);
     }
+    std::printf("\n| indexer + top-16 (representative-weighted) | scores + msa_topk | fused top-16 | rows whose fused "
+                "selection differs (all cases) |\n|---|---|---|---|\n| ms | %.3f | %.3f | %zu |\n",
+                idx_agg[0].wt / std::max(idx_agg[0].w, 1e-9), idx_agg[1].wt / std::max(idx_agg[1].w, 1e-9),
+                total_differ);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_prefill_cases: %s\n", e.what());
     return 1;

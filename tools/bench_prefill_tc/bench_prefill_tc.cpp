@@ -8,7 +8,9 @@
 // The KV-block-major kernel (msa_prefill_kvmajor.cuh) on the same selections: CSR build + attention + combine timed
 // together (one run() call), with the max |difference| to the union-tile output. Also the dense causal mode
 // (run_dense) on the same chunk: useful FLOPs 4·D·Hq·Σ (p + 1), median of 10.
-//   bench_prefill_tc [--kv N ...]
+// The prefill indexer (msa_indexer_tc.cuh): scores only, scores + msa_topk (two kernels) and the fused top-16
+// (serial and overlap pipelines), inputs L2-rotated, with the fused selections compared to msa_topk's.
+//   bench_prefill_tc [--kv N ...] [--indexer-only]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,11 +63,14 @@ double union_efficiency(const std::vector<int32_t>& sel, int T) {
 
 int main(int argc, char** argv) {
   std::vector<int> kvs;
+  bool indexer_only = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--kv") && i + 1 < argc) {
+    if (!std::strcmp(argv[i], "--indexer-only")) {
+      indexer_only = true;
+    } else if (!std::strcmp(argv[i], "--kv") && i + 1 < argc) {
       kvs.push_back(std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_prefill_tc [--kv N ...]\n");
+      std::fprintf(stderr, "usage: bench_prefill_tc [--kv N ...] [--indexer-only]\n");
       return 2;
     }
   }
@@ -74,7 +79,8 @@ int main(int argc, char** argv) {
     if (cuda::device_count() == 0) return std::printf("bench_prefill_tc: no CUDA device\n"), 0;
     cudaDeviceProp prop{};
     M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("device %s, %d SMs\n\n", prop.name, prop.multiProcessorCount);
+    std::printf("device %s, %d SMs, L2 %d MB\n\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    const double l2_bytes = double(prop.l2CacheSize);
     std::printf("| KV | selection | median ms | min–max ms | useful TFLOP/s | η (useful / issued MMA) |\n");
     std::printf("|---|---|---|---|---|---|\n");
     std::mt19937_64 g(20261201);
@@ -103,6 +109,7 @@ int main(int argc, char** argv) {
       double useful = 0;
       for (int p : pos) useful += double((std::min(16, p / kB + 1) - 1) * kB + p % kB + 1);
       useful *= 4.0 * kD * kHq;
+      if (!indexer_only) {  // attention variants
       for (bool spread : {false, true}) {
         const std::vector<int32_t> sel = make_selection(pos, spread, g);
         M3_CUDA_CHECK(cudaMemcpy(dsel.get(), sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
@@ -206,39 +213,83 @@ int main(int argc, char** argv) {
                       kv / 1024, med * 1e3, tf);
         json += rec;
       }
-      {  // prefill indexer: tensor-core block scores (4 index heads × 128) + the existing top-16
+      }
+      {  // prefill indexer: tensor-core block scores (4 index heads × 128) + top-16, two kernels and fused
+        // L2 rotated: `sets` copies of (index-K pool, iq) with sets × set bytes ≥ 2.5 × L2; each timed call reads the
+        // next copy, so no call finds its inputs in L2 (the two-kernel variant's score matrix is written each call).
         constexpr int kHi = 4, kDi = 128;
         const int64_t ik_stride = int64_t(kB) * kDi;
-        cuda::DeviceBuffer<uint16_t> ikp(size_t(ik_stride) * num_pages), iq(size_t(kT) * kHi * kDi);
-        fill_bf16(ikp, ikp.size(), 300 + kv);
-        fill_bf16(iq, iq.size(), 400 + kv);
+        const double set_bytes = double(ik_stride) * num_pages * 2 + double(kT) * kHi * kDi * 2;
+        const int sets = std::max(1, int(std::ceil(2.5 * l2_bytes / set_bytes)));
+        std::vector<cuda::DeviceBuffer<uint16_t>> ikp(sets), iq(sets);
+        for (int i = 0; i < sets; ++i) {
+          ikp[i].grow(size_t(ik_stride) * num_pages), iq[i].grow(size_t(kT) * kHi * kDi);
+          fill_bf16(ikp[i], ikp[i].size(), 300 + kv + 17 * i);
+          fill_bf16(iq[i], iq[i].size(), 400 + kv + 17 * i);
+        }
         cuda::MsaIndexerTc idx;
         idx.plan(pos, row_seq, kHi, kDi, kB, nullptr);
         cuda::DeviceBuffer<float> scores(size_t(kHi) * kT * idx.max_cols());
-        cuda::DeviceBuffer<int32_t> isel(size_t(kHi) * kT * kTopK);
-        auto fs = [&] { idx.run(iq.get(), ikp.get(), ik_stride, num_pages, rows, scores.get(), nullptr); };
+        cuda::DeviceBuffer<int32_t> isel(size_t(kHi) * kT * kTopK), fsel(size_t(kHi) * kT * kTopK);
+        int rot = 0;
+        auto fs = [&] {
+          const int i = rot++ % sets;
+          idx.run(iq[i].get(), ikp[i].get(), ik_stride, num_pages, rows, scores.get(), nullptr);
+        };
         auto fst = [&] {
-          fs();
+          const int i = rot++ % sets;
+          idx.run(iq[i].get(), ikp[i].get(), ik_stride, num_pages, rows, scores.get(), nullptr);
           cuda::msa_topk(scores.get(), kT, kHi, dpos.get(), kB, idx.max_cols(), kTopK, isel.get(), nullptr);
         };
-        fst();
+        using Pipe = cuda::MsaIndexerTc::TopKPipeline;
+        auto fused = [&](Pipe pipe) {
+          return [&, pipe] {
+            const int i = rot++ % sets;
+            idx.run_topk(iq[i].get(), ikp[i].get(), ik_stride, num_pages, rows, kTopK, fsel.get(), nullptr, pipe);
+          };
+        };
+        // Agreement: the fused selection equals msa_topk's on the same inputs (set 0), both pipelines.
+        size_t differ[2] = {0, 0};
+        {
+          std::vector<int32_t> a(isel.size()), b(isel.size());
+          idx.run(iq[0].get(), ikp[0].get(), ik_stride, num_pages, rows, scores.get(), nullptr);
+          cuda::msa_topk(scores.get(), kT, kHi, dpos.get(), kB, idx.max_cols(), kTopK, isel.get(), nullptr);
+          M3_CUDA_CHECK(cudaMemcpy(a.data(), isel.get(), a.size() * 4, cudaMemcpyDeviceToHost));
+          for (int v = 0; v < 2; ++v) {
+            M3_CUDA_CHECK(cudaMemset(fsel.get(), 0x7F, fsel.size() * 4));
+            idx.run_topk(iq[0].get(), ikp[0].get(), ik_stride, num_pages, rows, kTopK, fsel.get(), nullptr,
+                         v ? Pipe::Overlap : Pipe::Serial);
+            M3_CUDA_CHECK(cudaMemcpy(b.data(), fsel.get(), b.size() * 4, cudaMemcpyDeviceToHost));
+            for (size_t r = 0; r < a.size(); r += kTopK)
+              differ[v] += !std::equal(&a[r], &a[r] + kTopK, &b[r]);
+          }
+        }
         M3_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<float> ts = bench::time_sorted_ms(fs, 3, 20), tst = bench::time_sorted_ms(fst, 3, 20);
+        const std::vector<float> ts = bench::time_sorted_ms(fs, 3, 20), tst = bench::time_sorted_ms(fst, 3, 20),
+                                 tfs = bench::time_sorted_ms(fused(Pipe::Serial), 3, 20),
+                                 tfo = bench::time_sorted_ms(fused(Pipe::Overlap), 3, 20);
         double flops = 0;  // useful: 2·Di per (row, history key)
         for (int p : pos) flops += double(p / kB) * kB;
         flops *= 2.0 * kDi * kHi;
-        const float mts = ts[ts.size() / 2], mtst = tst[tst.size() / 2];
-        std::printf("| %dk | indexer scores (tc) | %.3f | %.3f–%.3f | %.0f | – |\n", kv / 1024, mts, ts.front(), ts.back(),
-                    flops / (mts * 1e-3) / 1e12);
-        std::printf("| %dk | indexer scores + top-16 | %.3f | %.3f–%.3f | – | – |\n", kv / 1024, mtst, tst.front(),
-                    tst.back());
-        char rec[512];
-        std::snprintf(rec, sizeof rec,
-                      "{\"op\": \"msa_prefill_indexer\", \"shape\": \"T16384 KV%dk 4x128 index heads B128 top16\", "
-                      "\"variant\": \"tc scores + msa_topk\", \"median_us\": %.1f, \"scores_us\": %.1f, "
-                      "\"useful_tflops\": %.1f}\n",
-                      kv / 1024, mtst * 1e3, mts * 1e3, flops / (mts * 1e-3) / 1e12);
-        json += rec;
+        auto row = [&](const char* name, const char* variant, const std::vector<float>& t, const char* note) {
+          const float m = t[t.size() / 2];
+          std::printf("| %dk | %s | %.3f | %.3f–%.3f | %.0f | %s |\n", kv / 1024, name, m, t.front(), t.back(),
+                      flops / (m * 1e-3) / 1e12, note);
+          char rec[512];
+          std::snprintf(rec, sizeof rec,
+                        "{\"op\": \"msa_prefill_indexer\", \"shape\": \"T16384 KV%dk 4x128 index heads B128 top16\", "
+                        "\"variant\": \"%s\", \"median_us\": %.1f, \"min_us\": %.1f, \"max_us\": %.1f, "
+                        "\"useful_tflops\": %.1f, \"l2_rotated_sets\": %d}\n",
+                        kv / 1024, variant, m * 1e3, t.front() * 1e3, t.back() * 1e3, flops / (m * 1e-3) / 1e12, sets);
+          json += rec;
+        };
+        char n0[64], n1[64];
+        std::snprintf(n0, sizeof n0, "%zu rows differ", differ[0]);
+        std::snprintf(n1, sizeof n1, "%zu rows differ", differ[1]);
+        row("indexer scores only (tc)", "tc scores only", ts, "–");
+        row("indexer scores + msa_topk (2 kernels)", "tc scores + msa_topk", tst, "reference");
+        row("indexer fused top-16, serial", "tc fused top16 serial", tfs, n0);
+        row("indexer fused top-16, overlap", "tc fused top16 overlap", tfo, n1);
       }
     }
     std::printf("\n%s", json.c_str());

@@ -15,6 +15,12 @@ namespace m3::cpu {
 // y[T, N] = x[T, K] · W[N, K]ᵀ (row-major). Threaded over N.
 void matmul_nt(const float* x, int64_t T, int64_t K, const float* W, int64_t N, float* y);
 
+// Tool hook (tools/fp8_accuracy emulates FP8 activations with it): when set, matmul_nt first calls
+// hook(x, T, K, W, ctx); a non-null result replaces x for that call. Unset (the default) it costs one load.
+// Not thread-safe against concurrent set calls; set it before running a model.
+using MatmulInputHook = const float* (*)(const float* x, int64_t T, int64_t K, const float* W, void* ctx);
+void set_matmul_input_hook(MatmulInputHook hook, void* ctx);
+
 // Gemma RMSNorm over rows: y = x / sqrt(mean(x²) + eps) · (1 + w). x, y: [rows, D] (may alias), w: [D].
 void rms_norm_gemma(const float* x, int64_t rows, int64_t D, const float* w, float eps, float* y);
 

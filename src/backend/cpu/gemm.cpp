@@ -72,7 +72,19 @@ void tile_kernel(const float* x, int64_t K, const float* W, int64_t ldx, float* 
 
 }  // namespace
 
+namespace {
+MatmulInputHook g_input_hook = nullptr;
+void* g_input_hook_ctx = nullptr;
+}  // namespace
+
+void set_matmul_input_hook(MatmulInputHook hook, void* ctx) {
+  g_input_hook = hook;
+  g_input_hook_ctx = ctx;
+}
+
 void matmul_nt(const float* x, int64_t T, int64_t K, const float* W, int64_t N, float* y) {
+  if (g_input_hook)
+    if (const float* nx = g_input_hook(x, T, K, W, g_input_hook_ctx)) x = nx;
   const int64_t row_tiles = (N + 3) / 4;
   // Parallel over output columns (weight rows): each thread streams its slice of W once per 4 tokens.
   ThreadPool::global().parallel_for(

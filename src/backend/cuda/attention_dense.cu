@@ -146,6 +146,42 @@ __global__ void build_dense_pages_kernel(DevStepRows rows, int Hkv, int B, int64
   for (int b = threadIdx.x; b < n; b += blockDim.x) indices[indptr[r] + b] = int32_t(pt[b] * ppu + h);
 }
 
+// The dense plan from the device rows (a CUDA graph replays it): one CTA, rows cut into per-thread segments.
+// indptr[t·Hkv + h] = Hkv·N(t) + h·n(t) with n(t) = pos[t]/B + 1 and N the exclusive prefix of n; last = pos % B + 1.
+constexpr int kPlanThreads = 1024;
+__global__ void __launch_bounds__(kPlanThreads) dense_plan_kernel(DevStepRows rows, int Hkv, int B,
+                                                                  int32_t* __restrict__ indptr,
+                                                                  int32_t* __restrict__ last) {
+  __shared__ int wsum[kPlanThreads / 32];
+  const int T = rows.T, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int seg = (T + kPlanThreads - 1) / kPlanThreads, t0 = min(T, tid * seg), t1 = min(T, t0 + seg);
+  int sn = 0;
+  for (int t = t0; t < t1; ++t) sn += rows.pos[t] / B + 1;
+  int in = sn;  // inclusive warp scan
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, in, o);
+    if (lane >= o) in += a;
+  }
+  if (lane == 31) wsum[warp] = in;
+  __syncthreads();
+  if (warp == 0) {
+    int v = wsum[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= o) v += a;
+    }
+    wsum[lane] = v;
+  }
+  __syncthreads();
+  int en = in - sn + (warp ? wsum[warp - 1] : 0);
+  for (int t = t0; t < t1; ++t) {
+    const int n = rows.pos[t] / B + 1;
+    for (int h = 0; h < Hkv; ++h) indptr[t * Hkv + h] = Hkv * en + h * n, last[t * Hkv + h] = rows.pos[t] % B + 1;
+    en += n;
+  }
+  if (tid == kPlanThreads - 1) indptr[T * Hkv] = Hkv * en;
+}
+
 template <int DPL, int HPW, typename CT>
 void launch_t(const PagedGqaArgs& a, cudaStream_t s) {
   constexpr int D = 32 * DPL;
@@ -243,6 +279,23 @@ void DenseAttention::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
     part_o_.grow(size_t(splits_) * R_ * G_ * D_);
     part_lse_.grow(size_t(splits_) * R_ * G_);
   }
+}
+
+void DenseAttention::plan_device(const DevStepRows& rows, int num_kv_heads, int group, int head_dim, int block_size,
+                                 int64_t pages_per_unit, int max_pages, cudaStream_t s) {
+  M3_CUDA_REQUIRE(rows.T >= 0 && num_kv_heads >= 1 && max_pages >= 1 &&
+                      int64_t(rows.T) * num_kv_heads * max_pages < (int64_t(1) << 31),
+                  "dense attention: bad device plan (%d rows, %d KV heads, %d pages)", rows.T, num_kv_heads, max_pages);
+  R_ = rows.T * num_kv_heads, G_ = group, D_ = head_dim, B_ = block_size, max_pages_ = max_pages, splits_ = 1;
+  if (R_ == 0) return;
+  indptr_.grow(size_t(R_) + 1);
+  last_.grow(size_t(R_));
+  indices_.grow(size_t(R_) * size_t(max_pages));
+  dense_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, num_kv_heads, block_size, indptr_.get(), last_.get());
+  M3_CUDA_LAUNCH_CHECK();
+  build_dense_pages_kernel<<<unsigned(R_), 128, 0, s>>>(rows, num_kv_heads, block_size, pages_per_unit, indptr_.get(),
+                                                        indices_.get());
+  M3_CUDA_LAUNCH_CHECK();
 }
 
 void DenseAttention::run(const float* q, const DevPagedKV& kv, float scale, float* out, cudaStream_t s) {

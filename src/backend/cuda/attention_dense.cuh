@@ -76,6 +76,11 @@ class DenseAttention {
   // 0..pos/B (layer-independent) and the split plan.
   void plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_kv_heads, int group, int head_dim,
             int block_size, int64_t pages_per_unit, bool allow_split, cudaStream_t s);
+  // The same page lists from the device rows alone (CUDA graphs: the launches depend on rows.T and the capacity
+  // only). max_pages: a capacity, every row's pos / B + 1 must be ≤ it (the caller checks). For the tensor-core
+  // decode (indptr / indices / last_len); run() then runs without splits.
+  void plan_device(const DevStepRows& rows, int num_kv_heads, int group, int head_dim, int block_size,
+                   int64_t pages_per_unit, int max_pages, cudaStream_t s);
   // q, out: [T, Hq, D]. kv: this layer's view.
   void run(const float* q, const DevPagedKV& kv, float scale, float* out, cudaStream_t s);
   // The plan's page lists (fake request r = t·Hkv + h), for other paged kernels (the tensor-core decode).

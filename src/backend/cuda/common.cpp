@@ -1,6 +1,7 @@
 // Host glue of the CUDA backend that needs fmt (kept out of .cu files).
 #include "backend/cuda/common.cuh"
 
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 
@@ -29,6 +30,13 @@ int device_count() {
   }
   return n;
 }
+
+namespace {
+std::atomic<uint64_t> g_alloc_epoch{0};
+}
+
+uint64_t alloc_epoch() { return g_alloc_epoch.load(std::memory_order_relaxed); }
+void bump_alloc_epoch() { g_alloc_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 int sm_count() {
   static const int n = [] {

@@ -23,6 +23,11 @@ int device_count();
 // Streaming multiprocessors of the current device (132 when it cannot be queried); cached after the first call.
 int sm_count();
 
+// Counts every device (re)allocation of a DeviceBuffer in this process. A captured CUDA graph bakes device pointers
+// in; the executor records the epoch at capture and re-captures when it changed (a buffer it reads may have moved).
+uint64_t alloc_epoch();
+void bump_alloc_epoch();
+
 }  // namespace m3::cuda
 
 // Every runtime call is checked; every launch is followed by M3_CUDA_LAUNCH_CHECK().
@@ -65,6 +70,7 @@ class DeviceBuffer {
     reset();
     M3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), (n ? n : 1) * sizeof(T)));
     n_ = n;
+    bump_alloc_epoch();
   }
   void reset() {
     if (p_) cudaFree(p_);

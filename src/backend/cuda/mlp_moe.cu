@@ -19,6 +19,20 @@ __global__ void swiglu_kernel(const float* __restrict__ gu, int64_t T, int64_t I
   }
 }
 
+// The same, writing bf16 (RNE) for the down GEMM: bit-identical to swiglu_kernel then f32_to_bf16.
+__global__ void swiglu_bf16_kernel(const float* __restrict__ gu, int64_t T, int64_t I, float alpha, float limit,
+                                   __nv_bfloat16* __restrict__ out) {
+  const int64_t n = T * I;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = k / I, i = k % I;
+    const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
+    const float gc = fminf(g, limit);
+    const float uc = fminf(fmaxf(u, -limit), limit);
+    const float sig = 1.0f / (1.0f + expf(-alpha * gc));
+    out[k] = __float2bfloat16_rn(gc * sig * (uc + 1.0f));
+  }
+}
+
 // True when (ka, a) ranks strictly before (kb, b): higher key, then lower id.
 __device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
   return ka > kb || (ka == kb && a < b);
@@ -108,9 +122,23 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
 }
 
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
-             bool accumulate, FfnScratch& scr, cudaStream_t s) {
+             bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb) {
   if (T <= 0) return;
   scr.gu.grow(size_t(T * 2 * m.I));
+  if (m.wt == WType::BF16) {  // bf16 activations: x given as bf16 (or rounded by the GEMM), act written as bf16
+    if (xb)
+      g.nt_bf16(xb, T, H, m.gate_up, 2 * m.I, scr.gu.get(), false, s);
+    else
+      g.nt(x, T, H, m.gate_up, m.wt, 2 * m.I, scr.gu.get(), false, s);
+    scr.act_b.grow(size_t(T * m.I));
+    if (T * m.I > 0) {
+      swiglu_bf16_kernel<<<grid_for(T * m.I, 256), 256, 0, s>>>(scr.gu.get(), T, m.I, alpha, limit,
+                                                                reinterpret_cast<__nv_bfloat16*>(scr.act_b.get()));
+      M3_CUDA_LAUNCH_CHECK();
+    }
+    g.nt_bf16(scr.act_b.get(), T, m.I, m.down, H, y, accumulate, s);
+    return;
+  }
   scr.act.grow(size_t(T * m.I));
   g.nt(x, T, H, m.gate_up, m.wt, 2 * m.I, scr.gu.get(), false, s);
   swiglu_oai(scr.gu.get(), T, m.I, alpha, limit, scr.act.get(), s);

@@ -35,13 +35,16 @@ struct MlpDev {
 // Scratch for run_mlp / MoeGrouped (grown on demand, reused across layers).
 struct FfnScratch {
   DeviceBuffer<float> gu, act, y, shared_y, xe, logits, weights;
+  DeviceBuffer<uint16_t> act_b;  // bf16 SwiGLU output (bf16 weights)
   DeviceBuffer<int32_t> ids, gather_src, slot_pos;
   MoeGroupedScratch moe;  // the grouped (no host sync) MoE path's buffers, reserved at capacity
 };
 
-// y[T, H] = MLP(x) (or y += MLP(x) when accumulate).
+// y[T, H] = MLP(x) (or y += MLP(x) when accumulate). With bf16 weights the SwiGLU output goes to the down GEMM as
+// bf16 (no fp32 round trip), and xb — x already rounded to bf16 (rms_norm_gemma_bf16), when given — replaces x as
+// the gate/up input; results are bit-identical to rounding inside the GEMMs.
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
-             bool accumulate, FfnScratch& scr, cudaStream_t s);
+             bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb = nullptr);
 
 // Routed experts + shared expert, added to the residual: x[t] += Σ_k w[t,k]·expert_{id[t,k]}(xn[t]) + shared(xn[t]).
 // Two implementations, both summing per token in slot order (a token's result does not depend on the batch, like

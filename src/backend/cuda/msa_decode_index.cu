@@ -70,17 +70,19 @@ __global__ void __launch_bounds__(kPlanThreads) decode_index_plan_kernel(DevStep
 
 // One thread per work item i: work_pages[i] = physical page of (row, history page) item i. Page tables are shared by
 // all layers, so this runs once per step and the scorer's loads depend on a single coalesced read.
+// W < 0: the count is the plan kernel's work_indptr[T] (device plan); the grid is then a fixed size and strides.
 __global__ void decode_index_pages_kernel(DevStepRows rows, const int32_t* __restrict__ work_indptr, int W,
                                           int32_t* __restrict__ work_pages) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= W) return;
-  int lo = 0, hi = rows.T;  // last t with work_indptr[t] ≤ i
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (work_indptr[mid] <= i) lo = mid;
-    else hi = mid;
+  if (W < 0) W = work_indptr[rows.T];
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < W; i += gridDim.x * blockDim.x) {
+    int lo = 0, hi = rows.T;  // last t with work_indptr[t] ≤ i
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (work_indptr[mid] <= i) lo = mid;
+      else hi = mid;
+    }
+    work_pages[i] = rows.pt_pages[rows.pt_indptr[rows.row_seq[lo]] + (i - work_indptr[lo])];
   }
-  work_pages[i] = rows.pt_pages[rows.pt_indptr[rows.row_seq[lo]] + (i - work_indptr[lo])];
 }
 
 struct ScoreArgs {
@@ -169,7 +171,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t sbase = smem_addr(smem);
 
-  const int W = a.W;  // known at plan time: the first loads need no device read but their page ids
+  // Known at plan time (the first loads need no device read but their page ids), or, for a device plan (a captured
+  // graph), the plan kernel's total — written by an earlier, completed launch, like the page ids.
+  const int W = a.W >= 0 ? a.W : a.work_indptr[T];
   const int i0 = int(int64_t(W) * blockIdx.x / gridDim.x), i1 = int(int64_t(W) * (blockIdx.x + 1) / gridDim.x);
   pdl_launch_dependents();
   const uint64_t policy = l2_evict_first_policy();
@@ -288,6 +292,35 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
 }
 
 }  // namespace
+
+void MsaDecodeIndex::plan_device(const DevStepRows& rows, int num_heads, int top_k, int64_t kv_pages_per_unit,
+                                 int64_t max_cols, cudaStream_t s) {
+  M3_CUDA_REQUIRE(num_heads >= 1 && num_heads <= kMaxHeads, "msa decode index: %d index heads (supported: 1..%d)",
+                  num_heads, kMaxHeads);
+  M3_CUDA_REQUIRE(top_k >= 2 && top_k <= kMaxTopK, "msa decode index: top_k %d (supported: 2..%d)", top_k, kMaxTopK);
+  M3_CUDA_REQUIRE(rows.T >= 0 && rows.T <= kMaxRows, "msa decode index: %d rows (supported: ≤ %d)", rows.T,
+                  kMaxRows);
+  M3_CUDA_REQUIRE(kv_pages_per_unit >= 1 && max_cols >= 1, "msa decode index: bad capacity");
+  M3_CUDA_REQUIRE(int64_t(rows.T) * max_cols < (int64_t(1) << 31), "msa decode index: capacity too large");
+  T_ = rows.T, H_ = num_heads, K_ = top_k, ppu_ = kv_pages_per_unit;
+  max_cols_ = max_cols, max_pages_ = top_k, W_ = -1;  // the work count stays on the device
+  if (T_ == 0) return;
+  work_indptr_.grow(size_t(T_) + 1);
+  attn_indptr_.grow(size_t(T_) * H_ + 1);
+  attn_last_.grow(size_t(T_) * H_);
+  attn_indices_.grow(size_t(T_) * H_ * K_);
+  selection_.grow(size_t(T_) * H_ * K_);
+  scores_.grow(size_t(H_) * T_ * max_cols_);
+  row_done_.grow(size_t(T_));
+  work_pages_.grow(size_t(T_) * size_t(max_cols_));  // ≤ max_cols history pages per row
+  M3_CUDA_CHECK(cudaMemsetAsync(row_done_.get(), 0, size_t(T_) * sizeof(int32_t), s));
+  grid_ = kCtasPerSm * sm_count();
+  decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
+                                                      attn_last_.get());
+  M3_CUDA_LAUNCH_CHECK();
+  decode_index_pages_kernel<<<unsigned(2 * sm_count()), 256, 0, s>>>(rows, work_indptr_.get(), -1, work_pages_.get());
+  M3_CUDA_LAUNCH_CHECK();
+}
 
 void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_heads, int top_k,
                           int64_t kv_pages_per_unit, cudaStream_t s) {

@@ -38,6 +38,12 @@ class MsaDecodeIndex {
   // T rows with host positions pos (for the score-matrix width); rows: the same step on the device.
   void plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_heads, int top_k,
             int64_t kv_pages_per_unit, cudaStream_t s);
+  // The same plan from the device rows alone (a CUDA graph replays it with new rows): the launches depend only on
+  // (rows.T, H, top_k, max_cols). max_cols is a capacity: every row's history blocks pos / 128 must be ≤ it (the
+  // caller checks; the executor uses max_position_embeddings / 128). The work count stays on the device (run()
+  // reads it), the page lists are planned for top_k pages per request.
+  void plan_device(const DevStepRows& rows, int num_heads, int top_k, int64_t kv_pages_per_unit, int64_t max_cols,
+                   cudaStream_t s);
   // iq: [T, H, 128] bf16; rows: the plan's rows (their page table was flattened by plan()). Writes scores (history
   // columns only), selection [H, T, top_k] and the page list.
   // pdl: programmatic dependent launch — before waiting for the previous kernel the CTAs read only the step plan

@@ -7,6 +7,11 @@
 // warpgroups of 64 rows; the producer streams the sequence's history pages 0 .. max local − 1 of the tile by TMA.
 // bf16 iq and bf16 index-K pages; fp32 accumulate and fp32 scores, so msa_topk ranks them exactly as for the v1
 // kernel (scores differ from v1's only by iq's bf16 rounding).
+// run_topk() fuses the top-k into the same CTA (docs/KERNELS.md §8.3): a tile already streams every history page of
+// its rows, so each row keeps a running top-(K − 1) in registers (4 slots in each lane of its quad, replaced only when
+// a block ranks before the current worst) and the CTA writes the final selection ([Hidx, T, K], the cpu::msa_topk
+// contract on the cpu::msa_block_scores scores: ties to the lower id, NaN as −inf, local block last, −1 padding).
+// No score matrix, no −inf fill, no second kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,15 +36,38 @@ class MsaIndexerTc {
   void run(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages, const DevStepRows& rows,
            float* scores, cudaStream_t s);
 
+  // Fused scores + top-k (1 ≤ top_k ≤ 16): writes selection [Hidx, T, top_k] only. Same plan() as run().
+  // Overlap: two accumulator sets, the MMAs of the next page run under this page's max + top-k epilogue.
+  enum class TopKPipeline { Serial, Overlap };
+  static constexpr int kMaxTopK = 16;
+  void run_topk(const uint16_t* iq, const uint16_t* ik, int64_t page_stride, int64_t num_pages, const DevStepRows& rows,
+                int top_k, int32_t* selection, cudaStream_t s, TopKPipeline pipeline = TopKPipeline::Overlap);
+
+  // Work item: a tile of ≤ 128 / Hidx tokens of one sequence and its page range [b0, b1); cand ≥ 0: a split of the
+  // tile (candidate set index), −1: the whole history (the CTA writes the final selection).
   struct Tile {
-    int32_t t0, n, max_local, seq;
+    int32_t t0, n, max_local, seq, b0, b1, cand;
   };
+  struct MergeRow {  // one (token, head) row of a split tile: its candidates at cand, splits × [128 rows][16] apart
+    int32_t t, h;
+    int64_t cand;
+    int32_t splits;
+  };
+  // Split tuning: the grid the split aims at (0 = the device's SM count; 1 = never split, for tests).
+  void set_target_ctas(int n) { target_ctas_ = n; }
+  int num_items() const { return int(h_tiles_.size()); }
+  int num_split_rows() const { return int(h_merge_.size()); }
+  static constexpr int kMinSplitPages = 32, kMaxSplits = 64;
 
  private:
   int H_ = 0, T_ = 0;
   int64_t max_cols_ = 1;
+  int target_ctas_ = 0, num_cand_ = 0;
   std::vector<Tile> h_tiles_;
+  std::vector<MergeRow> h_merge_;
   DeviceBuffer<Tile> tiles_;
+  DeviceBuffer<MergeRow> merge_;
+  DeviceBuffer<float> cand_;
 };
 
 }  // namespace m3::cuda

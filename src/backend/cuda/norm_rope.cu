@@ -24,7 +24,24 @@ __global__ void rms_norm_kernel(const float* x, int64_t D, const float* __restri
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = xr[i] * inv * (1.0f + w[i]);
 }
 
-// grid (T, n_q + n_k + n_v), block kThreads, dynamic smem D floats. CT: the cache element type (q_out is fp32).
+// The same norm writing bf16 (round to nearest even, as f32_to_bf16 would round the fp32 result: bit-identical to
+// norm then convert) and, when y is not null, the fp32 result too.
+__global__ void rms_norm_bf16_kernel(const float* x, int64_t D, const float* __restrict__ w, float eps,
+                                     __nv_bfloat16* __restrict__ yb, float* y) {
+  const float* xr = x + blockIdx.x * D;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv = float(1.0 / sqrt(double(ss) / double(D) + double(eps)));
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    const float v = xr[i] * inv * (1.0f + w[i]);
+    yb[blockIdx.x * D + i] = __float2bfloat16_rn(v);
+    if (y) y[blockIdx.x * D + i] = v;
+  }
+}
+
+// grid (T, n_q + n_k + n_v), block kThreads, dynamic smem D floats. CT: the cache element type (q_out is fp32, or
+// bf16 into q_out_bf16 when that is set).
 template <typename CT>
 __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
   extern __shared__ float row[];
@@ -40,9 +57,13 @@ __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
   const float* src = a.src + int64_t(t) * a.src_ld + col0 + int64_t(head) * D;
   const int32_t p = a.pos[t];
   float* qdst = nullptr;
+  __nv_bfloat16* qdst_b = nullptr;
   CT* cdst = nullptr;
   if (kind == 0) {
-    qdst = a.q_out + (int64_t(t) * a.n_q + head) * D;
+    if (a.q_out_bf16)
+      qdst_b = reinterpret_cast<__nv_bfloat16*>(a.q_out_bf16) + (int64_t(t) * a.n_q + head) * D;
+    else
+      qdst = a.q_out + (int64_t(t) * a.n_q + head) * D;
   } else {
     const int64_t base = int64_t(a.slot_page[t]) * a.page_stride + int64_t(p % a.block_size) * D;
     cdst = kind == 1 ? static_cast<CT*>(a.k_cache) + base + head * a.k_head_stride
@@ -70,7 +91,9 @@ __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
       const float ang = fp * a.inv_freq[i - half];
       v = row[i] * cosf(ang) + row[i - half] * sinf(ang);
     }
-    if (kind == 0)
+    if (qdst_b)
+      qdst_b[i] = __float2bfloat16_rn(v);
+    else if (kind == 0)
       qdst[i] = v;
     else
       kv_store(cdst + i, v);
@@ -102,6 +125,14 @@ void rms_norm_gemma(const float* x, int64_t rows, int64_t D, const float* w, flo
   if (rows <= 0) return;
   M3_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm_gemma: %lld rows is too many", (long long)rows);
   rms_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, D, w, eps, y);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void rms_norm_gemma_bf16(const float* x, int64_t rows, int64_t D, const float* w, float eps, uint16_t* yb, float* y,
+                        cudaStream_t s) {
+  if (rows <= 0) return;
+  M3_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm_gemma: %lld rows is too many", (long long)rows);
+  rms_norm_bf16_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, D, w, eps, reinterpret_cast<__nv_bfloat16*>(yb), y);
   M3_CUDA_LAUNCH_CHECK();
 }
 

@@ -14,6 +14,11 @@ namespace m3::cuda {
 // y[rows, D] = x / sqrt(mean(x²) + eps) · (1 + w); x and y may alias. One block per row.
 void rms_norm_gemma(const float* x, int64_t rows, int64_t D, const float* w, float eps, float* y, cudaStream_t s);
 
+// The same norm written as bf16 (yb: [rows, D] bf16 bits, rounded to nearest even — bit-identical to
+// rms_norm_gemma then f32_to_bf16) for a bf16 GEMM input, and as fp32 into y when y is not null (one pass).
+void rms_norm_gemma_bf16(const float* x, int64_t rows, int64_t D, const float* w, float eps, uint16_t* yb, float* y,
+                         cudaStream_t s);
+
 // inv_freq[i] = theta^(−2i/rotary_dim), i < rotary_dim/2, computed exactly as the CPU reference does (fp64 → fp32).
 std::vector<float> rope_inv_freq(int rotary_dim, double theta);
 
@@ -31,6 +36,8 @@ struct HeadsNormRopeArgs {
   int n_q = 0, q_col0 = 0;
   const float* q_w = nullptr;  // [D]
   float* q_out = nullptr;
+  uint16_t* q_out_bf16 = nullptr;  // when set, q heads go here as bf16 (RNE) instead of q_out: the tensor-core
+                                   // attention input without a separate conversion
   int n_k = 0, k_col0 = 0;
   const float* k_w = nullptr;  // [D]
   void* k_cache = nullptr;  // elements of cache_type

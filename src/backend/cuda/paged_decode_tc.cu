@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
   const int beg = a.indptr[r], npages = a.indptr[r + 1] - beg;
   const int ntok = npages > 0 ? (npages - 1) * PAGE + a.last_len[r] : 0;
   const int nchunks = (ntok + CH - 1) / CH;
+  if (per <= 0) per = (nchunks + splits - 1) / splits;  // dynamic plan: the request's own chunks cut evenly
   const int c0 = min(nchunks, split * per), c1 = min(nchunks, c0 + per);
 
   auto load_chunk = [&](int c, int stage) {
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
 
 }  // namespace
 
-void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
+void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split, bool dynamic) {
   M3_CUDA_REQUIRE(R >= 0 && G >= 1 && G <= 16, "paged decode (tc): R %d, G %d (supported G: 1..16)", R, G);
   M3_CUDA_REQUIRE(max_pages >= 0 && max_pages < (1 << 24), "paged decode (tc): bad page count %d", max_pages);
   R_ = R, G_ = G;
@@ -247,6 +248,7 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split) {
   if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kMaxSplits));
   chunks_per_split_ = (chunks + want - 1) / want;
   splits_ = (chunks + chunks_per_split_ - 1) / chunks_per_split_;
+  if (dynamic) chunks_per_split_ = 0;  // the kernel cuts each request's chunks over the splits (see the kernel)
 }
 
 template <typename KvT>

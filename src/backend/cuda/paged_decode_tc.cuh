@@ -36,8 +36,11 @@ class PagedDecodeTc {
  public:
   static constexpr int kHeadDim = 128, kPage = 128;
   // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request. Allocates
-  // nothing.
-  void plan(int R, int G, int max_pages, bool allow_split);
+  // nothing. dynamic = false: every split owns a fixed count of chunks derived from max_pages (the longest list of
+  // this step). dynamic = true (CUDA graphs, docs/KERNELS.md §9): max_pages is a capacity and only sets the split
+  // count; each request's own chunks are cut evenly over the splits in the kernel, so the launch depends on
+  // (R, G, capacity) alone and one captured launch serves any step of R requests.
+  void plan(int R, int G, int max_pages, bool allow_split, bool dynamic = false);
   // pdl: launch with programmatic dependent launch (the CTAs start while the previous kernel drains and wait for it
   // before reading anything).
   template <typename KvT>

@@ -589,6 +589,11 @@ void DeviceSampler::add_row(const SampleRowParams& p0, const int32_t* tokens, in
 }
 
 void DeviceSampler::enqueue(float* logits, cudaStream_t s) {
+  upload(s);
+  launch(logits, s);
+}
+
+void DeviceSampler::upload(cudaStream_t s) {
   const int R = int(rows_.size());
   if (R == 0) return;
   reserve(R, vocab_, any_logprobs_);
@@ -599,6 +604,10 @@ void DeviceSampler::enqueue(float* logits, cudaStream_t s) {
   const size_t pool_at = 16 + size_t(cap_rows_) * sizeof(SampleRowParams);
   if (!pool_.empty()) std::memcpy(h_stage_ + pool_at, pool_.data(), pool_.size() * 4);
   M3_CUDA_CHECK(cudaMemcpyAsync(d_stage_.get(), h_stage_, pool_at + pool_.size() * 4, cudaMemcpyHostToDevice, s));
+}
+
+void DeviceSampler::launch(float* logits, cudaStream_t s) {
+  if (cap_rows_ == 0) return;
   int32_t* d_ids = reinterpret_cast<int32_t*>(d_out_.get());
   SampleLogprobs* d_lp = reinterpret_cast<SampleLogprobs*>(d_out_.get() + size_t(cap_rows_) * sizeof(int32_t));
   adjust_kernel<<<unsigned(std::min(cap_rows_, kAdjustCtas)), kThreads, 0, s>>>(logits, vocab_, d_stage_.get(),

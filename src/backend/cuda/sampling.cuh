@@ -81,6 +81,11 @@ class DeviceSampler {
   // Queues the staging upload (one copy), the adjust kernel and the sample kernel on `s`. Modifies `logits`
   // [*, V] in place (penalties, bias, masks) on the rows it samples.
   void enqueue(float* logits, cudaStream_t s);
+  // enqueue() in two halves, for a CUDA graph: upload() (reserve + the staging copy, outside the graph) and launch()
+  // (the two kernels; capacity-sized grids reading only the staging, so one captured launch serves any later rows
+  // as long as nothing was reallocated — cuda::alloc_epoch() tells).
+  void upload(cudaStream_t s);
+  void launch(float* logits, cudaStream_t s);
   // Queues the read-back of the ids (and logprob rows when asked) and synchronises `s`: the one host sync.
   void finish(cudaStream_t s);
   // After finish(): the chosen ids (−1 for inactive rows) and logprobs (valid for rows with top_logprobs ≥ 0).

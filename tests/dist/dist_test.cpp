@@ -1,0 +1,168 @@
+// Ranks as threads (dist/inprocess_communicator.h): the collectives' definitions, and the data-parallel attention +
+// expert-parallel MoE forward of the CPU model (model/expert_parallel.h) against a one-rank forward, bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "dist/inprocess_communicator.h"
+#include "kv/kv_cache.h"
+#include "model/expert_parallel.h"
+#include "model/m3_model.h"
+#include "test_model_util.h"
+
+namespace m3 {
+namespace {
+
+// Runs fn(rank) on one thread per rank and rethrows the first failure.
+void run_ranks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> th;
+  std::vector<std::exception_ptr> err(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    th.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        err[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : th) t.join();
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
+TEST(InProcessCollectives, AllGatherReduceScatterAndAllReduceFollowTheirDefinitions) {
+  const int P = 3;
+  const size_t n = 5;
+  dist::InProcessGroup g(P);
+  std::vector<std::vector<int32_t>> gathered(P);
+  std::vector<std::vector<float>> scattered(P), reduced(P);
+  run_ranks(P, [&](int r) {
+    dist::Communicator& c = g.rank(r);
+    EXPECT_EQ(c.rank(), r);
+    EXPECT_EQ(c.size(), P);
+    for (int rep = 0; rep < 3; ++rep) {  // the same buffers reused: the closing barrier must hold
+      std::vector<int32_t> mine{r, 10 * r + rep};
+      gathered[size_t(r)].assign(2 * P, -1);
+      c.all_gather(mine.data(), mine.size() * 4, gathered[size_t(r)].data());
+      std::vector<float> send(P * n);
+      for (size_t i = 0; i < send.size(); ++i) send[i] = float(100 * r + i + rep);
+      scattered[size_t(r)].assign(n, -1.f);
+      c.reduce_scatter_sum(send.data(), scattered[size_t(r)].data(), n);
+      reduced[size_t(r)].assign(n, 0.f);
+      for (size_t i = 0; i < n; ++i) reduced[size_t(r)][i] = float(r + 1) * float(i + rep);
+      c.all_reduce_sum(reduced[size_t(r)].data(), n);
+      c.barrier();
+    }
+  });
+  for (int r = 0; r < P; ++r) {
+    for (int q = 0; q < P; ++q) {
+      EXPECT_EQ(gathered[size_t(r)][size_t(2 * q)], q);
+      EXPECT_EQ(gathered[size_t(r)][size_t(2 * q + 1)], 10 * q + 2);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      float want = 0;
+      for (int q = 0; q < P; ++q) want += float(100 * q + size_t(r) * n + i + 2);
+      EXPECT_EQ(scattered[size_t(r)][i], want) << "rank " << r << " element " << i;
+      EXPECT_EQ(reduced[size_t(r)][i], float(1 + 2 + 3) * float(i + 2));
+    }
+  }
+}
+
+// The full weights with every routed expert rank r does not own poisoned (NaN): a rank that ran another rank's
+// expert would put NaN into some logits.
+M3Weights shard_for(const M3Weights& w, int r, int P) {
+  M3Weights s = w;
+  for (auto& L : s.layers)
+    for (size_t e = 0; e < L.experts.size(); ++e)
+      if (int(e % size_t(P)) != r) {
+        std::fill(L.experts[e].gate_up.begin(), L.experts[e].gate_up.end(), std::nanf(""));
+        std::fill(L.experts[e].down.begin(), L.experts[e].down.end(), std::nanf(""));
+      }
+  return s;
+}
+
+int32_t argmax_row(const std::vector<float>& v) {
+  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Each rank owns some sequences (data-parallel attention, its own KV cache) and E / P experts. Steps: prefills of
+// different lengths, then lockstep greedy decode in which one rank sits out a step (idle_step). Every logit equals
+// the one-rank forward of the same sequences.
+void expect_expert_parallel_equals_one_rank(int P) {
+  const M3Config c = test::tiny_config();  // 2 MoE layers, 8 experts top-2, shared expert, MSA layers
+  const M3Weights w = test::random_weights(c, 21);
+  const M3Model one(c, w);
+  dist::InProcessGroup g(P);
+  std::vector<std::unique_ptr<M3Model>> models;
+  for (int r = 0; r < P; ++r) models.push_back(std::make_unique<M3Model>(c, shard_for(w, r, P)));
+  struct Seq {
+    std::vector<int32_t> ids, pages;
+  };
+  // Rank r: r + 1 sequences, 30 + 23·k + 7·r tokens (past several 16-token blocks, so MSA selects).
+  std::vector<std::vector<Seq>> seqs(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r)
+    for (int k = 0; k <= r; ++k) {
+      Seq s;
+      s.ids = test::random_ids(30 + 23 * k + 7 * r, int(c.vocab_size), uint64_t(100 * r + k));
+      for (int p = 0; p < 12; ++p) s.pages.push_back(12 * k + p);
+      seqs[size_t(r)].push_back(s);
+    }
+  const int steps = 5;
+  std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(P)), want(static_cast<size_t>(P));  // [rank][step·seq] logits
+  run_ranks(P, [&](int r) {
+    KVCache cache(c, 64), ref_cache(c, 64);
+    ExpertParallel ep{&g.rank(r), 256};
+    auto& mine = seqs[size_t(r)];
+    for (int step = 0; step <= steps; ++step) {
+      const bool idle = step == 3 && r == P - 1;  // the last rank has nothing to do in step 3
+      if (idle) {
+        models[size_t(r)]->idle_step(ep);
+        continue;
+      }
+      std::vector<SeqInput> in;
+      for (auto& s : mine) {
+        const int64_t start = step == 0 ? 0 : int64_t(s.ids.size()) - 1;
+        in.push_back(SeqInput{std::span<const int32_t>(s.ids.data() + start, s.ids.size() - size_t(start)), start,
+                              s.pages, step == 0});
+      }
+      auto a = models[size_t(r)]->forward(in, cache, nullptr, &ep);
+      auto b = one.forward(in, ref_cache);
+      for (size_t i = 0; i < in.size(); ++i) {
+        got[size_t(r)].push_back(a[i]);
+        want[size_t(r)].push_back(b[i]);
+        // Greedy continuation from the one-rank logits (both must agree anyway).
+        const std::vector<float> last(b[i].end() - int64_t(c.vocab_size), b[i].end());
+        mine[i].ids.push_back(argmax_row(last));
+      }
+    }
+  });
+  for (int r = 0; r < P; ++r) {
+    ASSERT_EQ(got[size_t(r)].size(), want[size_t(r)].size());
+    for (size_t i = 0; i < got[size_t(r)].size(); ++i)
+      EXPECT_EQ(got[size_t(r)][i], want[size_t(r)][i]) << P << " ranks, rank " << r << " output " << i;
+  }
+}
+
+TEST(ExpertParallel, TwoRanksGiveTheOneRankLogitsBitForBit) { expect_expert_parallel_equals_one_rank(2); }
+TEST(ExpertParallel, ThreeRanksWithExpertsNotDividingEvenly) { expect_expert_parallel_equals_one_rank(3); }
+
+TEST(ExpertParallel, MoreTokensThanTheExchangeCapacityIsAnError) {
+  dist::InProcessGroup g(1);
+  ExpertParallel ep{&g.rank(0), 2};
+  std::vector<float> x(3 * 4), out(3 * 2 * 4);
+  std::vector<int32_t> ids(6, 0);
+  EXPECT_THROW(moe_slots_expert_parallel(ep, 4, 2, 4, x.data(), 3, ids.data(),
+                                         [](int64_t, const float* p, int64_t n) {
+                                           return std::vector<float>(p, p + n * 4);
+                                         },
+                                         out.data()),
+               Error);
+}
+
+}  // namespace
+}  // namespace m3

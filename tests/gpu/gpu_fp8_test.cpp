@@ -1,0 +1,297 @@
+// FP8 ops (backend/cuda/fp8_gemm.cuh) against their CPU twins (backend/cpu/fp8.h): the load-time requantisation
+// and the activation quantisation bit for bit, the W8A16 GEMM exactly on one-hot activations (every e4m3 code ×
+// many scales) and within fp32 summation noise on random ones, the cuBLASLt block-scaled GEMM within fp32 noise of
+// the twin. Outputs poisoned before each run; every element checked written.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/fp8.h"
+#include "backend/cuda/fp8_gemm.cuh"
+#include "base/dtype.h"
+#include "gpu_test_util.h"
+
+namespace m3 {
+namespace {
+
+using gpu_test::Dev;
+using gpu_test::expect_close;
+using gpu_test::rng;
+using cuda::GemmOut;
+
+std::string shape_str(int64_t T, int64_t N, int64_t K) {
+  return "T=" + std::to_string(T) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+}
+
+// MXFP8 weights of a realistic shape: N(0, 1) values times a per-column factor spanning 2^±3 (so 32-groups of one
+// 128 block get different scales), MX-quantised on the CPU.
+struct MxW {
+  int64_t N, K;
+  std::vector<uint8_t> q, s;
+};
+MxW make_mx(int64_t N, int64_t K) {
+  std::normal_distribution<float> d(0.f, 0.02f);
+  std::uniform_real_distribution<float> e(-3.f, 3.f);
+  std::vector<float> col(static_cast<size_t>(K)), w(static_cast<size_t>(N * K));
+  for (auto& c : col) c = std::exp2(e(rng()));
+  for (int64_t i = 0; i < N * K; ++i) w[size_t(i)] = d(rng()) * col[size_t(i % K)];
+  MxW m{N, K, std::vector<uint8_t>(w.size()), std::vector<uint8_t>(size_t(N * K / 32))};
+  cpu::mx_quantize(w.data(), N, K, m.q.data(), m.s.data());
+  return m;
+}
+
+std::vector<uint16_t> rand_bf16(size_t n, std::vector<float>* as_float) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<uint16_t> b(n);
+  as_float->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    b[i] = f32_to_bf16(d(rng()));
+    (*as_float)[i] = bf16_to_f32(b[i]);
+  }
+  return b;
+}
+
+std::vector<float> out_floats(const std::vector<uint8_t>& raw, GemmOut out) {
+  std::vector<float> f(raw.size() / (out == GemmOut::BF16 ? 2 : 4));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (out == GemmOut::BF16) {
+      uint16_t h;
+      std::memcpy(&h, &raw[2 * i], 2);
+      f[i] = bf16_to_f32(h);
+    } else {
+      std::memcpy(&f[i], &raw[4 * i], 4);
+    }
+  }
+  return f;
+}
+
+// Host weights of any format, made from MX on the CPU (the device conversion is checked separately).
+struct HostW {
+  Fp8Scale fmt;
+  std::vector<uint8_t> q;
+  std::vector<uint8_t> s_bytes;  // G32 bytes or fp32 scales as bytes
+};
+HostW convert(const MxW& m, Fp8Scale fmt) {
+  if (fmt == Fp8Scale::G32) return {fmt, m.q, m.s};
+  HostW h{fmt, std::vector<uint8_t>(m.q.size()), {}};
+  std::vector<float> s(size_t(fp8_scale_count(fmt, m.N, m.K)));
+  cpu::fp8_requant_from_mx(m.q.data(), m.s.data(), m.N, m.K, fmt, h.q.data(), s.data());
+  h.s_bytes.resize(s.size() * 4);
+  std::memcpy(h.s_bytes.data(), s.data(), h.s_bytes.size());
+  return h;
+}
+
+TEST(GpuFp8, RequantisationMatchesCpuBitForBit) {
+  M3_SKIP_WITHOUT_GPU();
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{300, 704}, {128, 6144}, {1, 96}}) {
+    const MxW m = make_mx(N, K);
+    Dev<uint8_t> dq(m.q), ds(m.s);
+    for (Fp8Scale fmt : {Fp8Scale::Row128, Fp8Scale::Blk128}) {
+      const HostW ref = convert(m, fmt);
+      Dev<uint8_t> q2(m.q.size());
+      Dev<float> s2(size_t(fp8_scale_count(fmt, N, K)));
+      q2.poison();
+      s2.poison();
+      cuda::fp8_requant_from_mx(dq.p(), ds.p(), N, K, fmt, q2.p(), s2.p(), nullptr);
+      const auto gq = q2.get();
+      const auto gs = s2.get();
+      size_t qdiff = 0;
+      for (size_t i = 0; i < gq.size(); ++i) qdiff += gq[i] != ref.q[i];
+      EXPECT_EQ(qdiff, 0u) << fp8_scale_name(fmt) << " " << shape_str(0, N, K);
+      EXPECT_EQ(std::memcmp(gs.data(), ref.s_bytes.data(), ref.s_bytes.size()), 0) << fp8_scale_name(fmt);
+      std::printf("[gpu-op] fp8_requant %-14s N=%lld K=%lld  value mismatches %zu of %zu (exact)\n",
+                  fp8_scale_name(fmt), (long long)N, (long long)K, qdiff, gq.size());
+    }
+  }
+}
+
+TEST(GpuFp8, ActivationQuantisationMatchesCpuBitForBit) {
+  M3_SKIP_WITHOUT_GPU();
+  const int64_t T = 37, Tp = 40, K = 1024, L = K / 128;
+  std::vector<float> xf;
+  const std::vector<uint16_t> xb = rand_bf16(size_t(T * K), &xf);
+  for (int64_t k = 0; k < 128; ++k) xf[size_t(5 * K + k)] = 0.f;  // a zero block: scale 1
+  std::vector<uint16_t> xb2 = xb;
+  for (int64_t k = 0; k < 128; ++k) xb2[size_t(5 * K + k)] = 0;
+  std::vector<uint8_t> rq(size_t(Tp * K), 0);
+  std::vector<float> rs(size_t(L * Tp), 1.0f);
+  cpu::fp8_quantize_act_1x128(xf.data(), T, K, rq.data(), rs.data(), Tp);
+  for (bool bf16 : {true, false}) {
+    Dev<uint16_t> dxb(xb2);
+    Dev<float> dxf(xf);
+    Dev<uint8_t> q(size_t(Tp * K));
+    Dev<float> s(size_t(L * Tp));
+    q.poison();
+    s.poison();
+    cuda::fp8_quantize_act_1x128(bf16 ? static_cast<const void*>(dxb.p()) : dxf.p(), bf16, T, Tp, K, q.p(), s.p(), Tp,
+                                 nullptr);
+    EXPECT_EQ(q.get(), rq) << (bf16 ? "bf16" : "f32");
+    const auto gs = s.get();
+    EXPECT_EQ(std::memcmp(gs.data(), rs.data(), rs.size() * 4), 0) << (bf16 ? "bf16" : "f32");
+  }
+}
+
+TEST(GpuFp8, W8A16IsExactOnOneHotActivationsForEveryCodeAndScale) {
+  M3_SKIP_WITHOUT_GPU();
+  // W[n, k] = code (n + 3k) mod 256 (NaN codes → 0), scales 2^(e − 127) with e ∈ [100, 134]; x = one-hot rows, so
+  // y[m, n] = W[n, m] must come out exactly (fp32 out): the register dequantisation is exact.
+  const int64_t N = 256, K = 64, T = 64;
+  std::vector<uint8_t> q(size_t(N * K)), s(size_t(N * K / 32));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      uint8_t c = uint8_t((n + 3 * k) & 255);
+      q[size_t(n * K + k)] = (c & 0x7f) == 0x7f ? 0 : c;
+    }
+  for (size_t i = 0; i < s.size(); ++i) s[i] = uint8_t(100 + (i * 7) % 35);
+  std::vector<uint16_t> x(size_t(T * K), 0);
+  for (int64_t m = 0; m < T; ++m) x[size_t(m * K + m)] = 0x3f80;  // 1.0
+  std::vector<float> W(size_t(N * K));
+  cpu::fp8_dequant(q.data(), s.data(), Fp8Scale::G32, N, K, W.data());
+  Dev<uint8_t> dq(q), ds(s);
+  Dev<uint16_t> dx(x);
+  Dev<float> y(size_t(T * N));
+  cuda::Fp8Gemm g;
+  for (int nt : {1, 2, 4}) {
+    y.poison();
+    g.w8a16(dx.p(), T, {dq.p(), ds.p(), Fp8Scale::G32, N, K}, y.p(), GemmOut::F32, false, nullptr, nt);
+    const auto got = y.get();
+    size_t bad = 0;
+    for (int64_t m = 0; m < T; ++m)
+      for (int64_t n = 0; n < N; ++n) bad += got[size_t(m * N + n)] != W[size_t(n * K + m)];
+    EXPECT_EQ(bad, 0u) << "nt=" << nt;
+    std::printf("[gpu-op] fp8_w8a16 one-hot nt=%d  mismatches %zu of %lld (exact)\n", nt, bad, (long long)(T * N));
+  }
+}
+
+TEST(GpuFp8, W8A16LinesVariantIsExactOnOneHotActivations) {
+  M3_SKIP_WITHOUT_GPU();
+  // As above for the whole-line kernel (K = 256: two 128-byte lines per row, 16 token rows per call).
+  const int64_t N = 256, K = 256, T = 40;
+  std::vector<uint8_t> q(size_t(N * K)), s(size_t(N * K / 32));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      uint8_t c = uint8_t((n + 3 * k) & 255);
+      q[size_t(n * K + k)] = (c & 0x7f) == 0x7f ? 0 : c;
+    }
+  for (size_t i = 0; i < s.size(); ++i) s[i] = uint8_t(100 + (i * 7) % 35);
+  std::vector<uint16_t> x(size_t(T * K), 0);
+  for (int64_t m = 0; m < T; ++m) x[size_t(m * K + (m * 5) % K)] = 0x3f80;  // 1.0
+  std::vector<float> W(size_t(N * K));
+  cpu::fp8_dequant(q.data(), s.data(), Fp8Scale::G32, N, K, W.data());
+  Dev<uint8_t> dq(q), ds(s);
+  Dev<uint16_t> dx(x);
+  Dev<float> y(size_t(T * N));
+  cuda::Fp8Gemm g;
+  for (int nt : {1, 2}) {
+    y.poison();
+    g.w8a16(dx.p(), T, {dq.p(), ds.p(), Fp8Scale::G32, N, K}, y.p(), GemmOut::F32, false, nullptr, nt,
+            cuda::W8Kernel::Lines128);
+    const auto got = y.get();
+    size_t bad = 0;
+    for (int64_t m = 0; m < T; ++m)
+      for (int64_t n = 0; n < N; ++n) bad += got[size_t(m * N + n)] != W[size_t(n * K + (m * 5) % K)];
+    EXPECT_EQ(bad, 0u) << "nt=" << nt;
+    std::printf("[gpu-op] fp8_w8a16 lines one-hot nt=%d  mismatches %zu of %lld (exact)\n", nt, bad, (long long)(T * N));
+  }
+}
+
+TEST(GpuFp8, W8A16MatchesCpuTwin) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::Fp8Gemm g;
+  struct S {
+    int64_t T, N, K;
+  };
+  for (S sh : {S{1, 96, 128}, S{3, 1152, 6144}, S{8, 6144, 3072}, S{17, 512, 6144}, S{64, 1024, 2048}, S{12, 768, 1024},
+               S{1, 9216, 6144}, S{130, 640, 1024}}) {
+    const MxW m = make_mx(sh.N, sh.K);
+    std::vector<float> xf;
+    const auto xb = rand_bf16(size_t(sh.T * sh.K), &xf);
+    Dev<uint16_t> dx(xb);
+    for (Fp8Scale fmt : {Fp8Scale::G32, Fp8Scale::Row128, Fp8Scale::Blk128}) {
+      if (fmt != Fp8Scale::G32 && sh.K % 128) continue;
+      const HostW h = convert(m, fmt);
+      Dev<uint8_t> dq(h.q), ds(h.s_bytes);
+      std::vector<float> ref(size_t(sh.T * sh.N));
+      cpu::matmul_fp8_w8a16(xf.data(), sh.T, sh.K, h.q.data(), h.s_bytes.data(), fmt, sh.N, ref.data());
+      const cuda::Fp8Weight W{dq.p(), ds.p(), fmt, sh.N, sh.K};
+      for (GemmOut out : {GemmOut::F32, GemmOut::BF16}) {
+        const size_t esz = out == GemmOut::BF16 ? 2 : 4;
+        Dev<uint8_t> y(ref.size() * esz);
+        y.poison();
+        g.w8a16(dx.p(), sh.T, W, y.p(), out, false, nullptr);
+        expect_close(std::string("fp8_w8a16 ") + fp8_scale_name(fmt) + (out == GemmOut::BF16 ? " bf16" : " f32"),
+                     shape_str(sh.T, sh.N, sh.K), out_floats(y.get(), out), ref, out == GemmOut::BF16 ? 8e-3 : 1e-4);
+        if (sh.K % 128 == 0) {  // the whole-line variant, every format
+          y.poison();
+          g.w8a16(dx.p(), sh.T, W, y.p(), out, false, nullptr, 0, cuda::W8Kernel::Lines128);
+          expect_close(std::string("fp8_w8a16 lines ") + fp8_scale_name(fmt) + (out == GemmOut::BF16 ? " bf16" : " f32"),
+                       shape_str(sh.T, sh.N, sh.K), out_floats(y.get(), out), ref, out == GemmOut::BF16 ? 8e-3 : 1e-4);
+        }
+        if (fmt == Fp8Scale::G32 && out == GemmOut::F32 && sh.T == 17) {  // accumulate, and every nt
+          std::vector<float> y0 = gpu_test::rand_vec(ref.size()), ref2 = ref;
+          for (size_t i = 0; i < ref2.size(); ++i) ref2[i] += y0[i];
+          Dev<float> ya(y0);
+          g.w8a16(dx.p(), sh.T, W, ya.p(), out, true, nullptr);
+          expect_close("fp8_w8a16 accumulate", shape_str(sh.T, sh.N, sh.K), ya.get(), ref2, 1e-4);
+          for (int nt : {1, 2, 4}) {
+            y.poison();
+            g.w8a16(dx.p(), sh.T, W, y.p(), out, false, nullptr, nt);
+            expect_close("fp8_w8a16 nt=" + std::to_string(nt), shape_str(sh.T, sh.N, sh.K), out_floats(y.get(), out),
+                         ref, 1e-4);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuFp8, BlockScaledCublasLtMatchesCpuTwin) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::Fp8Gemm g;
+  struct S {
+    int64_t T, N, K;
+  };
+  for (S sh : {S{128, 1024, 1024}, S{37, 768, 2048}, S{512, 640, 6144}, S{8, 9216, 6144}}) {
+    const MxW m = make_mx(sh.N, sh.K);
+    std::vector<float> xf;
+    const auto xb = rand_bf16(size_t(sh.T * sh.K), &xf);
+    const int64_t Tp = (sh.T + 3) / 4 * 4;
+    std::vector<uint8_t> xq(size_t(Tp * sh.K), 0);
+    std::vector<float> xs(size_t(sh.K / 128 * Tp), 1.f);
+    cpu::fp8_quantize_act_1x128(xf.data(), sh.T, sh.K, xq.data(), xs.data(), Tp);
+    Dev<uint16_t> dx(xb);
+    for (Fp8Scale fmt : {Fp8Scale::Blk128, Fp8Scale::Row128}) {
+      const HostW h = convert(m, fmt);
+      Dev<uint8_t> dq(h.q), ds(h.s_bytes);
+      std::vector<float> ref(size_t(sh.T * sh.N));
+      cpu::matmul_fp8_blockscaled(xq.data(), xs.data(), Tp, sh.T, sh.K, h.q.data(),
+                                  reinterpret_cast<const float*>(h.s_bytes.data()), fmt, sh.N, ref.data());
+      const cuda::Fp8Weight W{dq.p(), ds.p(), fmt, sh.N, sh.K};
+      for (GemmOut out : {GemmOut::F32, GemmOut::BF16}) {
+        const size_t esz = out == GemmOut::BF16 ? 2 : 4;
+        Dev<uint8_t> y(ref.size() * esz);
+        y.poison();
+        try {
+          g.blockscaled(dx.p(), true, sh.T, W, y.p(), out, false, nullptr);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << fp8_scale_name(fmt) << " " << shape_str(sh.T, sh.N, sh.K) << ": " << e.what();
+          continue;
+        }
+        std::printf("[gpu-op] fp8_cublaslt arrangement: %s\n", g.lt_arrangement(sh.T, W, out, false));
+        expect_close(std::string("fp8_cublaslt ") + fp8_scale_name(fmt) + (out == GemmOut::BF16 ? " bf16" : " f32"),
+                     shape_str(sh.T, sh.N, sh.K), out_floats(y.get(), out), ref, out == GemmOut::BF16 ? 8e-3 : 1e-3);
+        if (out == GemmOut::F32 && sh.T == 37) {  // accumulate (through the padded-T staging)
+          std::vector<float> y0 = gpu_test::rand_vec(ref.size()), ref2 = ref;
+          for (size_t i = 0; i < ref2.size(); ++i) ref2[i] += y0[i];
+          Dev<float> ya(y0);
+          g.blockscaled(dx.p(), true, sh.T, W, ya.p(), out, true, nullptr);
+          expect_close("fp8_cublaslt accumulate", shape_str(sh.T, sh.N, sh.K), ya.get(), ref2, 1e-3);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace m3
