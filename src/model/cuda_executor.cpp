@@ -188,7 +188,8 @@ struct CudaExecutor::Impl {
   static const std::vector<int>& buckets();
   int bucket_for(size_t n) const;  // 0: no bucket (eager)
   bool graph_eligible(std::span<const SeqInput> seqs, std::span<const RowSampling> rows) const;
-  std::vector<SampledToken> decode_graph_step(std::span<const SeqInput> seqs, std::span<const RowSampling> rows);
+  std::vector<SampledToken> decode_graph_step(std::span<const SeqInput> seqs, std::span<const RowSampling> rows,
+                                              const std::function<void()>& before_sampling);
   bool capture(DecodeGraph& g, const StepRows& r);
   void drop_graphs();
 };
@@ -804,7 +805,8 @@ bool CudaExecutor::Impl::capture(DecodeGraph& g, const StepRows& r) {
 }
 
 std::vector<SampledToken> CudaExecutor::Impl::decode_graph_step(std::span<const SeqInput> seqs,
-                                                                 std::span<const RowSampling> rows) {
+                                                                 std::span<const RowSampling> rows,
+                                                                 const std::function<void()>& before_sampling) {
   const size_t S = seqs.size();
   const int bucket = bucket_for(S);
   // Padding: sequences of one token (id 0) at position 0 whose page table is the scratch page.
@@ -824,6 +826,9 @@ std::vector<SampledToken> CudaExecutor::Impl::decode_graph_step(std::span<const 
   std::vector<int32_t> logit_rows(static_cast<size_t>(bucket));
   for (int i = 0; i < bucket; ++i) logit_rows[size_t(i)] = i;
   upload_step(r);
+  // The graph holds the forward and the sampler's kernels, so the rows (grammar masks included) are staged before
+  // it runs: no overlap of the mask work with the forward on this path (the eager path overlaps).
+  if (before_sampling) before_sampling();
   stage_device_sampling(sampler, int(c.vocab_size), prow, logit_rows, stream);
 
   auto it = std::find_if(graphs.begin(), graphs.end(), [&](const auto& e) { return e.first == bucket; });
@@ -861,7 +866,7 @@ std::vector<SampledToken> CudaExecutor::forward_sample(std::span<const SeqInput>
   Impl& m = *impl_;
   if (m.graph_eligible(seqs, rows)) {
     validate_step(m.c, seqs, m.pool->capacity());  // the real rows may not use the scratch page
-    return m.decode_graph_step(seqs, rows);
+    return m.decode_graph_step(seqs, rows, before_sampling);
   }
   ++m.graph_stats.eager_steps;
   const StepRows plan_rows = m.forward_device(seqs, nullptr);
