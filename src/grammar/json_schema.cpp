@@ -309,17 +309,23 @@ class Compiler {
     }
     // after(i): the rest once something has been written: each later property with a leading comma, optional
     // unless required. first(i): the rest when nothing has been written yet.
+    // Each suffix is a rule of its own, so the grammar stays linear in the number of properties.
     const size_t n = ps.size();
     std::vector<Expr> after(n + 1);
     for (size_t i = n; i-- > 0;) {
       Expr c = seq({ws(), byte(','), ws(), ps[i].kv});
-      after[i] = seq({ps[i].req ? std::move(c) : opt(std::move(c)), after[i + 1]});
+      const int32_t r = g_.add_rule(fmt::format("{}/after{}", path, i));
+      g_.define(r, seq({ps[i].req ? std::move(c) : opt(std::move(c)), after[i + 1]}));
+      after[i] = ref(r);
     }
     // first(i) = kv_i after(i+1) | (optional i) first(i+1); first(n) = empty.
     Expr first = empty();
     for (size_t i = n; i-- > 0;) {
       Expr take = seq({ps[i].kv, after[i + 1]});
-      first = ps[i].req ? std::move(take) : (i + 1 == n ? opt(std::move(take)) : alt({std::move(take), first}));
+      Expr f = ps[i].req ? std::move(take) : (i + 1 == n ? opt(std::move(take)) : alt({std::move(take), first}));
+      const int32_t r = g_.add_rule(fmt::format("{}/first{}", path, i));
+      g_.define(r, f);
+      first = ref(r);
     }
     return seq({open, first, close});
   }

@@ -118,6 +118,17 @@ TEST(JsonSchemaGrammar, RecursiveRefAnyOfAndOptionalProperties) {
     EXPECT_FALSE(complete(o, bad)) << bad;
 }
 
+TEST(JsonSchemaGrammar, ManyOptionalPropertiesStayLinear) {
+  json props = json::object();
+  for (int i = 0; i < 400; ++i) props["p" + std::to_string(i)] = {{"type", "integer"}};
+  const Grammar gr = json_schema_grammar(json{{"type", "object"}, {"properties", props}});
+  EXPECT_LT(gr.num_nodes(), 20000u);
+  auto g = std::make_shared<CompiledGrammar>(Grammar(gr), vocab().vocab);
+  EXPECT_TRUE(complete(g, R"({"p399": 1})"));
+  EXPECT_TRUE(complete(g, R"({"p3": 1, "p250": 2})"));
+  EXPECT_FALSE(complete(g, R"({"p250": 2, "p3": 1})"));
+}
+
 TEST(JsonSchemaGrammar, StringLengthsAndFreeObjects) {
   auto s = compile(json::parse(R"({"type": "string", "minLength": 2, "maxLength": 3})"));
   EXPECT_FALSE(complete(s, R"("a")"));
