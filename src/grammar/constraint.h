@@ -1,6 +1,6 @@
 // A request's output constraint as the engine drives it (issue 14 item 2): which part of M3's output the grammar
 // covers, and the grammar's position. M3 writes `<mm:think>reasoning</mm:think>answer`; the constraint covers the
-// answer only (../shared/docs/SERVING.md §2.2):
+// answer only (docs/SERVING_FORMAT.md §3.2, docs/SERVER.md "Constrained decoding"):
 //   Answer      — the prompt already closed reasoning (thinking disabled, or a non-M3 template): constrained from
 //                 the first generated token;
 //   InReasoning — the prompt opened reasoning (thinking enabled): free until the output contains `</mm:think>`

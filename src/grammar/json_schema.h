@@ -29,7 +29,7 @@ Grammar json_schema_grammar(const nlohmann::ordered_json& schema);
 // Any JSON object (response_format json_object).
 Grammar json_object_grammar();
 
-// tool_choice required / named for M3 (its format: ../shared/docs/SERVING.md §3.3): one tool-call block of
+// tool_choice required / named for M3 (its format: docs/SERVING_FORMAT.md §3.3): one tool-call block of
 // invokes of the given tools (several when `parallel`), each parameter written as M3 does — a tag per parameter,
 // objects as nested tags, arrays as repeated <item> tags, scalars as text — with the values constrained by the
 // parameter schemas. Required parameters always appear, in schema order. Throws SchemaError.
