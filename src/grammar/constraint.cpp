@@ -4,9 +4,15 @@ namespace m3::grammar {
 
 Constraint::Constraint(std::shared_ptr<const ConstraintSpec> spec) : spec_(std::move(spec)), m_(spec_->grammar) {
   switch (spec_->start) {
-    case ConstraintSpec::Start::Answer: phase_ = Phase::Grammar; break;
-    case ConstraintSpec::Start::InReasoning: phase_ = Phase::Reasoning; break;
-    case ConstraintSpec::Start::Adaptive: phase_ = Phase::Open; break;
+    case ConstraintSpec::Start::Answer:
+      phase_ = Phase::Grammar;
+      break;
+    case ConstraintSpec::Start::InReasoning:
+      phase_ = Phase::Reasoning;
+      break;
+    case ConstraintSpec::Start::Adaptive:
+      phase_ = Phase::Open;
+      break;
   }
 }
 
@@ -31,7 +37,8 @@ bool Constraint::accept(int32_t id) {
       }
       phase_ = Phase::Grammar;
       return m_.accept_token(id);
-    case Phase::Grammar: return m_.accept_token(id);
+    case Phase::Grammar:
+      return m_.accept_token(id);
     case Phase::Reasoning: {
       if (id >= 0 && id == spec_->think_end_id) {
         phase_ = Phase::Grammar;

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <tuple>
 #include <numeric>
+#include <tuple>
 
 #include "base/error.h"
 
@@ -119,7 +119,8 @@ struct Thompson {
   }
   int32_t build(const Expr& e, int32_t from) {
     switch (e.kind) {
-      case Expr::Empty: return from;
+      case Expr::Empty:
+        return from;
       case Expr::Range: {
         const int32_t n = add();
         edges[size_t(from)].push_back(Edge{e.lo, e.hi, -1, n});
@@ -160,9 +161,7 @@ struct Thompson {
 bool edge_less(const Edge& a, const Edge& b) {
   return std::tie(a.rule, a.lo, a.hi, a.to) < std::tie(b.rule, b.lo, b.hi, b.to);
 }
-bool edge_eq(const Edge& a, const Edge& b) {
-  return a.rule == b.rule && a.lo == b.lo && a.hi == b.hi && a.to == b.to;
-}
+bool edge_eq(const Edge& a, const Edge& b) { return a.rule == b.rule && a.lo == b.lo && a.hi == b.hi && a.to == b.to; }
 
 }  // namespace
 

@@ -42,7 +42,7 @@ struct Expr {
 Expr empty();
 Expr range(uint8_t lo, uint8_t hi);
 Expr byte(uint8_t b);
-Expr lit(std::string_view bytes);                 // the bytes in order
+Expr lit(std::string_view bytes);                       // the bytes in order
 Expr cls(std::string_view pairs, bool negate = false);  // "azAZ09": ranges as byte pairs; negate within 0..255
 Expr ref(int32_t rule);
 Expr seq(std::vector<Expr> kids);
@@ -196,7 +196,7 @@ class Matcher {
   bool accept_bytes(std::string_view bytes);  // false (state unchanged) when not a prefix of the language
   void fill_mask(uint32_t* out) const;        // [vocab().words()]
   bool accepting() const;
-  bool terminal() const;  // only EOS may follow
+  bool terminal() const;                       // only EOS may follow
   bool finished() const { return finished_; }  // EOS was accepted
   CompiledGrammar& compiled() const { return *g_; }
 

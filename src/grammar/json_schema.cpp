@@ -11,23 +11,24 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr int kMaxWs = 32;          // bytes of whitespace per gap
-constexpr int kMaxIntDigits = 16;   // digits after the leading one
+constexpr int kMaxWs = 32;         // bytes of whitespace per gap
+constexpr int kMaxIntDigits = 16;  // digits after the leading one
 constexpr int kMaxFracDigits = 16;
 constexpr int kMaxExpDigits = 2;
-constexpr int kMaxCounted = 256;    // minLength / maxLength / minItems / maxItems expanded up to this
-constexpr int kMaxDepth = 64;       // nesting of subschemas (not of the generated document: $ref may recurse)
+constexpr int kMaxCounted = 256;  // minLength / maxLength / minItems / maxItems expanded up to this
+constexpr int kMaxDepth = 64;     // nesting of subschemas (not of the generated document: $ref may recurse)
 
 // Keywords that only annotate (no effect on validity).
-const std::set<std::string> kAnnotations = {"title",      "description", "default",  "examples", "$schema",
-                                            "$id",        "$comment",    "deprecated", "readOnly", "writeOnly",
-                                            "$defs",      "definitions", "strict",   "name",     "$anchor",
+const std::set<std::string> kAnnotations = {"title",         "description", "default",    "examples", "$schema",
+                                            "$id",           "$comment",    "deprecated", "readOnly", "writeOnly",
+                                            "$defs",         "definitions", "strict",     "name",     "$anchor",
                                             "discriminator", "x-order"};
 // Keywords the compiler understands (some with restrictions checked where they are read).
-const std::set<std::string> kHandled = {"type",     "properties", "required", "additionalProperties", "items",
-                                        "minItems", "maxItems",   "enum",     "const",                "anyOf",
-                                        "oneOf",    "allOf",      "$ref",     "minLength",            "maxLength",
-                                        "nullable", "minimum",    "uniqueItems"};
+const std::set<std::string> kHandled = {"type",    "properties", "required",  "additionalProperties",
+                                        "items",   "minItems",   "maxItems",  "enum",
+                                        "const",   "anyOf",      "oneOf",     "allOf",
+                                        "$ref",    "minLength",  "maxLength", "nullable",
+                                        "minimum", "uniqueItems"};
 
 std::string json_literal(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -58,8 +59,7 @@ class Compiler {
     }
     if (!s.is_object()) refuse(path, "a schema must be an object or a boolean");
     for (auto it = s.begin(); it != s.end(); ++it)
-      if (!kAnnotations.count(it.key()) && !kHandled.count(it.key()))
-        refuse(path, "the keyword '{}'", it.key());
+      if (!kAnnotations.count(it.key()) && !kHandled.count(it.key())) refuse(path, "the keyword '{}'", it.key());
     Expr e = value_inner(s, path, depth);
     if (auto n = s.find("nullable"); n != s.end() && n->is_boolean() && n->get<bool>())
       e = alt({std::move(e), lit("null")});
@@ -138,7 +138,8 @@ class Compiler {
   static int counted(const json& s, const char* key, const std::string& path, int dflt) {
     auto it = s.find(key);
     if (it == s.end()) return dflt;
-    if (!it->is_number_integer() || it->get<int64_t>() < 0) refuse(path, "'{}' that is not a non-negative integer", key);
+    if (!it->is_number_integer() || it->get<int64_t>() < 0)
+      refuse(path, "'{}' that is not a non-negative integer", key);
     const int64_t v = it->get<int64_t>();
     if (v > kMaxCounted) refuse(path, "'{}' above {}", key, kMaxCounted);
     return int(v);
@@ -213,13 +214,20 @@ class Compiler {
     }
     std::vector<Expr> k;
     for (const std::string& t : types) {
-      if (t == "object") k.push_back(object(s, path, depth));
-      else if (t == "array") k.push_back(array(s, path, depth));
-      else if (t == "string") k.push_back(string(s, path));
-      else if (t == "integer" || t == "number") k.push_back(numeric(s, path, t == "integer"));
-      else if (t == "boolean") k.push_back(alt({lit("true"), lit("false")}));
-      else if (t == "null") k.push_back(lit("null"));
-      else refuse(path, "the type '{}'", t);
+      if (t == "object")
+        k.push_back(object(s, path, depth));
+      else if (t == "array")
+        k.push_back(array(s, path, depth));
+      else if (t == "string")
+        k.push_back(string(s, path));
+      else if (t == "integer" || t == "number")
+        k.push_back(numeric(s, path, t == "integer"));
+      else if (t == "boolean")
+        k.push_back(alt({lit("true"), lit("false")}));
+      else if (t == "null")
+        k.push_back(lit("null"));
+      else
+        refuse(path, "the type '{}'", t);
     }
     if (k.empty()) refuse(path, "an empty 'type' list");
     return alt(std::move(k));
@@ -230,9 +238,12 @@ class Compiler {
     if (auto m = s.find("minimum"); m != s.end()) {
       if (!m->is_number()) refuse(path, "a 'minimum' that is not a number");
       const double v = m->get<double>();
-      if (v == 0) nonneg = true;
-      else if (is_int && v == 1) nonneg = positive = true;
-      else refuse(path, "'minimum' other than 0 (or 1 for integers)");
+      if (v == 0)
+        nonneg = true;
+      else if (is_int && v == 1)
+        nonneg = positive = true;
+      else
+        refuse(path, "'minimum' other than 0 (or 1 for integers)");
     }
     return is_int ? integer(nonneg, positive) : number(nonneg, false);
   }
@@ -304,8 +315,9 @@ class Compiler {
     std::vector<P> ps;
     for (auto it = props->begin(); it != props->end(); ++it) {
       const std::string sub = path + "/properties/" + it.key();
-      ps.push_back({seq({lit(json_literal(json(it.key()))), ws(), byte(':'), ws(), ref(value_rule(*it, sub, depth + 1))}),
-                    required.count(it.key()) > 0});
+      ps.push_back(
+          {seq({lit(json_literal(json(it.key()))), ws(), byte(':'), ws(), ref(value_rule(*it, sub, depth + 1))}),
+           required.count(it.key()) > 0});
     }
     // after(i): the rest once something has been written: each later property with a leading comma, optional
     // unless required. first(i): the rest when nothing has been written yet.
@@ -375,7 +387,8 @@ class ToolCompiler {
       }
     std::vector<std::string> types;
     if (auto t = s.find("type"); t != s.end()) {
-      if (t->is_string()) types.push_back(t->get<std::string>());
+      if (t->is_string())
+        types.push_back(t->get<std::string>());
       else if (t->is_array())
         for (const json& x : *t)
           if (x.is_string()) types.push_back(x.get<std::string>());
@@ -387,15 +400,18 @@ class ToolCompiler {
     if (types.empty()) return text();
     std::vector<Expr> k;
     for (const std::string& t : types) {
-      if (t == "string") k.push_back(text());
+      if (t == "string")
+        k.push_back(text());
       else if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
         json one = s;  // the scalar's own keywords (minimum, ...) apply; the type is this one
         one["type"] = t;
         k.push_back(c_.value(one, path, depth));
-      }
-      else if (t == "object") k.push_back(xml_object(s, path, depth));
-      else if (t == "array") k.push_back(xml_array(s, path, depth));
-      else Compiler::refuse(path, "the type '{}'", t);
+      } else if (t == "object")
+        k.push_back(xml_object(s, path, depth));
+      else if (t == "array")
+        k.push_back(xml_array(s, path, depth));
+      else
+        Compiler::refuse(path, "the type '{}'", t);
     }
     return alt(std::move(k));
   }
@@ -423,8 +439,10 @@ class ToolCompiler {
     auto it = s.find("items");
     Expr item = element("item", it != s.end() ? xml_value(*it, path + "/items", depth + 1) : text());
     int lo = 0, hi = -1;
-    if (auto m = s.find("minItems"); m != s.end() && m->is_number_integer()) lo = std::min(int(m->get<int64_t>()), kMaxCounted);
-    if (auto m = s.find("maxItems"); m != s.end() && m->is_number_integer()) hi = std::min(int(m->get<int64_t>()), kMaxCounted);
+    if (auto m = s.find("minItems"); m != s.end() && m->is_number_integer())
+      lo = std::min(int(m->get<int64_t>()), kMaxCounted);
+    if (auto m = s.find("maxItems"); m != s.end() && m->is_number_integer())
+      hi = std::min(int(m->get<int64_t>()), kMaxCounted);
     if (hi >= 0 && hi < lo) hi = lo;
     return rep(item, lo, hi);
   }
@@ -437,7 +455,8 @@ class ToolCompiler {
       const Expr not_bracket = alt({cls("\x01\x5c\x5e\x7f"), utf8_multi()});
       const Expr after_bracket = alt({cls("\x01\x3b\x3d\x5c\x5e\x7f"), utf8_multi()});
       // text := (not_bracket | ']'+ after_bracket)* ']'*
-      c_.grammar().define(text_, seq({star(alt({not_bracket, seq({plus(byte(']')), after_bracket})})), star(byte(']'))}));
+      c_.grammar().define(text_,
+                          seq({star(alt({not_bracket, seq({plus(byte(']')), after_bracket})})), star(byte(']'))}));
     }
     return ref(text_);
   }
@@ -489,8 +508,8 @@ Grammar m3_tool_call_grammar(const std::vector<ToolSchema>& tools, bool parallel
     Expr params = t.parameters.is_object() && t.parameters.contains("properties")
                       ? tc.xml_object(t.parameters, "/" + t.name, 0)
                       : empty();
-    invokes.push_back(seq({lit(kNs), lit("<invoke name=\"" + t.name + "\">"), std::move(params), lit(kNs),
-                           lit("</invoke>")}));
+    invokes.push_back(
+        seq({lit(kNs), lit("<invoke name=\"" + t.name + "\">"), std::move(params), lit(kNs), lit("</invoke>")}));
   }
   const int32_t invoke = g.add_rule("invoke");
   g.define(invoke, alt(std::move(invokes)));

@@ -7,10 +7,9 @@
 // most 17 integer / 16 fraction / 2 exponent digits, strings as valid JSON strings of UTF-8 text.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "grammar/grammar.h"

@@ -125,9 +125,9 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
   int choice = 0;
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     const int max_tokens = resolve_max_tokens(r, int64_t(prompts[pi].ids.size()), cfg_.limits.max_model_len);
-    // The constraint covers the answer (docs/SERVING_FORMAT.md §3.2, docs/SERVER.md): after </mm:think> when the prompt opened
-    // reasoning; from the start when it closed it; otherwise (M3's adaptive mode) the model may first open or close
-    // reasoning with the marker tokens.
+    // The constraint covers the answer (docs/SERVING_FORMAT.md §3.2, docs/SERVER.md): after </mm:think> when the
+    // prompt opened reasoning; from the start when it closed it; otherwise (M3's adaptive mode) the model may first
+    // open or close reasoning with the marker tokens.
     std::shared_ptr<grammar::ConstraintSpec> spec;
     if (cg) {
       spec = std::make_shared<grammar::ConstraintSpec>();

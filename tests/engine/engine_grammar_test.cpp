@@ -19,8 +19,9 @@ using json = nlohmann::ordered_json;
 std::shared_ptr<const grammar::TokenVocab> tiny_vocab(int size) {
   std::vector<std::string> b{"<eos>"};
   for (char ch : std::string("{}[]\":, \n0123456789-.+eEabcdefghijklmnopqrstuvwxyz")) b.push_back(std::string(1, ch));
-  for (const char* f : {"true", "false", "null", "{\"", "\":", "\", \"", "\"}", "\\n", "\\u00e9", "\xc3\xa9", "bb\"",
-                        "\"a\"", ", ", "  ", "12", "\"id\": ", "\"ok\"", "kind", "tags", "[\"", "\"]"})
+  for (const char* f :
+       {"true",  "false", "null", "{\"", "\":",      "\", \"", "\"}",  "\\n",  "\\u00e9", "\xc3\xa9", "bb\"",
+        "\"a\"", ", ",    "  ",   "12",  "\"id\": ", "\"ok\"", "kind", "tags", "[\"",     "\"]"})
     b.push_back(f);
   while (int(b.size()) < size) b.push_back("zz");
   std::vector<uint8_t> usable(b.size(), 1);

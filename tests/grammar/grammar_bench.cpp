@@ -14,7 +14,9 @@
 using namespace m3;
 using Clock = std::chrono::steady_clock;
 
-static double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+static double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -88,11 +90,12 @@ int main(int argc, char** argv) {
     std::sort(sorted.begin(), sorted.end());
     double sum = 0;
     for (double x : step_ms) sum += x;
-    std::printf("%s: %d rows x %d steps: mask/step mean %.3f ms, p50 %.3f, p90 %.3f, p99 %.3f, max %.3f ms; "
-                "%llu trie walks, %zu states, %d documents\n",
-                pass == 0 ? "cold" : "warm", rows, steps, sum / steps, sorted[sorted.size() / 2],
-                sorted[sorted.size() * 9 / 10], sorted[sorted.size() * 99 / 100], sorted.back(),
-                (unsigned long long)(g->mask_walks() - walks0), g->num_states(), docs);
+    std::printf(
+        "%s: %d rows x %d steps: mask/step mean %.3f ms, p50 %.3f, p90 %.3f, p99 %.3f, max %.3f ms; "
+        "%llu trie walks, %zu states, %d documents\n",
+        pass == 0 ? "cold" : "warm", rows, steps, sum / steps, sorted[sorted.size() / 2],
+        sorted[sorted.size() * 9 / 10], sorted[sorted.size() * 99 / 100], sorted.back(),
+        (unsigned long long)(g->mask_walks() - walks0), g->num_states(), docs);
   }
   // One walk of the most permissive state (inside a string).
   {

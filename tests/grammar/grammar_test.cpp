@@ -21,11 +21,55 @@ struct TestVocab {
 TestVocab make_vocab() {
   std::vector<std::string> b(256);
   for (int i = 1; i < 256; ++i) b[size_t(i)] = std::string(1, char(i));
-  for (const char* f : {"{\"", "\":", "\": ", "\", \"", "\"}", "\"]", "true", "false", "null", "12", "3.5", "\n  ",
-                        " \"", "},", "}", "]}", "[{", "\\u00", "\\n", "e+", "\xc3\xa9", "\xe4\xb8\xad", "\xe4\xb8",
-                        "\xad\"", "\xf0\x9f\x98\x80", "name", "age", "\"name\"", "\": \"", "\"a\": ", ", ", "0,",
-                        "-1", "]<]minimax[>[", "<tool_call>", "<invoke name=\"", "get_weather", "\">", "</invoke>",
-                        "</tool_call>", "<city>", "</city>", "<days>", "</days>", "]<", "Paris", "\n", "</mm:", "think>",
+  for (const char* f : {"{\"",
+                        "\":",
+                        "\": ",
+                        "\", \"",
+                        "\"}",
+                        "\"]",
+                        "true",
+                        "false",
+                        "null",
+                        "12",
+                        "3.5",
+                        "\n  ",
+                        " \"",
+                        "},",
+                        "}",
+                        "]}",
+                        "[{",
+                        "\\u00",
+                        "\\n",
+                        "e+",
+                        "\xc3\xa9",
+                        "\xe4\xb8\xad",
+                        "\xe4\xb8",
+                        "\xad\"",
+                        "\xf0\x9f\x98\x80",
+                        "name",
+                        "age",
+                        "\"name\"",
+                        "\": \"",
+                        "\"a\": ",
+                        ", ",
+                        "0,",
+                        "-1",
+                        "]<]minimax[>[",
+                        "<tool_call>",
+                        "<invoke name=\"",
+                        "get_weather",
+                        "\">",
+                        "</invoke>",
+                        "</tool_call>",
+                        "<city>",
+                        "</city>",
+                        "<days>",
+                        "</days>",
+                        "]<",
+                        "Paris",
+                        "\n",
+                        "</mm:",
+                        "think>",
                         "x</mm:think>{"})
     b.push_back(f);
   std::vector<uint8_t> usable(b.size(), 1);
@@ -75,25 +119,26 @@ TEST(JsonSchemaGrammar, AcceptsValidDocumentsInSchemaOrder) {
   auto g = compile(kPerson);
   EXPECT_TRUE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["a"]})"));
   EXPECT_TRUE(complete(g, R"({"name":"A\"n\\n\u00e9 \u4e2d","age":0,"tags":["b",3,"a"],"email":null})"));
-  EXPECT_TRUE(complete(g, "{\n  \"name\": \"\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80\",\n  \"age\": 12,\n  \"tags\": [3],"
-                          "\n  \"home\": {\"city\": \"Paris\", \"zip\": -1.5e+10}\n}\n"));
+  EXPECT_TRUE(complete(g,
+                       "{\n  \"name\": \"\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80\",\n  \"age\": 12,\n  \"tags\": [3],"
+                       "\n  \"home\": {\"city\": \"Paris\", \"zip\": -1.5e+10}\n}\n"));
 }
 
 TEST(JsonSchemaGrammar, RejectsInvalidDocuments) {
   auto g = compile(kPerson);
-  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3})"));                         // required tags missing
-  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": -3, "tags": ["a"]})"));         // minimum 0
-  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3.5, "tags": ["a"]})"));        // integer
-  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": []})"));             // minItems
+  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3})"));                             // required tags missing
+  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": -3, "tags": ["a"]})"));             // minimum 0
+  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3.5, "tags": ["a"]})"));            // integer
+  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": []})"));                 // minItems
   EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["a","a","a","a"]})"));  // maxItems
-  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["c"]})"));          // enum
-  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["a"], "x": 1})"));  // additionalProperties
-  EXPECT_FALSE(complete(g, R"({"name": "A\q", "age": 3, "tags": ["a"]})"));          // bad escape
-  EXPECT_FALSE(complete(g, "{\"name\": \"a\nb\", \"age\": 3, \"tags\": [\"a\"]}"));  // raw control character
-  EXPECT_FALSE(complete(g, "{\"name\": \"\xc3\", \"age\": 3, \"tags\": [\"a\"]}"));    // broken UTF-8
-  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 01, "tags": ["a"]})"));         // leading zero
+  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["c"]})"));              // enum
+  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["a"], "x": 1})"));      // additionalProperties
+  EXPECT_FALSE(complete(g, R"({"name": "A\q", "age": 3, "tags": ["a"]})"));              // bad escape
+  EXPECT_FALSE(complete(g, "{\"name\": \"a\nb\", \"age\": 3, \"tags\": [\"a\"]}"));      // raw control character
+  EXPECT_FALSE(complete(g, "{\"name\": \"\xc3\", \"age\": 3, \"tags\": [\"a\"]}"));      // broken UTF-8
+  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 01, "tags": ["a"]})"));             // leading zero
   EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["a"], "home": {"city": "Rome"}})"));  // const
-  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["a"])"));           // unfinished
+  EXPECT_FALSE(complete(g, R"({"name": "Ann", "age": 3, "tags": ["a"])"));                             // unfinished
   EXPECT_FALSE(complete(g, std::string(R"({"name": "Ann", "age": 3, "tags": ["a"]})") + std::string(40, ' ')));
 }
 
@@ -166,9 +211,9 @@ TEST(JsonSchemaGrammar, RefusesUnsupportedKeywordsNamingThem) {
       EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
     }
   }
-  EXPECT_THROW(std::make_shared<CompiledGrammar>(json_schema_grammar(json::parse(
-                                                     R"({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}})")),
-                                                 vocab().vocab),
+  EXPECT_THROW(std::make_shared<CompiledGrammar>(
+                   json_schema_grammar(json::parse(R"({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}})")),
+                   vocab().vocab),
                m3::Error);  // left recursion
 }
 
@@ -243,9 +288,14 @@ TEST(TokenMask, RandomWalksProduceSchemaValidJson) {
         const size_t at = rng() % (t.size() + 1);
         const char b = kBytes[rng() % kBytes.size()];
         switch (rng() % 3) {
-          case 0: if (at < t.size()) t[at] = b; break;
-          case 1: if (at < t.size()) t.erase(at, 1); break;
-          default: t.insert(at, 1, b);
+          case 0:
+            if (at < t.size()) t[at] = b;
+            break;
+          case 1:
+            if (at < t.size()) t.erase(at, 1);
+            break;
+          default:
+            t.insert(at, 1, b);
         }
         if (!complete(g, t)) continue;
         const json mdoc = json::parse(t, nullptr, false);
@@ -285,16 +335,16 @@ TEST(ToolCallGrammar, AcceptsM3InvokesWithTypedParameters) {
   const std::string weather = ns + "<invoke name=\"get_weather\">" + ns + "<city>Paris [x] a]b" + ns + "</city>" + ns +
                               "<days>3" + ns + "</days>";
   EXPECT_TRUE(complete(g, call(weather + ns + "</invoke>")));
-  EXPECT_TRUE(complete(g, call(weather + ns + "<units>f" + ns + "</units>" + ns + "<opts>" + ns + "<x>true" + ns +
-                               "</x>" + ns + "</opts>" + ns + "<list>" + ns + "<item>1.5" + ns + "</item>" + ns +
-                               "<item>2" + ns + "</item>" + ns + "</list>" + ns + "</invoke>\n" + ns +
-                               "<invoke name=\"now\">" + ns + "</invoke>")));
-  EXPECT_FALSE(complete(g, call(ns + "<invoke name=\"other\">" + ns + "</invoke>")));      // unknown tool
+  EXPECT_TRUE(
+      complete(g, call(weather + ns + "<units>f" + ns + "</units>" + ns + "<opts>" + ns + "<x>true" + ns + "</x>" + ns +
+                       "</opts>" + ns + "<list>" + ns + "<item>1.5" + ns + "</item>" + ns + "<item>2" + ns + "</item>" +
+                       ns + "</list>" + ns + "</invoke>\n" + ns + "<invoke name=\"now\">" + ns + "</invoke>")));
+  EXPECT_FALSE(complete(g, call(ns + "<invoke name=\"other\">" + ns + "</invoke>")));  // unknown tool
   EXPECT_FALSE(complete(g, call(ns + "<invoke name=\"get_weather\">" + ns + "<city>P" + ns + "</city>" + ns +
-                                "</invoke>")));                                          // days required
+                                "</invoke>")));  // days required
   EXPECT_FALSE(complete(g, call(ns + "<invoke name=\"get_weather\">" + ns + "<city>P" + ns + "</city>" + ns +
                                 "<days>three" + ns + "</days>" + ns + "</invoke>")));  // integer
-  EXPECT_FALSE(complete(g, "Sure! " + call(weather + ns + "</invoke>")));                 // text first
+  EXPECT_FALSE(complete(g, "Sure! " + call(weather + ns + "</invoke>")));              // text first
   auto single = std::make_shared<CompiledGrammar>(m3_tool_call_grammar({{"now", json()}}, false), vocab().vocab);
   const std::string now = ns + "<invoke name=\"now\">" + ns + "</invoke>";
   EXPECT_TRUE(complete(single, call(now)));

@@ -13,7 +13,8 @@ inline size_t utf8_chars(const std::string& s) {
   return n;
 }
 
-inline bool schema_valid(const nlohmann::ordered_json& v, const nlohmann::ordered_json& s, const nlohmann::ordered_json& root) {
+inline bool schema_valid(const nlohmann::ordered_json& v, const nlohmann::ordered_json& s,
+                         const nlohmann::ordered_json& root) {
   using json = nlohmann::ordered_json;
   if (s.is_boolean()) return s.get<bool>();
   if (auto r = s.find("$ref"); r != s.end()) {
@@ -38,8 +39,10 @@ inline bool schema_valid(const nlohmann::ordered_json& v, const nlohmann::ordere
   }
   if (auto t = s.find("type"); t != s.end()) {
     std::vector<std::string> ts;
-    if (t->is_string()) ts.push_back(*t);
-    else for (const json& x : *t) ts.push_back(x);
+    if (t->is_string())
+      ts.push_back(*t);
+    else
+      for (const json& x : *t) ts.push_back(x);
     bool ok = false;
     for (const std::string& x : ts) {
       if (x == "object") ok = ok || v.is_object();

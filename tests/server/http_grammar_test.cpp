@@ -141,13 +141,14 @@ const J kSchema = J::parse(R"({"type": "object", "properties": {
 
 TEST_F(HttpGrammarTest, JsonSchemaResponseFormatReturnsSchemaValidContent) {
   for (int seed = 0; seed < 6; ++seed) {
-    auto [status, body] = post(server_->port(), {{"model", "m3-test"},
-                                                 {"messages", {{{"role", "user"}, {"content", "weather?"}}}},
-                                                 {"max_tokens", 3000},
-                                                 {"seed", seed},
-                                                 {"response_format",
-                                                  {{"type", "json_schema"},
-                                                   {"json_schema", {{"name", "w"}, {"strict", true}, {"schema", kSchema}}}}}});
+    auto [status, body] =
+        post(server_->port(),
+             {{"model", "m3-test"},
+              {"messages", {{{"role", "user"}, {"content", "weather?"}}}},
+              {"max_tokens", 3000},
+              {"seed", seed},
+              {"response_format",
+               {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"strict", true}, {"schema", kSchema}}}}}});
     ASSERT_EQ(status, 200) << body.dump();
     ASSERT_EQ(body["choices"][0]["finish_reason"], "stop") << body.dump();
     const std::string content = body["choices"][0]["message"]["content"];
@@ -156,12 +157,12 @@ TEST_F(HttpGrammarTest, JsonSchemaResponseFormatReturnsSchemaValidContent) {
     EXPECT_TRUE(m3::test::schema_valid(doc, kSchema, kSchema)) << content;
   }
   // A refused schema feature is a 400 naming it.
-  auto [status, body] = post(server_->port(), {{"model", "m3-test"},
-                                               {"messages", {{{"role", "user"}, {"content", "x"}}}},
-                                               {"response_format",
-                                                {{"type", "json_schema"},
-                                                 {"json_schema", {{"name", "w"}, {"schema", {{"type", "string"},
-                                                                                            {"pattern", "^a+$"}}}}}}}});
+  auto [status, body] = post(
+      server_->port(), {{"model", "m3-test"},
+                        {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                        {"response_format",
+                         {{"type", "json_schema"},
+                          {"json_schema", {{"name", "w"}, {"schema", {{"type", "string"}, {"pattern", "^a+$"}}}}}}}});
   EXPECT_EQ(status, 400);
   EXPECT_NE(body.dump().find("pattern"), std::string::npos) << body.dump();
 }
@@ -169,9 +170,13 @@ TEST_F(HttpGrammarTest, JsonSchemaResponseFormatReturnsSchemaValidContent) {
 TEST_F(HttpGrammarTest, ToolChoiceRequiredAndNamedReturnToolCallsWithValidArguments) {
   const J params = J::parse(R"({"type": "object", "properties": {"days": {"type": "integer", "minimum": 0},
       "unit": {"enum": ["c", "f"]}, "hourly": {"type": "boolean"}}, "required": ["days", "unit"]})");
-  const J tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", params}}}},
-                   {{"type", "function"},
-                    {"function", {{"name", "get_time"}, {"parameters", {{"type", "object"}, {"properties", {{"utc", {{"type", "boolean"}}}}}, {"required", {"utc"}}}}}}}};
+  const J tools = {
+      {{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", params}}}},
+      {{"type", "function"},
+       {"function",
+        {{"name", "get_time"},
+         {"parameters",
+          {{"type", "object"}, {"properties", {{"utc", {{"type", "boolean"}}}}}, {"required", {"utc"}}}}}}}};
   const J choices[] = {"required", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}};
   for (const J& choice : choices) {
     for (int seed = 0; seed < 4; ++seed) {
