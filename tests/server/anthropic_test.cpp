@@ -114,6 +114,31 @@ TEST(AnthropicRequest, TranslatesToTheSameChatMessagesAsTheEquivalentOpenAIReque
   EXPECT_TRUE(from_a.stream);
 }
 
+// tool_choice any / tool become OpenAI's required / named function: the same constrained-decoding grammar.
+TEST(AnthropicRequest, ToolChoiceAnyAndToolAreForcedToolCalls) {
+  ApiLimits lim;
+  lim.model_name = "m3-test";
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  auto parsed = [&](const std::string& choice) {
+    const std::string body = std::string(R"({"max_tokens":5,"tools":)") + kTools + R"(,"tool_choice":)" + choice + "," +
+                             msgs + "}";
+    return parse_chat_request(translate_anthropic_request(body, lim, false).openai_body.dump(), lim);
+  };
+  const ParsedRequest any = parsed(R"({"type":"any"})");
+  const ParsedRequest tool = parsed(R"({"type":"tool","name":"get_weather","disable_parallel_tool_use":true})");
+  ASSERT_NE(any.grammar, nullptr);
+  ASSERT_NE(tool.grammar, nullptr);
+  EXPECT_NE(any.grammar_key, tool.grammar_key);  // parallel calls allowed vs one named call
+  EXPECT_FALSE(tool.parallel_tool_calls);
+  EXPECT_EQ(parsed(R"({"type":"auto"})").grammar, nullptr);
+  try {
+    parsed(R"({"type":"tool","name":"nope"})");
+    ADD_FAILURE() << "an unknown tool name was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+  }
+}
+
 TEST(AnthropicRequest, MalformedBodiesAre400sNeverCrashes) {
   ApiLimits lim;
   lim.model_name = "m3-test";
