@@ -368,7 +368,7 @@ class ToolCompiler {
         } catch (const std::exception&) {
         }
       }
-      if (!target) Compiler::refuse(path, "the '$ref' {}", r->dump());
+      if (!target) return text();  // a reference outside the tool's schema: any text
       return xml_value(*target, path, depth + 1);
     }
     if (auto e = s.find("enum"); e != s.end() && e->is_array() && !e->empty()) {
@@ -403,15 +403,19 @@ class ToolCompiler {
       if (t == "string")
         k.push_back(text());
       else if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
-        json one = s;  // the scalar's own keywords (minimum, ...) apply; the type is this one
-        one["type"] = t;
+        // Tool schemas come from agent frameworks with keywords the compiler cannot express (format, maximum,
+        // ...): the type is enforced, minimum 0 (1 for integers) too, the rest is not (docs/SERVER.md).
+        json one = {{"type", t}};
+        if (auto m = s.find("minimum"); m != s.end() && m->is_number() &&
+                                        (m->get<double>() == 0 || (t == "integer" && m->get<double>() == 1)))
+          one["minimum"] = *m;
         k.push_back(c_.value(one, path, depth));
       } else if (t == "object")
         k.push_back(xml_object(s, path, depth));
       else if (t == "array")
         k.push_back(xml_array(s, path, depth));
       else
-        Compiler::refuse(path, "the type '{}'", t);
+        k.push_back(text());  // an unknown type: the parser keeps the text
     }
     return alt(std::move(k));
   }

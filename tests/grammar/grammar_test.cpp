@@ -345,6 +345,15 @@ TEST(ToolCallGrammar, AcceptsM3InvokesWithTypedParameters) {
   EXPECT_FALSE(complete(g, call(ns + "<invoke name=\"get_weather\">" + ns + "<city>P" + ns + "</city>" + ns +
                                 "<days>three" + ns + "</days>" + ns + "</invoke>")));  // integer
   EXPECT_FALSE(complete(g, "Sure! " + call(weather + ns + "</invoke>")));              // text first
+  // Keywords a tool's schema may carry that the compiler cannot express do not refuse the request: the type holds.
+  const json loose = json::parse(R"({"type": "object", "properties": {"n": {"type": "integer", "maximum": 9,
+      "format": "int32"}, "u": {"type": "string", "format": "uri", "pattern": "^h"}}, "required": ["n", "u"]})");
+  auto lg = std::make_shared<CompiledGrammar>(m3_tool_call_grammar({{"f", loose}}, false), vocab().vocab);
+  const std::string head = ns + "<tool_call>\n" + ns + "<invoke name=\"f\">" + ns + "<n>";
+  EXPECT_TRUE(complete(lg, head + "12" + ns + "</n>" + ns + "<u>x" + ns + "</u>" + ns + "</invoke>\n" + ns +
+                               "</tool_call>"));
+  EXPECT_FALSE(complete(lg, head + "1.5" + ns + "</n>" + ns + "<u>x" + ns + "</u>" + ns + "</invoke>\n" + ns +
+                                "</tool_call>"));
   auto single = std::make_shared<CompiledGrammar>(m3_tool_call_grammar({{"now", json()}}, false), vocab().vocab);
   const std::string now = ns + "<invoke name=\"now\">" + ns + "</invoke>";
   EXPECT_TRUE(complete(single, call(now)));
