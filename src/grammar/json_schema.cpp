@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace m3::grammar {
@@ -28,7 +30,8 @@ const std::set<std::string> kHandled = {"type",    "properties", "required",  "a
                                         "items",   "minItems",   "maxItems",  "enum",
                                         "const",   "anyOf",      "oneOf",     "allOf",
                                         "$ref",    "minLength",  "maxLength", "nullable",
-                                        "minimum", "uniqueItems"};
+                                        "minimum", "uniqueItems", "maximum",   "exclusiveMinimum",
+                                        "exclusiveMaximum"};
 
 std::string json_literal(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -233,7 +236,61 @@ class Compiler {
     return alt(std::move(k));
   }
 
+  // Integers in [lo, hi] (digits only, no sign): one alternative per digit count, each a same-length range.
+  static Expr same_length_range(const std::string& a, const std::string& b) {
+    if (a.empty()) return empty();
+    if (a.find_first_not_of('0') == std::string::npos && b.find_first_not_of('9') == std::string::npos)
+      return rep(range('0', '9'), int(a.size()), int(a.size()));  // every digit string (keeps this linear)
+    const std::string ra = a.substr(1), rb = b.substr(1);
+    if (a[0] == b[0]) return seq({byte(uint8_t(a[0])), same_length_range(ra, rb)});
+    std::vector<Expr> k;
+    k.push_back(seq({byte(uint8_t(a[0])), same_length_range(ra, std::string(ra.size(), '9'))}));
+    if (a[0] + 1 <= b[0] - 1)
+      k.push_back(seq({range(uint8_t(a[0] + 1), uint8_t(b[0] - 1)), rep(range('0', '9'), int(ra.size()), int(ra.size()))}));
+    k.push_back(seq({byte(uint8_t(b[0])), same_length_range(std::string(rb.size(), '0'), rb)}));
+    return alt(std::move(k));
+  }
+  // 0 ≤ lo ≤ hi: lo's length up to its 9s, every length strictly between in one counted repetition, then hi's
+  // length from its 10…0 — few alternatives, so the matcher stays nearly deterministic.
+  static Expr nonneg_range(int64_t lo, int64_t hi) {
+    const std::string a = std::to_string(lo), b = std::to_string(hi);
+    if (a.size() == b.size()) return same_length_range(a, b);
+    std::vector<Expr> k;
+    k.push_back(same_length_range(a, std::string(a.size(), '9')));
+    if (b.size() >= a.size() + 2)
+      k.push_back(seq({range('1', '9'), rep(range('0', '9'), int(a.size()), int(b.size()) - 2)}));
+    k.push_back(same_length_range("1" + std::string(b.size() - 1, '0'), b));
+    return alt(std::move(k));
+  }
+  static Expr int_range(int64_t lo, int64_t hi) {
+    std::vector<Expr> k;
+    if (lo < 0) k.push_back(seq({byte('-'), nonneg_range(std::max<int64_t>(1, hi < 0 ? -hi : 1), -lo)}));
+    if (hi >= 0) k.push_back(nonneg_range(std::max<int64_t>(0, lo), hi));
+    return alt(std::move(k));
+  }
+
   Expr numeric(const json& s, const std::string& path, bool is_int) {
+    const bool bounded = s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum") ||
+                         (s.contains("minimum") && is_int);
+    if (bounded) {
+      if (!is_int) refuse(path, "'maximum' / 'exclusiveMinimum' / 'exclusiveMaximum' on numbers (integers only)");
+      // The largest magnitude the integer grammar writes: 17 digits.
+      constexpr int64_t kBig = 99999999999999999;
+      auto clamp = [](double v) { return v >= 1e17 ? kBig : v <= -1e17 ? -kBig : int64_t(v); };
+      int64_t lo = -kBig, hi = kBig;
+      auto bound = [&](const char* key) -> std::optional<double> {
+        auto it = s.find(key);
+        if (it == s.end()) return std::nullopt;
+        if (!it->is_number()) refuse(path, "a '{}' that is not a number", key);
+        return it->get<double>();
+      };
+      if (auto v = bound("minimum")) lo = std::max(lo, clamp(std::ceil(*v)));
+      if (auto v = bound("exclusiveMinimum")) lo = std::max(lo, clamp(std::floor(*v) + 1));
+      if (auto v = bound("maximum")) hi = std::min(hi, clamp(std::floor(*v)));
+      if (auto v = bound("exclusiveMaximum")) hi = std::min(hi, clamp(std::ceil(*v) - 1));
+      if (lo > hi) refuse(path, "an integer range with no integer in it (empty range)");
+      return int_range(lo, hi);
+    }
     bool nonneg = false, positive = false;
     if (auto m = s.find("minimum"); m != s.end()) {
       if (!m->is_number()) refuse(path, "a 'minimum' that is not a number");
@@ -403,12 +460,14 @@ class ToolCompiler {
       if (t == "string")
         k.push_back(text());
       else if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
-        // Tool schemas come from agent frameworks with keywords the compiler cannot express (format, maximum,
-        // ...): the type is enforced, minimum 0 (1 for integers) too, the rest is not (docs/SERVER.md).
+        // Tool schemas come from agent frameworks with keywords the compiler cannot express (format, pattern,
+        // bounds on numbers, ...): the type is enforced, integer bounds and a number's minimum 0 too, the rest is
+        // not (docs/SERVER.md).
         json one = {{"type", t}};
-        if (auto m = s.find("minimum"); m != s.end() && m->is_number() &&
-                                        (m->get<double>() == 0 || (t == "integer" && m->get<double>() == 1)))
-          one["minimum"] = *m;
+        for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+          if (auto m = s.find(key); m != s.end() && m->is_number() &&
+                                    (t == "integer" || (std::string(key) == "minimum" && m->get<double>() == 0)))
+            one[key] = *m;
         k.push_back(c_.value(one, path, depth));
       } else if (t == "object")
         k.push_back(xml_object(s, path, depth));

@@ -174,6 +174,27 @@ TEST(JsonSchemaGrammar, ManyOptionalPropertiesStayLinear) {
   EXPECT_FALSE(complete(g, R"({"p250": 2, "p3": 1})"));
 }
 
+TEST(JsonSchemaGrammar, IntegerRangesAreExact) {
+  const std::pair<const char*, std::pair<int, int>> cases[] = {
+      {R"({"type": "integer", "minimum": -30, "maximum": 250})", {-30, 250}},
+      {R"({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10})", {1, 9}},
+      {R"({"type": "integer", "minimum": 5})", {5, 1 << 30}},
+      {R"({"type": "integer", "maximum": -3})", {-(1 << 30), -3}},
+      {R"({"type": "integer", "minimum": 1.5, "maximum": 99.5})", {2, 99}},
+      {R"({"type": "integer", "minimum": 100, "maximum": 100})", {100, 100}},
+  };
+  for (auto [schema, r] : cases) {
+    auto g = compile(json::parse(schema));
+    for (int v = -1200; v <= 1200; ++v)
+      EXPECT_EQ(complete(g, std::to_string(v)), v >= r.first && v <= r.second) << schema << " " << v;
+    EXPECT_FALSE(complete(g, "-0"));
+    EXPECT_FALSE(complete(g, "007"));
+  }
+  auto big = compile(json::parse(R"({"type": "integer", "minimum": 10})"));
+  EXPECT_TRUE(complete(big, "99999999999999999"));  // 17 digits, the most the grammar writes
+  EXPECT_FALSE(complete(big, "100000000000000000"));
+}
+
 TEST(JsonSchemaGrammar, StringLengthsAndFreeObjects) {
   auto s = compile(json::parse(R"({"type": "string", "minLength": 2, "maxLength": 3})"));
   EXPECT_FALSE(complete(s, R"("a")"));
@@ -195,7 +216,8 @@ TEST(JsonSchemaGrammar, RefusesUnsupportedKeywordsNamingThem) {
       {R"({"type": "string", "format": "date-time"})", "format"},
       {R"({"allOf": [{"type": "string"}, {"maxLength": 2}]})", "allOf"},
       {R"({"type": "array", "uniqueItems": true})", "uniqueItems"},
-      {R"({"type": "integer", "minimum": 5})", "minimum"},
+      {R"({"type": "number", "minimum": 5})", "minimum"},
+      {R"({"type": "integer", "minimum": 5, "maximum": 4})", "range"},
       {R"({"type": "number", "maximum": 5})", "maximum"},
       {R"({"$ref": "https://example.com/s.json"})", "$ref"},
       {R"({"$ref": "#/$defs/missing"})", "$ref"},
@@ -350,8 +372,10 @@ TEST(ToolCallGrammar, AcceptsM3InvokesWithTypedParameters) {
       "format": "int32"}, "u": {"type": "string", "format": "uri", "pattern": "^h"}}, "required": ["n", "u"]})");
   auto lg = std::make_shared<CompiledGrammar>(m3_tool_call_grammar({{"f", loose}}, false), vocab().vocab);
   const std::string head = ns + "<tool_call>\n" + ns + "<invoke name=\"f\">" + ns + "<n>";
-  EXPECT_TRUE(complete(lg, head + "12" + ns + "</n>" + ns + "<u>x" + ns + "</u>" + ns + "</invoke>\n" + ns +
+  EXPECT_TRUE(complete(lg, head + "7" + ns + "</n>" + ns + "<u>x" + ns + "</u>" + ns + "</invoke>\n" + ns +
                                "</tool_call>"));
+  EXPECT_FALSE(complete(lg, head + "12" + ns + "</n>" + ns + "<u>x" + ns + "</u>" + ns + "</invoke>\n" + ns +
+                                "</tool_call>"));  // integer bounds hold
   EXPECT_FALSE(complete(lg, head + "1.5" + ns + "</n>" + ns + "<u>x" + ns + "</u>" + ns + "</invoke>\n" + ns +
                                 "</tool_call>"));
   auto single = std::make_shared<CompiledGrammar>(m3_tool_call_grammar({{"now", json()}}, false), vocab().vocab);

@@ -56,6 +56,11 @@ inline bool schema_valid(const nlohmann::ordered_json& v, const nlohmann::ordere
     if (!ok) return false;
   }
   if (v.is_number() && s.contains("minimum") && v.get<double>() < s["minimum"].get<double>()) return false;
+  if (v.is_number() && s.contains("maximum") && v.get<double>() > s["maximum"].get<double>()) return false;
+  if (v.is_number() && s.contains("exclusiveMinimum") && v.get<double>() <= s["exclusiveMinimum"].get<double>())
+    return false;
+  if (v.is_number() && s.contains("exclusiveMaximum") && v.get<double>() >= s["exclusiveMaximum"].get<double>())
+    return false;
   if (v.is_string()) {
     const size_t n = utf8_chars(v.get<std::string>());
     if (s.contains("minLength") && n < s["minLength"].get<size_t>()) return false;
