@@ -57,6 +57,9 @@ struct GatewayOptions {
   int64_t cache_bytes = 1LL << 30;
   int max_images = 16, max_videos = 2;
   int64_t max_media_tokens = 32768;
+  // Pixels the model sees per request, over all items after resizing (an image's h·w, a video's h·w per frame ×
+  // frames); 0 = no limit beyond max_media_tokens.
+  int64_t max_pixels = 0;
   SourcePolicy source;
   DecodeLimits decode;
   VideoLimits video;
