@@ -106,7 +106,7 @@ def find_vision_parts(model):
             parts["patch_embed"] = (name, mod)
         if re.search(r"pre_lay[e]?rnorm$", name):
             parts["pre_ln"] = (name, mod)
-        m = re.search(r"vision.*encoder\.layers\.(\d+)$", name)
+        m = re.search(r"vision.*layers\.(\d+)$", name)
         if m:
             parts[f"layer.{m.group(1)}"] = (name, mod)
         if re.search(r"multi_modal_projector\.linear_2$", name):
