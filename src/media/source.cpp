@@ -49,7 +49,7 @@ std::vector<uint8_t> load_media_bytes(const std::string& url, const SourcePolicy
   }
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
     if (!p.allow_remote)
-      media_fail("remote media URLs are disabled on this server (start it with --enable-remote-media); send a "
+      media_fail("remote media URLs are disabled on this server (`serve --no-remote-media`); send a "
                  "data: URL");
     FetchPolicy f = p.fetch;
     f.max_bytes = p.max_bytes;

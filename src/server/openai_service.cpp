@@ -41,13 +41,28 @@ std::string OpenAIService::render_chat(const ParsedRequest& r, bool allow_media)
                    "in the model directory); use /v1/completions or start the server with --chat-template FILE",
                    "messages", "no_chat_template");
   ChatPrompt p = render_chat_prompt(*cfg_.chat_template, *cfg_.content_format, r);
-  if (!p.media.empty() && !allow_media)
+  if (p.media.empty() || allow_media) return std::move(p.text);
+  if (cfg_.prepare_media) {
+    std::string expanded;
+    try {
+      expanded = cfg_.prepare_media(r.messages, std::move(p.text));
+    } catch (const ApiError&) {
+      throw;
+    } catch (const m3::Error& e) {
+      throw ApiError(400, fmt::format("Invalid media input: {}", e.what()), "messages", "invalid_media");
+    }
+    if (cfg_.serve_media) return expanded;
     throw ApiError(400,
-                   fmt::format("Image and video input is not supported by this server yet (text only); the "
-                               "messages have {} image/video part(s)",
+                   fmt::format("Image and video input is not supported by this model backend yet (the {} "
+                               "image/video part(s) are valid, but the vision tower does not run here)",
                                p.media.size()),
                    "messages", "unsupported_parameter");
-  return std::move(p.text);
+  }
+  throw ApiError(400,
+                 fmt::format("Image and video input is not supported by this server yet (text only); the "
+                             "messages have {} image/video part(s)",
+                             p.media.size()),
+                 "messages", "unsupported_parameter");
 }
 
 PreparedJob OpenAIService::prepare(ApiKind kind, std::string_view body) const {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -34,6 +35,15 @@ struct ServiceConfig {
   // Rendered chat prompts go through Tokenizer::encode_cached (resumes at the longest shared prefix of an
   // earlier prompt, id-exact); false: plain encode (`serve --no-tokenizer-prefix-cache`).
   bool tokenizer_prefix_cache = true;
+  // The media gateway (src/media, issue 12): given the validated messages and the rendered prompt (one bare
+  // anchor per image / video), fetches, decodes and preprocesses every item and returns the expanded prompt; an
+  // m3::Error it throws is the client's fault (bad, oversized, forbidden or unreachable media) and becomes a 400
+  // "invalid_media" carrying its message. Empty: chat requests with media get a 400 (not served). Set by
+  // `m3serve serve` where the media libraries are built.
+  std::function<std::string(const OJson& messages, std::string prompt)> prepare_media;
+  // True once a backend runs the vision tower; until then media that prepare cleanly still get a 400
+  // "unsupported_parameter" (after validation, so a broken file is reported as such).
+  bool serve_media = false;
 };
 
 struct PreparedJob {

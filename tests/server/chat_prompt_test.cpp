@@ -103,6 +103,50 @@ TEST(ChatPromptMedia, GenerationRequestsWithMediaAreRefusedAsUnsupported) {
             std::string::npos);
 }
 
+TEST(ChatPromptMedia, GatewayHookValidatesMediaFirstAndBadFilesAre400InvalidMedia) {
+  M3_REQUIRE_TOKENIZER();
+  ServiceConfig c = test::service_config();
+  c.chat_template = std::make_shared<const ChatTemplate>(synthetic());
+  int calls = 0;
+  c.prepare_media = [&calls](const OJson& messages, std::string prompt) {
+    ++calls;
+    EXPECT_EQ(messages[0]["content"][1]["type"], "image_url") << "the hook sees the client's parts";
+    const std::string url = messages[0]["content"][1]["image_url"]["url"];
+    if (url == "bad") throw m3::Error("image 0: PNG data is truncated");
+    auto at = prompt.find("]<]image[>[");
+    EXPECT_NE(at, std::string::npos);
+    return prompt.replace(at, 11, "<IMG>");
+  };
+  auto body = [](const char* url) {
+    return fmt::format(R"({{"messages":[{{"role":"user","content":[{{"type":"text","text":"what is this"}},
+      {{"type":"image_url","image_url":{{"url":"{}"}}}}]}}]}})", url);
+  };
+  {
+    OpenAIService svc(c);
+    try {
+      svc.prepare(ApiKind::Chat, body("bad"));
+      ADD_FAILURE();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code, "invalid_media");
+      EXPECT_NE(std::string(e.what()).find("image 0: PNG data is truncated"), std::string::npos) << e.what();
+    }
+    try {  // valid media, but no vision tower behind this service
+      svc.prepare(ApiKind::Chat, body("good"));
+      ADD_FAILURE();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.code, "unsupported_parameter");
+      EXPECT_NE(std::string(e.what()).find("valid"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(calls, 2);
+  }
+  c.serve_media = true;
+  OpenAIService svc(c);
+  auto job = svc.prepare(ApiKind::Chat, body("good"));
+  const std::string text = c.tokenizer->decode(job.engine_requests[0].prompt, false);
+  EXPECT_NE(text.find("what is this<IMG>"), std::string::npos) << "the expanded prompt is what gets tokenised";
+}
+
 TEST(ChatPromptContent, PartsTemplatesGetArraysAndStringTemplatesGetJoinedText) {
   EXPECT_EQ(detect_content_format(synthetic()), ContentFormat::kParts);
   EXPECT_EQ(detect_content_format(*test::tiny_template()), ContentFormat::kString);
