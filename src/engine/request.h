@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "kv/prefix_cache.h"
 
 namespace m3 {
 
@@ -38,6 +39,9 @@ struct EngineRequest {
   std::vector<int32_t> prompt;
   GenerationParams params;
   int priority = 0;  // lower runs first (vLLM semantics); FCFS within a priority
+  // Images / videos in the prompt: their placeholder spans and content hashes, folded into the prefix-cache keys
+  // of the pages they cover (kv/prefix_cache.h). Empty for text.
+  std::vector<MediaSpan> media;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
