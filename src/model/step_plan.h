@@ -16,6 +16,9 @@ struct SeqInput {
   int64_t start_pos = 0;                // tokens of this sequence already in the cache (positions start here)
   std::span<const int32_t> page_table;  // logical block → physical page; covers start_pos + n tokens
   bool all_logits = false;              // logits for every new token, else only for the last one
+  // Vision features for this step's image / video slot tokens (ids == image_token_id / video_token_id), in order,
+  // [slots, hidden_size]: they replace those rows' embeddings before layer 0. Empty: plain embeddings (text).
+  std::span<const float> media_embeds;
 };
 
 // Checks a step before any backend touches memory: every sequence brings tokens, token ids are inside the
