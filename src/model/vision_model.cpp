@@ -22,13 +22,6 @@ int get_int(const json& j, const char* key, int fallback) {
   return it != j.end() && it->is_number_integer() ? it->get<int>() : fallback;
 }
 
-// The first of `names` the checkpoint has (names as SafeTensors normalises them).
-std::string pick(const SafeTensors& st, std::initializer_list<std::string> names) {
-  for (const auto& n : names)
-    if (st.has(n)) return n;
-  fail("missing vision tensor {} (or its other spellings)", *names.begin());
-}
-
 // Released / save_pretrained prefix first, then HF module names with and without "model.".
 std::vector<std::string> tower_prefixes() {
   return {"vision_tower.vision_model.", "model.vision_tower.", "vision_tower."};
@@ -172,27 +165,50 @@ void VisionModel::patch_positions(std::array<int, 3> g, int merge, std::vector<i
 
 std::vector<float> VisionModel::encode(std::span<const float> pixels, std::array<int, 3> g,
                                        VisionTrace* trace) const {
+  const Item item{pixels, g};
+  return encode_batch(std::span<const Item>(&item, 1), trace);
+}
+
+std::vector<float> VisionModel::encode_batch(std::span<const Item> items, VisionTrace* trace) const {
   const VisionConfig& c = cfg_;
   const int64_t D = c.hidden_size, H = c.num_heads, hd = c.head_dim(), I = c.intermediate_size;
   const int64_t P = c.projector_hidden_size, Ht = c.text_hidden_size, K = c.patch_dim();
   const int64_t m2 = int64_t(c.merge_size) * c.merge_size;
-  M3_CHECK(g[0] > 0 && g[1] > 0 && g[2] > 0 && g[1] % c.merge_size == 0 && g[2] % c.merge_size == 0,
-           "vision: grid ({}, {}, {}) must be positive with h and w multiples of {}", g[0], g[1], g[2], c.merge_size);
-  const int64_t R = int64_t(g[0]) * g[1] * g[2];
-  M3_CHECK(int64_t(pixels.size()) == R * K, "vision: {} pixel values for grid ({}, {}, {}); expected {} × {}",
-           pixels.size(), g[0], g[1], g[2], R, K);
+  std::vector<int64_t> begin = {0};  // first row of each item
+  std::vector<int32_t> pt, ph, pw;
+  std::vector<float> pixels;
+  for (const Item& it : items) {
+    const auto& g = it.grid_thw;
+    M3_CHECK(g[0] > 0 && g[1] > 0 && g[2] > 0 && g[1] % c.merge_size == 0 && g[2] % c.merge_size == 0,
+             "vision: grid ({}, {}, {}) must be positive with h and w multiples of {}", g[0], g[1], g[2],
+             c.merge_size);
+    const int64_t Ri = int64_t(g[0]) * g[1] * g[2];
+    M3_CHECK(int64_t(it.pixels.size()) == Ri * K, "vision: {} pixel values for grid ({}, {}, {}); expected {} × {}",
+             it.pixels.size(), g[0], g[1], g[2], Ri, K);
+    begin.push_back(begin.back() + Ri);
+    std::vector<int32_t> t, h, w;
+    patch_positions(g, c.merge_size, t, h, w);
+    pt.insert(pt.end(), t.begin(), t.end());
+    ph.insert(ph.end(), h.begin(), h.end());
+    pw.insert(pw.end(), w.begin(), w.end());
+  }
+  const int64_t R = begin.back();
+  if (R == 0) return {};
+  const float* px = items[0].pixels.data();
+  if (items.size() > 1) {
+    pixels.reserve(size_t(R * K));
+    for (const Item& it : items) pixels.insert(pixels.end(), it.pixels.begin(), it.pixels.end());
+    px = pixels.data();
+  }
 
   std::vector<float> x(size_t(R * D));
-  cpu::matmul_nt(pixels.data(), R, K, w_.patch_embed.data(), D, x.data());
+  cpu::matmul_nt(px, R, K, w_.patch_embed.data(), D, x.data());
   if (trace) trace->patch_embed = x;
   cpu::layer_norm(x.data(), R, D, w_.pre_ln_w.data(), w_.pre_ln_b.data(), c.layer_norm_eps, x.data());
   if (trace) {
     trace->pre_ln = x;
     trace->layers.clear();
   }
-  std::vector<int32_t> pt, ph, pw;
-  patch_positions(g, c.merge_size, pt, ph, pw);
-
   std::vector<float> xn(size_t(R * D)), qkv(size_t(R * 3 * D)), q(size_t(R * D)), k(size_t(R * D)),
       v(size_t(R * D)), att(size_t(R * D)), o(size_t(R * D)), f(size_t(R * I));
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -207,7 +223,11 @@ std::vector<float> VisionModel::encode(std::span<const float> pixels, std::array
     }
     cpu::vision_rope_hf517(q.data(), R, H, hd, pt.data(), ph.data(), c.rope_theta);
     cpu::vision_rope_hf517(k.data(), R, H, hd, pt.data(), ph.data(), c.rope_theta);
-    cpu::attention_full(q.data(), k.data(), v.data(), R, H, hd, scale, att.data());
+    for (size_t i = 0; i + 1 < begin.size(); ++i) {  // block-diagonal: one sequence per item
+      const int64_t off = begin[i] * D;
+      cpu::attention_full(q.data() + off, k.data() + off, v.data() + off, begin[i + 1] - begin[i], H, hd, scale,
+                          att.data() + off);
+    }
     cpu::matmul_nt(att.data(), R, D, L.wo.data(), D, o.data());
     cpu::add_bias(o.data(), R, D, L.bo.data());
     for (int64_t i = 0; i < R * D; ++i) x[size_t(i)] += o[size_t(i)];

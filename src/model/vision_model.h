@@ -81,6 +81,16 @@ class VisionModel {
   std::vector<float> encode(std::span<const float> pixels, std::array<int, 3> grid_thw,
                             VisionTrace* trace = nullptr) const;
 
+  struct Item {
+    std::span<const float> pixels;
+    std::array<int, 3> grid_thw;
+  };
+  // Several items of any sizes in one call: every matmul, norm and MLP runs over all rows at once; attention is
+  // block-diagonal (each item attends to its own patches only, like vLLM — HF 5.17 would join the items of one call
+  // into one sequence, docs/M3_MODEL.md §5.4). Each result equals encode() of that item alone, bit for bit.
+  // Returns the items' [R_i/4, text hidden] blocks concatenated, in order. Trace (optional) covers all rows.
+  std::vector<float> encode_batch(std::span<const Item> items, VisionTrace* trace = nullptr) const;
+
   // Rotary positions of each row (temporal group, patch row, patch column), merge-window order.
   static void patch_positions(std::array<int, 3> grid_thw, int merge, std::vector<int32_t>& t,
                               std::vector<int32_t>& h, std::vector<int32_t>& w);

@@ -79,6 +79,26 @@ TEST(VisionGolden, EveryStageMatchesHfForTwoImageSizes) {
   EXPECT_LT(row_rel(emb_b, f32(gold, "b.embeds"), Ht), 1e-4) << "image B (1×10×4) embeddings";
 }
 
+TEST(VisionGolden, TwoSizesInOneEncoderCallEqualSeparateCalls) {
+  VisionModel vm = VisionModel::load(fixture().string());
+  SafeTensors gold = SafeTensors::open((fixture() / "golden.safetensors").string());
+  const auto pa = f32(gold, "pixel_values"), pb = f32(gold, "b.pixel_values");
+  const auto ga = grid(gold, "image_grid_thw"), gb = grid(gold, "b.image_grid_thw");
+  const VisionModel::Item items[] = {{pb, gb}, {pa, ga}, {pb, gb}};
+  const auto batch = vm.encode_batch(items);
+  auto a = vm.encode(pa, ga), b = vm.encode(pb, gb);
+  std::vector<float> want = b;
+  want.insert(want.end(), a.begin(), a.end());
+  want.insert(want.end(), b.begin(), b.end());
+  EXPECT_EQ(batch, want) << "block-diagonal batch = one call per item, bit for bit";
+  const int64_t Ht = vm.config().text_hidden_size;
+  EXPECT_LT(row_rel(std::vector<float>(batch.begin() + 10 * Ht, batch.begin() + 22 * Ht), f32(gold, "vision.embeds"),
+                    Ht), 1e-4);
+  EXPECT_TRUE(vm.encode_batch({}).empty());
+  const VisionModel::Item bad[] = {{std::span<const float>(pa).subspan(1), ga}};
+  EXPECT_THROW(vm.encode_batch(bad), Error);
+}
+
 TEST(VisionGolden, ImageFeaturesReplaceTheSlotRowsAndLogitsMatchHf) {
   const fs::path dir = fixture();
   M3Model model = M3Model::load(dir.string());
