@@ -65,6 +65,11 @@ std::string OpenAIService::render_chat(const ParsedRequest& r, bool allow_media)
                  "messages", "unsupported_parameter");
 }
 
+bool OpenAIService::prepare_may_block(ApiKind kind, std::string_view body) const {
+  return kind == ApiKind::Chat && cfg_.prepare_media &&
+         (body.find("image") != std::string_view::npos || body.find("video") != std::string_view::npos);
+}
+
 PreparedJob OpenAIService::prepare(ApiKind kind, std::string_view body) const {
   const auto t0 = std::chrono::steady_clock::now();
   PreparedJob job = prepare_impl(kind, body);  // failures (ApiError) are not timed

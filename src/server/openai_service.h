@@ -63,6 +63,10 @@ class OpenAIService {
 
   // Parses, validates, templates and tokenises. Throws ApiError.
   PreparedJob prepare(ApiKind kind, std::string_view body) const;
+  // True when prepare() may block on media (a chat body that mentions image / video while a media gateway is
+  // configured): the HTTP layer then runs it off the io thread. A cheap substring test; false positives only cost
+  // a thread hop.
+  bool prepare_may_block(ApiKind kind, std::string_view body) const;
 
   // Simple endpoints: JSON bodies. Throw ApiError.
   std::string models_body() const;
