@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
+
+#include <unistd.h>
 
 #include "base/error.h"
 #include "io/safetensors.h"
@@ -148,6 +151,31 @@ TEST(VisionGolden, ImageFeaturesReplaceTheSlotRowsAndLogitsMatchHf) {
   SeqInput bad{std::span<const int32_t>(ids), 0, seq.pages(), false,
                std::span<const float>(emb).subspan(0, emb.size() - size_t(c.hidden_size))};
   EXPECT_THROW(model.forward(std::span<const SeqInput>(&bad, 1), cache), Error);
+}
+
+// The checkpoint generator's vision weights (tools/checkpoint/make_checkpoint.py --vision-weights, released names,
+// F32 patch embedding next to MXFP8 text weights) load and run.
+TEST(VisionModel, LoadsTheCheckpointGeneratorsVisionWeights) {
+  const fs::path out = fs::temp_directory_path() / ("m3_vision_ckpt_" + std::to_string(::getpid()));
+  const std::string cmd = "/usr/bin/python3 " + (fs::path(M3_SOURCE_DIR) / "tools/checkpoint/make_checkpoint.py").string() +
+                          " --preset tiny --dtype mxfp8 --vision-weights --seed 3 --out " + out.string() + " >/dev/null";
+  if (!fs::exists("/usr/bin/python3") || std::system(cmd.c_str()) != 0) GTEST_SKIP() << "python3 with numpy needed";
+  VisionModel vm = VisionModel::load(out.string());
+  EXPECT_EQ(vm.config().hidden_size, 48);
+  EXPECT_EQ(vm.config().text_hidden_size, 128);
+  std::vector<float> px(size_t(16 * 1176));
+  for (size_t i = 0; i < px.size(); ++i) px[i] = float(int(i * 2654435761u % 2001) - 1000) / 1000.0f;
+  auto e = vm.encode(px, {1, 4, 4});
+  ASSERT_EQ(e.size(), size_t(4 * 128));
+  double norm = 0;
+  for (float v : e) {
+    ASSERT_TRUE(std::isfinite(v));
+    norm += double(v) * v;
+  }
+  EXPECT_GT(norm, 0.0);
+  M3Model m = M3Model::load(out.string());
+  EXPECT_EQ(m.config().image_token_id, 200025);
+  fs::remove_all(out);
 }
 
 TEST(VisionModel, PatchPositionsFollowTheMergeWindowOrder) {
