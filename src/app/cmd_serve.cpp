@@ -258,7 +258,8 @@ CommandRun register_serve(CLI::App& app) {
                 "Fetch http(s) image_url / video_url (default on; --no-remote-media: data: URLs and allowed local "
                 "files only)");
   cmd->add_option("--allowed-media-domains", o->allowed_media_domains,
-                  "Hosts remote media may come from (each also allows its subdomains); default: any");
+                  "Hosts remote media may come from (each also allows its subdomains); default: any")
+      ->delimiter(',');
   cmd->add_option("--media-fetch-timeout", o->media_fetch_timeout, "Seconds for one remote media fetch, redirects "
                   "included")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--max-media-redirects", o->max_media_redirects, "Redirects one remote media fetch may follow")
@@ -336,10 +337,7 @@ CommandRun register_serve(CLI::App& app) {
     if (!mo.source.allowed_local_path.empty())
       M3_CHECK(fs::is_directory(mo.source.allowed_local_path), "--allowed-local-media-path '{}' is not a directory",
                mo.source.allowed_local_path);
-    auto gateway = std::make_shared<media::MediaGateway>(mo);
-    sc.prepare_media = [gateway](const server::OJson& messages, std::string prompt) {
-      return media::prepare_chat_media(*gateway, messages, std::move(prompt)).get().prompt;
-    };
+    sc.prepare_media = media::make_prepare_hook(std::make_shared<media::MediaGateway>(mo));
 #endif
     server::OpenAIService service(sc);
     EngineBackend backend(engine);

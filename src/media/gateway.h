@@ -120,4 +120,13 @@ inline std::future<PreparedMedia> prepare_chat_media(MediaGateway& gw, const nlo
   return gw.prepare(std::move(rendered_prompt), std::move(items));
 }
 
+// The server's hook (server::ServiceConfig::prepare_media): messages + rendered prompt → expanded prompt, or a
+// MediaError (→ 400 invalid_media). Blocks on the gateway's pool; the server calls it off its io threads.
+inline std::function<std::string(const nlohmann::ordered_json&, std::string)> make_prepare_hook(
+    std::shared_ptr<MediaGateway> gw) {
+  return [gw = std::move(gw)](const nlohmann::ordered_json& messages, std::string prompt) {
+    return prepare_chat_media(*gw, messages, std::move(prompt)).get().prompt;
+  };
+}
+
 }  // namespace m3::media
