@@ -42,6 +42,10 @@ struct EngineRequest {
   // Images / videos in the prompt: their placeholder spans and content hashes, folded into the prefix-cache keys
   // of the pages they cover (kv/prefix_cache.h). Empty for text.
   std::vector<MediaSpan> media;
+  // Vision features of the prompt's image / video slot tokens (ids == image_token_id / video_token_id), in order,
+  // [slots, hidden_size] (model/vision_model.h). Each prefill chunk passes its share to the executor
+  // (SeqInput::media_embeds), which replaces those rows' embeddings. Null for text.
+  std::shared_ptr<const std::vector<float>> media_embeds;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
