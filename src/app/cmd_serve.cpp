@@ -28,6 +28,7 @@
 #include "server/openai_service.h"
 #ifdef M3_HAVE_MEDIA
 #include "media/gateway.h"
+#include "model/vision_model.h"
 #endif
 
 namespace m3::app {
@@ -337,7 +338,39 @@ CommandRun register_serve(CLI::App& app) {
     if (!mo.source.allowed_local_path.empty())
       M3_CHECK(fs::is_directory(mo.source.allowed_local_path), "--allowed-local-media-path '{}' is not a directory",
                mo.source.allowed_local_path);
-    sc.prepare_media = media::make_prepare_hook(std::make_shared<media::MediaGateway>(mo));
+    auto gateway = std::make_shared<media::MediaGateway>(mo);
+    sc.prepare_media = media::make_prepare_hook(gateway);
+    sc.image_token_id = c.image_token_id;
+    sc.video_token_id = c.video_token_id;
+    // The CPU reference executor runs the vision tower when the checkpoint has one (docs/MEDIA.md): items are
+    // encoded on the prepare pool (off the engine and io threads) and their features ride in the engine request.
+    if (dynamic_cast<const CpuExecutor*>(executor.get()) && c.image_token_id >= 0) {
+      std::shared_ptr<const VisionModel> vision;
+      try {
+        vision = std::make_shared<const VisionModel>(VisionModel::load(o->model));
+      } catch (const m3::Error& e) {
+        std::fprintf(stderr, "note: no vision tower loaded (%s); image/video requests get 400\n", e.what());
+      }
+      if (vision) {
+        M3_CHECK(vision->config().text_hidden_size == c.hidden_size,
+                 "vision projector width {} differs from the text hidden size {}", vision->config().text_hidden_size,
+                 c.hidden_size);
+        sc.serve_media = true;
+        sc.prepare_media = [gateway, vision](const server::OJson& messages, std::string prompt) {
+          media::PreparedMedia pm = media::prepare_chat_media(*gateway, messages, std::move(prompt)).get();
+          server::MediaPrepared out(std::move(pm.prompt));
+          std::vector<VisionModel::Item> items;
+          for (const auto& it : pm.items) {
+            out.hashes.push_back(it->content_hash);
+            out.slots.push_back(it->pixels.tokens());
+            items.push_back({std::span<const float>(it->pixels.values.data(), it->pixels.values.size()),
+                             {it->pixels.t, it->pixels.gh, it->pixels.gw}});
+          }
+          out.embeds = std::make_shared<const std::vector<float>>(vision->encode_batch(items));
+          return out;
+        };
+      }
+    }
 #endif
     server::OpenAIService service(sc);
     EngineBackend backend(engine);

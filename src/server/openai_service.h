@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <functional>
+#include <span>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,6 +26,18 @@
 
 namespace m3::server {
 
+// What the media hook returns: the prompt with every anchor expanded, and — when the server runs the vision tower —
+// per item (prompt order) its content hash and slot-token count, and the features of all slots [slots, hidden].
+// A hook that only validates returns the prompt alone (std::string converts).
+struct MediaPrepared {
+  MediaPrepared() = default;
+  MediaPrepared(std::string p) : prompt(std::move(p)) {}  // NOLINT: implicit on purpose
+  std::string prompt;
+  std::vector<uint64_t> hashes;
+  std::vector<int64_t> slots;
+  std::shared_ptr<const std::vector<float>> embeds;
+};
+
 struct ServiceConfig {
   ApiLimits limits;
   std::shared_ptr<const Tokenizer> tokenizer;
@@ -40,7 +53,11 @@ struct ServiceConfig {
   // m3::Error it throws is the client's fault (bad, oversized, forbidden or unreachable media) and becomes a 400
   // "invalid_media" carrying its message. Empty: chat requests with media get a 400 (not served). Set by
   // `m3serve serve` where the media libraries are built.
-  std::function<std::string(const OJson& messages, std::string prompt)> prepare_media;
+  std::function<MediaPrepared(const OJson& messages, std::string prompt)> prepare_media;
+  // Slot token ids of the model (config.json image_token_index / video_token_index): with serve_media and
+  // embeddings from the hook, the runs of these ids in the tokenised prompt become EngineRequest::media spans and
+  // receive MediaPrepared::embeds.
+  int32_t image_token_id = -1, video_token_id = -1;
   // True once a backend runs the vision tower; until then media that prepare cleanly still get a 400
   // "unsupported_parameter" (after validation, so a broken file is reported as such).
   bool serve_media = false;
@@ -76,6 +93,9 @@ class OpenAIService {
   // Renders the chat template for a validated chat request (exposed for tests). Requests with image / video
   // parts are refused with a 400 (no media pipeline yet) unless allow_media; the prompt then has their anchors.
   std::string render_chat(const ParsedRequest& r, bool allow_media = false) const;
+  // Attaches MediaPrepared to engine requests: slot-token runs of `ids` → spans with each item's hash (exposed for
+  // tests). Throws ApiError 500 when the runs do not add up to the items' slot counts.
+  std::vector<MediaSpan> media_spans(std::span<const int32_t> ids, const MediaPrepared& m) const;
   // Ids of a rendered chat prompt (no BOS: the template wrote it), through the tokenizer's prefix cache.
   std::vector<int32_t> encode_chat_prompt(std::string_view text) const;
 
@@ -84,6 +104,7 @@ class OpenAIService {
 
  private:
   PreparedJob prepare_impl(ApiKind kind, std::string_view body) const;
+  std::string render_chat_impl(const ParsedRequest& r, bool allow_media, MediaPrepared* media) const;
 
   ServiceConfig cfg_;
   mutable RequestTimings timings_;

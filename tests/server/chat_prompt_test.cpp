@@ -147,6 +147,64 @@ TEST(ChatPromptMedia, GatewayHookValidatesMediaFirstAndBadFilesAre400InvalidMedi
   EXPECT_NE(text.find("what is this<IMG>"), std::string::npos) << "the expanded prompt is what gets tokenised";
 }
 
+// With serve_media the hook's features and hashes ride in the engine request: each run of slot tokens in the
+// tokenised prompt becomes a MediaSpan carrying its item's content hash (the prefix-cache key, kv/prefix_cache.h).
+TEST(ChatPromptMedia, ServedMediaBecomeSpansWithTheItemsHashesAndFeatures) {
+  M3_REQUIRE_TOKENIZER();
+  auto j = nlohmann::json::parse(testref::slurp(test::kQwenTokenizer));
+  int max_id = 0;
+  for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, a["id"].get<int>());
+  const int img = max_id + 1;
+  j["added_tokens"].push_back({{"id", img}, {"content", "]<]image[>["}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", false}, {"special", true}});
+  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_json(j.dump()));
+  ServiceConfig c = test::service_config();
+  c.tokenizer = tok;
+  c.chat_template = std::make_shared<const ChatTemplate>(synthetic());
+  c.serve_media = true;
+  c.image_token_id = img;
+  auto feats = std::make_shared<const std::vector<float>>(6 * 8, 0.5f);
+  std::vector<int64_t> slots = {2, 4};
+  c.prepare_media = [&](const OJson&, std::string prompt) {
+    std::string out;
+    size_t from = 0, item = 0;
+    for (size_t at; (at = prompt.find("]<]image[>[", from)) != std::string::npos; from = at + 11, ++item) {
+      out += prompt.substr(from, at - from) + "<img>";
+      for (int64_t k = 0; k < slots.at(item); ++k) out += "]<]image[>[";
+      out += "</img>";
+    }
+    out += prompt.substr(from);
+    MediaPrepared m(out);
+    m.hashes = {11, 22};
+    m.slots = {2, 4};
+    m.embeds = feats;
+    return m;
+  };
+  const std::string body = R"({"n":2,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"a"}},)"
+                           R"({"type":"text","text":"and"},{"type":"image_url","image_url":{"url":"b"}}]}]})";
+  OpenAIService svc(c);
+  auto job = svc.prepare(ApiKind::Chat, body);
+  ASSERT_EQ(job.engine_requests.size(), 2u);
+  for (const auto& er : job.engine_requests) {
+    ASSERT_EQ(er.media.size(), 2u);
+    EXPECT_EQ(er.media[0].length, 2);
+    EXPECT_EQ(er.media[0].hash, 11u);
+    EXPECT_EQ(er.media[1].length, 4);
+    EXPECT_EQ(er.media[1].hash, 22u);
+    for (const auto& m : er.media)
+      for (int64_t k = 0; k < m.length; ++k) EXPECT_EQ(er.prompt[size_t(m.start + k)], img);
+    EXPECT_EQ(er.media_embeds, feats);
+  }
+  // Slot counts that do not match the tokenised prompt are a server-side error, never a silent misplacement.
+  slots = {2, 3};
+  try {
+    svc.prepare(ApiKind::Chat, body);
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 500) << e.what();
+  }
+}
+
 TEST(ChatPromptContent, PartsTemplatesGetArraysAndStringTemplatesGetJoinedText) {
   EXPECT_EQ(detect_content_format(synthetic()), ContentFormat::kParts);
   EXPECT_EQ(detect_content_format(*test::tiny_template()), ContentFormat::kString);
