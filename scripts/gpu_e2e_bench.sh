@@ -284,8 +284,11 @@ doc = {"schema": "m3serve-e2e/1", "date": now.strftime("%Y-%m-%d"), "time": now.
 json.dump(doc, open(os.path.join(out, "e2e_runs.json"), "w"), indent=2)
 print(f"e2e_runs.json: {len(runs)} runs")
 PY
-# The report merges its records into the repository's latest ones (other traffic / backends stay).
-[ -f "$out/e2e_latest.json" ] || cp "$root/bench/results/e2e_latest.json" "$out/" 2>/dev/null || true
+# A device run's report merges its records into the repository's latest ones (other traffic / backends stay); a
+# CPU dry run starts empty.
+if [ "$device" = cuda ] && [ ! -f "$out/e2e_latest.json" ]; then
+  cp "$root/bench/results/e2e_latest.json" "$out/" 2>/dev/null || true
+fi
 if "$py" "$root/scripts/e2e_report.py" "$out/e2e_runs.json" --model-config "$model/config.json" \
      --num-layers "$layers" --results-dir "$out" >>"$summary" 2>&1; then
   say "report: $(ls "$out"/*-e2e-*.md 2>/dev/null | head -1)"

@@ -8,7 +8,7 @@ PKGS=(
   libxxhash-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpng-dev libturbojpeg0-dev libwebp-dev libgif-dev
-  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev
+  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev libssl-dev
   python3 python3-jinja2 python3-numpy
   clang-14 libclang-rt-14-dev
   nodejs

@@ -26,6 +26,10 @@
 #include "server/crash_handler.h"
 #include "server/http_server.h"
 #include "server/openai_service.h"
+#ifdef M3_HAVE_MEDIA
+#include "media/gateway.h"
+#include "model/vision_model.h"
+#endif
 
 namespace m3::app {
 
@@ -54,6 +58,16 @@ struct ServeOptions {
   std::string default_thinking_mode;
   std::string device = "auto";
   LoadOptions load;
+  // Media (issue 12, docs/MEDIA.md): sources, fetch limits, per-request limits.
+  std::string allowed_local_media_path;
+  bool remote_media = true;
+  std::vector<std::string> allowed_media_domains;
+  double media_fetch_timeout = 10;
+  int max_media_redirects = 3;
+  std::string max_media_bytes = "32MiB";
+  int max_images = 16, max_videos = 2;
+  int64_t max_media_pixels = 0;
+  int media_threads = 2;
 };
 
 // "2GiB", "512MiB", "1.5G", "1000000" → bytes.
@@ -238,6 +252,30 @@ CommandRun register_serve(CLI::App& app) {
   cmd->add_option("--default-thinking-mode", o->default_thinking_mode,
                   "chat_template_kwargs.thinking_mode when a request sets none")
       ->check(CLI::IsMember({"enabled", "disabled", "adaptive"}));
+  cmd->add_option("--allowed-local-media-path", o->allowed_local_media_path,
+                  "Directory whose files image_url / video_url may name (absolute path or file://); default: local "
+                  "files refused");
+  cmd->add_flag("--enable-remote-media,!--no-remote-media", o->remote_media,
+                "Fetch http(s) image_url / video_url (default on; --no-remote-media: data: URLs and allowed local "
+                "files only)");
+  cmd->add_option("--allowed-media-domains", o->allowed_media_domains,
+                  "Hosts remote media may come from (each also allows its subdomains); default: any")
+      ->delimiter(',');
+  cmd->add_option("--media-fetch-timeout", o->media_fetch_timeout, "Seconds for one remote media fetch, redirects "
+                  "included")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-media-redirects", o->max_media_redirects, "Redirects one remote media fetch may follow")
+      ->check(CLI::Range(0, 20))->capture_default_str();
+  cmd->add_option("--max-media-bytes", o->max_media_bytes, "Largest encoded image / video (data:, file or fetched)")
+      ->capture_default_str();
+  cmd->add_option("--max-images-per-request", o->max_images, "Images per request at most")
+      ->check(CLI::Range(0, 1024))->capture_default_str();
+  cmd->add_option("--max-videos-per-request", o->max_videos, "Videos per request at most")
+      ->check(CLI::Range(0, 64))->capture_default_str();
+  cmd->add_option("--max-media-pixels-per-request", o->max_media_pixels,
+                  "Pixels the model sees per request over all images and video frames after resizing (0: only the "
+                  "media token limit)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--media-threads", o->media_threads, "Media preprocessing threads (off the engine thread)")
+      ->check(CLI::Range(1, 256))->capture_default_str();
 
   return [o]() -> int {
     server::install_crash_handler();
@@ -286,6 +324,55 @@ CommandRun register_serve(CLI::App& app) {
     sc.tokenizer = tokenizer;
     sc.chat_template = tmpl;
     sc.tokenizer_prefix_cache = o->tokenizer_prefix_cache;
+#ifdef M3_HAVE_MEDIA
+    media::GatewayOptions mo;
+    mo.threads = o->media_threads;
+    mo.max_images = o->max_images;
+    mo.max_videos = o->max_videos;
+    mo.max_pixels = o->max_media_pixels;
+    mo.source.allowed_local_path = o->allowed_local_media_path;
+    mo.source.allow_remote = o->remote_media;
+    mo.source.max_bytes = parse_bytes(o->max_media_bytes, "--max-media-bytes");
+    mo.source.fetch.timeout_s = o->media_fetch_timeout;
+    mo.source.fetch.max_redirects = o->max_media_redirects;
+    mo.source.fetch.allowed_domains = o->allowed_media_domains;
+    if (!mo.source.allowed_local_path.empty())
+      M3_CHECK(fs::is_directory(mo.source.allowed_local_path), "--allowed-local-media-path '{}' is not a directory",
+               mo.source.allowed_local_path);
+    auto gateway = std::make_shared<media::MediaGateway>(mo);
+    sc.prepare_media = media::make_prepare_hook(gateway);
+    sc.image_token_id = c.image_token_id;
+    sc.video_token_id = c.video_token_id;
+    // The CPU reference executor runs the vision tower when the checkpoint has one (docs/MEDIA.md): items are
+    // encoded on the prepare pool (off the engine and io threads) and their features ride in the engine request.
+    if (dynamic_cast<const CpuExecutor*>(executor.get()) && c.image_token_id >= 0) {
+      std::shared_ptr<const VisionModel> vision;
+      try {
+        vision = std::make_shared<const VisionModel>(VisionModel::load(o->model));
+      } catch (const m3::Error& e) {
+        std::fprintf(stderr, "note: no vision tower loaded (%s); image/video requests get 400\n", e.what());
+      }
+      if (vision) {
+        M3_CHECK(vision->config().text_hidden_size == c.hidden_size,
+                 "vision projector width {} differs from the text hidden size {}", vision->config().text_hidden_size,
+                 c.hidden_size);
+        sc.serve_media = true;
+        sc.prepare_media = [gateway, vision](const server::OJson& messages, std::string prompt) {
+          media::PreparedMedia pm = media::prepare_chat_media(*gateway, messages, std::move(prompt)).get();
+          server::MediaPrepared out(std::move(pm.prompt));
+          std::vector<VisionModel::Item> items;
+          for (const auto& it : pm.items) {
+            out.hashes.push_back(it->content_hash);
+            out.slots.push_back(it->pixels.tokens());
+            items.push_back({std::span<const float>(it->pixels.values.data(), it->pixels.values.size()),
+                             {it->pixels.t, it->pixels.gh, it->pixels.gw}});
+          }
+          out.embeds = std::make_shared<const std::vector<float>>(vision->encode_batch(items));
+          return out;
+        };
+      }
+    }
+#endif
     server::OpenAIService service(sc);
     EngineBackend backend(engine);
     server::HttpServerConfig hc;

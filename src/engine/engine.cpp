@@ -64,7 +64,23 @@ SchedulerConfig scheduler_config(const M3Config& c, const EngineConfig& cfg) {
   return sc;
 }
 
+bool is_media_slot(const M3Config& c, int32_t id) {
+  return id >= 0 && (id == c.image_token_id || id == c.video_token_id);
+}
+
 }  // namespace
+
+// The rows of the request's media embeddings that belong to the prompt slot tokens among the `n` tokens from
+// s.computed on (prefill chunks; empty for decode steps and text requests).
+std::span<const float> Engine::media_rows(const Sequence& s, int64_t n) const {
+  if (!s.req.media_embeds || s.req.media_embeds->empty() || s.computed >= s.prompt_len) return {};
+  const M3Config& c = exec_.config();
+  const int64_t end = std::min<int64_t>(s.computed + n, s.prompt_len);
+  int64_t before = 0, in = 0;
+  for (int64_t i = 0; i < s.computed; ++i) before += is_media_slot(c, s.tokens[size_t(i)]);
+  for (int64_t i = s.computed; i < end; ++i) in += is_media_slot(c, s.tokens[size_t(i)]);
+  return std::span<const float>(*s.req.media_embeds).subspan(size_t(before * c.hidden_size), size_t(in * c.hidden_size));
+}
 
 Engine::Engine(const M3Model& model, EngineConfig cfg)
     : owned_executor_(std::make_unique<CpuExecutor>(
@@ -125,6 +141,13 @@ void Engine::submit(EngineRequest req, OutputSink sink) {
     M3_CHECK(req.constraint->grammar->vocab().size() == c.vocab_size,
              "the grammar's vocabulary has {} ids, the model {}", req.constraint->grammar->vocab().size(),
              c.vocab_size);
+  }
+  if (req.media_embeds) {
+    int64_t slots = 0;
+    for (int32_t id : req.prompt) slots += is_media_slot(c, id);
+    M3_CHECK(int64_t(req.media_embeds->size()) == slots * c.hidden_size,
+             "the prompt has {} image/video slot tokens but {} media embedding rows of width {}", slots,
+             req.media_embeds->size() / size_t(std::max(c.hidden_size, 1)), c.hidden_size);
   }
   const int64_t need = int64_t(req.prompt.size()) + req.params.max_tokens;
   M3_CHECK(need <= cfg_.max_model_len,
@@ -243,7 +266,7 @@ bool Engine::step() {
   for (const ScheduledRow& r : plan.rows) {
     Sequence& s = *r.seq;
     inputs.push_back(SeqInput{std::span<const int32_t>(s.tokens.data() + s.computed, size_t(r.num_tokens)), s.computed,
-                              s.pages, false});
+                              s.pages, false, media_rows(s, r.num_tokens)});
     RowSampling rs;
     if (r.samples) {
       rs.params = &s.req.params;

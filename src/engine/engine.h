@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +65,8 @@ class Engine {
   // Sends a sequence's final event (no new tokens) and counts it.
   void finish(Sequence& s, const std::string& error = {});
   void publish_state();  // running/waiting/page gauges for metrics()
+  // The media embedding rows of the prompt slot tokens among the next `n` tokens of `s` (engine.cpp).
+  std::span<const float> media_rows(const Sequence& s, int64_t n) const;
 
   std::unique_ptr<ModelExecutor> owned_executor_;
   ModelExecutor& exec_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "kv/prefix_cache.h"
 
 namespace m3 {
 
@@ -45,6 +46,13 @@ struct EngineRequest {
   // Constrained decoding (grammar/constraint.h): every sampled token of the constrained region is one the grammar
   // allows, and EOS only where the document may end. Shared by the choices of a request. nullptr: unconstrained.
   std::shared_ptr<const grammar::ConstraintSpec> constraint;
+  // Images / videos in the prompt: their placeholder spans and content hashes, folded into the prefix-cache keys
+  // of the pages they cover (kv/prefix_cache.h). Empty for text.
+  std::vector<MediaSpan> media;
+  // Vision features of the prompt's image / video slot tokens (ids == image_token_id / video_token_id), in order,
+  // [slots, hidden_size] (model/vision_model.h). Each prefill chunk passes its share to the executor
+  // (SeqInput::media_embeds), which replaces those rows' embeddings. Null for text.
+  std::shared_ptr<const std::vector<float>> media_embeds;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };

@@ -90,7 +90,7 @@ bool Scheduler::ensure_pages(Sequence& s, int64_t tokens) {
 
 void Scheduler::register_full_pages(Sequence& s) {
   const int64_t full = s.computed / cfg_.block_size;
-  for (int64_t i = s.registered; i < full; ++i) prefix_.insert(s.tokens, int(i), s.pages[size_t(i)]);
+  for (int64_t i = s.registered; i < full; ++i) prefix_.insert(s.tokens, int(i), s.pages[size_t(i)], 0, s.req.media);
   s.registered = int(std::max<int64_t>(s.registered, full));
 }
 
@@ -153,7 +153,7 @@ StepPlan Scheduler::schedule() {
   while (budget > 0 && !waiting_.empty() && int(running_.size()) < cfg_.max_num_seqs) {
     Sequence& s = *waiting_.front();
     if (s.pages.empty() && s.computed == 0) {
-      std::vector<int32_t> hit = prefix_.match(s.tokens);
+      std::vector<int32_t> hit = prefix_.match(s.tokens, 0, s.req.media);
       s.pages = hit;
       s.registered = int(hit.size());
       s.computed = int64_t(hit.size()) * B;

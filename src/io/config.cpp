@@ -257,6 +257,10 @@ M3Config parse_m3_config(const std::string& text, const std::string& source) {
   };
   c.bos_token_id = token_id("bos_token_id");
   c.eos_token_id = token_id("eos_token_id");
+  c.image_token_id = token_id("image_token_index");
+  if (c.image_token_id < 0) c.image_token_id = token_id("image_token_id");
+  c.video_token_id = token_id("video_token_index");
+  if (c.video_token_id < 0) c.video_token_id = token_id("video_token_id");
 
   try {
     c.validate();

@@ -53,6 +53,10 @@ struct M3Config {
   // Special tokens (from the top-level or text config when present; -1 when absent).
   int bos_token_id = -1;
   int eos_token_id = -1;
+  // Image / video feature slots (top-level image_token_index / video_token_index, or *_token_id; -1 when absent):
+  // their embedding rows are replaced by vision features (SeqInput::media_embeds; docs/M3_MODEL.md §5.6).
+  int image_token_id = -1;
+  int video_token_id = -1;
 
   int num_sparse_layers() const;
   int q_width() const { return num_q_heads * head_dim; }

@@ -10,11 +10,25 @@ namespace m3 {
 PrefixCache::PrefixCache(PagePool& pool, int block_size, bool enabled)
     : pool_(pool), block_size_(block_size), enabled_(enabled) {}
 
-uint64_t PrefixCache::page_hash(uint64_t parent, std::span<const int32_t> page_tokens) const {
-  return XXH3_64bits_withSeed(page_tokens.data(), page_tokens.size_bytes(), parent);
+uint64_t media_page_key(std::span<const MediaSpan> media, int64_t page_start, int block_size) {
+  const int64_t page_end = page_start + block_size;
+  uint64_t key = 0;
+  for (const MediaSpan& m : media) {
+    if (m.length <= 0 || m.start >= page_end || m.start + m.length <= page_start) continue;
+    // The item's hash and where its span sits relative to this page (an image shifted by one token is another
+    // K/V layout). Summed so the result does not depend on the order spans are listed in.
+    const int64_t rec[3] = {int64_t(m.hash), m.start - page_start, m.length};
+    key += XXH3_64bits(rec, sizeof(rec)) | 1;
+  }
+  return key;
 }
 
-std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, uint64_t extra_key) {
+uint64_t PrefixCache::page_hash(uint64_t parent, uint64_t media, std::span<const int32_t> page_tokens) const {
+  return XXH3_64bits_withSeed(page_tokens.data(), page_tokens.size_bytes(), parent ^ media);
+}
+
+std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, uint64_t extra_key,
+                                        std::span<const MediaSpan> media) {
   std::vector<int32_t> pages;
   if (!enabled_ || tokens.empty()) return pages;
   const size_t B = size_t(block_size_);
@@ -23,9 +37,10 @@ std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, uint64_
   ++tick_;
   for (size_t i = 0; i < max_pages; ++i) {
     auto page_tokens = tokens.subspan(i * B, B);
-    const uint64_t h = page_hash(parent, page_tokens);
+    const uint64_t m = media_page_key(media, int64_t(i * B), block_size_);
+    const uint64_t h = page_hash(parent, m, page_tokens);
     auto it = by_hash_.find(h);
-    if (it == by_hash_.end() || it->second.parent != parent ||
+    if (it == by_hash_.end() || it->second.parent != parent || it->second.media != m ||
         !std::equal(page_tokens.begin(), page_tokens.end(), it->second.tokens.begin()))
       break;
     it->second.last_use = tick_;
@@ -36,16 +51,20 @@ std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, uint64_
   return pages;
 }
 
-void PrefixCache::insert(std::span<const int32_t> tokens, int page_index, int32_t page, uint64_t extra_key) {
+void PrefixCache::insert(std::span<const int32_t> tokens, int page_index, int32_t page, uint64_t extra_key,
+                         std::span<const MediaSpan> media) {
   if (!enabled_) return;
   const size_t B = size_t(block_size_);
   uint64_t parent = extra_key;
-  for (int i = 0; i < page_index; ++i) parent = page_hash(parent, tokens.subspan(size_t(i) * B, B));
+  for (int i = 0; i < page_index; ++i)
+    parent = page_hash(parent, media_page_key(media, int64_t(i) * block_size_, block_size_),
+                       tokens.subspan(size_t(i) * B, B));
   auto page_tokens = tokens.subspan(size_t(page_index) * B, B);
-  const uint64_t h = page_hash(parent, page_tokens);
+  const uint64_t m = media_page_key(media, int64_t(page_index) * block_size_, block_size_);
+  const uint64_t h = page_hash(parent, m, page_tokens);
   if (by_hash_.count(h) || by_page_.count(page)) return;
   pool_.retain(page);
-  by_hash_.emplace(h, Entry{parent, page, std::vector<int32_t>(page_tokens.begin(), page_tokens.end()), ++tick_});
+  by_hash_.emplace(h, Entry{parent, m, page, std::vector<int32_t>(page_tokens.begin(), page_tokens.end()), ++tick_});
   by_page_.emplace(page, h);
 }
 

@@ -1,6 +1,9 @@
 // Prefix cache over full KV pages. Page i of a token sequence is keyed by a hash chain
-//   h_i = XXH3(tokens of page i, seed = h_{i−1} ^ extra_key)
-// and a hit is confirmed by comparing the parent hash and the page's tokens (never trust a 64-bit hash alone).
+//   h_i = XXH3(tokens of page i, seed = h_{i−1} ^ extra_key ^ m_i)
+// where m_i folds in the content hash and placement of every image / video whose placeholder span overlaps page i
+// (0 when none: text-only keys are unchanged). Placeholder tokens are the same ids for every image, so without m_i
+// a different image with the same size would hit the first one's K/V (issue 12 item 6). A hit is confirmed by
+// comparing the parent hash, the page's tokens and m_i (never trust a 64-bit hash alone).
 // The cache holds one reference on every page it lists; a cached page nobody else references is evictable
 // (least recently used first) when the pool runs dry. Cached pages are immutable: only full, computed pages are
 // inserted, and sequences only ever write positions past their shared full pages.
@@ -16,6 +19,17 @@
 
 namespace m3 {
 
+// One image / video in a prompt: its placeholder rows are tokens [start, start + length), and `hash` is the media
+// gateway's content hash of the item (media::PreparedItem::content_hash).
+struct MediaSpan {
+  int64_t start = 0;
+  int64_t length = 0;
+  uint64_t hash = 0;
+};
+
+// m_i of page [page_start, page_start + block_size): 0 when no span overlaps it. Spans in any order.
+uint64_t media_page_key(std::span<const MediaSpan> media, int64_t page_start, int block_size);
+
 class PrefixCache {
  public:
   PrefixCache(PagePool& pool, int block_size, bool enabled);
@@ -23,10 +37,12 @@ class PrefixCache {
   bool enabled() const { return enabled_; }
   // The cached pages that hold the longest full-page prefix of `tokens`, each retained for the caller. At most
   // floor((n − 1) / B) pages, so at least the last token is always recomputed (its logits are needed).
-  std::vector<int32_t> match(std::span<const int32_t> tokens, uint64_t extra_key = 0);
+  std::vector<int32_t> match(std::span<const int32_t> tokens, uint64_t extra_key = 0,
+                             std::span<const MediaSpan> media = {});
   // Registers page `page_index` (tokens [i·B, (i+1)·B) of `tokens`, all computed) held in `page`. No-op when the
   // page is already cached under that key (another sequence computed the same prefix first).
-  void insert(std::span<const int32_t> tokens, int page_index, int32_t page, uint64_t extra_key = 0);
+  void insert(std::span<const int32_t> tokens, int page_index, int32_t page, uint64_t extra_key = 0,
+              std::span<const MediaSpan> media = {});
   // Allocates a page with refcount 1, evicting LRU unreferenced cached pages when the free list is empty.
   std::optional<int32_t> alloc();
   // Drops every cached page nobody else references.
@@ -38,11 +54,12 @@ class PrefixCache {
  private:
   struct Entry {
     uint64_t parent;
+    uint64_t media;  // m_i
     int32_t page;
     std::vector<int32_t> tokens;
     uint64_t last_use;
   };
-  uint64_t page_hash(uint64_t parent, std::span<const int32_t> page_tokens) const;
+  uint64_t page_hash(uint64_t parent, uint64_t media, std::span<const int32_t> page_tokens) const;
   bool evict_one();
 
   PagePool& pool_;

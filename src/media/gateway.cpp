@@ -178,6 +178,7 @@ std::future<PreparedMedia> MediaGateway::prepare(std::string prompt, std::vector
       if (j->err) std::rethrow_exception(j->err);
       PreparedMedia out;
       std::vector<ItemExpansion> ex;
+      int64_t pixels = 0;
       for (const auto& p : j->done) {
         ItemExpansion e;
         e.video = p->video;
@@ -185,8 +186,11 @@ std::future<PreparedMedia> MediaGateway::prepare(std::string prompt, std::vector
         e.slots_per_group = p->video ? int64_t(p->pixels.gh) * p->pixels.gw / 4 : p->pixels.tokens();
         e.timestamps = p->timestamps;
         out.media_tokens += p->pixels.tokens();
+        pixels += int64_t(p->pixels.gh) * p->pixels.gw * 196 * (p->video ? 2 * int64_t(p->pixels.t) : 1);
         ex.push_back(std::move(e));
       }
+      if (opt_.max_pixels > 0 && pixels > opt_.max_pixels)
+        media_fail("request media have {} pixels after resizing; the limit is {}", pixels, opt_.max_pixels);
       if (out.media_tokens > opt_.max_media_tokens)
         media_fail("request media need {} tokens; the limit is {}", out.media_tokens, opt_.max_media_tokens);
       out.prompt = expand_placeholders(j->prompt, ex);

@@ -57,6 +57,9 @@ struct GatewayOptions {
   int64_t cache_bytes = 1LL << 30;
   int max_images = 16, max_videos = 2;
   int64_t max_media_tokens = 32768;
+  // Pixels the model sees per request, over all items after resizing (an image's h·w, a video's h·w per frame ×
+  // frames); 0 = no limit beyond max_media_tokens.
+  int64_t max_pixels = 0;
   SourcePolicy source;
   DecodeLimits decode;
   VideoLimits video;
@@ -115,6 +118,15 @@ inline std::future<PreparedMedia> prepare_chat_media(MediaGateway& gw, const nlo
     return p.get_future();
   }
   return gw.prepare(std::move(rendered_prompt), std::move(items));
+}
+
+// The server's hook (server::ServiceConfig::prepare_media): messages + rendered prompt → expanded prompt, or a
+// MediaError (→ 400 invalid_media). Blocks on the gateway's pool; the server calls it off its io threads.
+inline std::function<std::string(const nlohmann::ordered_json&, std::string)> make_prepare_hook(
+    std::shared_ptr<MediaGateway> gw) {
+  return [gw = std::move(gw)](const nlohmann::ordered_json& messages, std::string prompt) {
+    return prepare_chat_media(*gw, messages, std::move(prompt)).get().prompt;
+  };
 }
 
 }  // namespace m3::media

@@ -48,9 +48,15 @@ std::vector<uint8_t> load_media_bytes(const std::string& url, const SourcePolicy
     return base64_decode(payload);
   }
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
-    if (!p.allow_remote) media_fail("remote media URLs are disabled on this server; send a data: URL");
-    media_fail("remote media fetching is not available in this build; send a data: URL");
+    if (!p.allow_remote)
+      media_fail("remote media URLs are disabled on this server (`serve --no-remote-media`); send a "
+                 "data: URL");
+    FetchPolicy f = p.fetch;
+    f.max_bytes = p.max_bytes;
+    return fetch_http(url, f);
   }
+  if (url.rfind("file://", 0) != 0 && url.find("://") != std::string::npos && url.find("://") < 16)
+    media_fail("unsupported media URL scheme (use data:, http(s):// or an allowed local file)");
   std::string path = url.rfind("file://", 0) == 0 ? url.substr(7) : url;
   if (p.allowed_local_path.empty())
     media_fail("local media files are disabled (start the server with --allowed-local-media-path)");

@@ -349,6 +349,8 @@ void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
 
 StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, ForwardTrace* trace) {
   M3_CHECK(!seqs.empty(), "forward: no sequences");
+  for (const SeqInput& q : seqs)  // the vision path runs on the CPU reference only (issue 12 item 4)
+    M3_CHECK(q.media_embeds.empty(), "forward: image/video embeddings are not supported by the CUDA executor yet");
   // ---- plan: rows of the step (model/step_plan.h, shared with the CPU forward) ------------------------------
   StepRows r = StepRows::build(c, seqs, pool->capacity());
   upload_step(r);

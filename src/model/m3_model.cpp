@@ -62,6 +62,21 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
 
   std::vector<float> x(size_t(T * H));
   for (int64_t t = 0; t < T; ++t) std::memcpy(&x[t * H], &w_.embed[size_t(rows.ids[t]) * H], size_t(H) * 4);
+  // Vision features replace the slot rows, in order (HF masked_scatter; docs/M3_MODEL.md §5.6).
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const auto& me = seqs[s].media_embeds;
+    if (me.empty()) continue;
+    size_t used = 0;
+    for (int64_t t = seq_begin[s]; t < seq_begin[s + 1]; ++t) {
+      const int32_t id = rows.ids[t];
+      if (id < 0 || (id != c.image_token_id && id != c.video_token_id)) continue;
+      M3_CHECK((used + 1) * size_t(H) <= me.size(), "sequence {}: more image/video slot tokens than media rows", s);
+      std::memcpy(&x[t * H], me.data() + used * size_t(H), size_t(H) * 4);
+      ++used;
+    }
+    M3_CHECK(used * size_t(H) == me.size(), "sequence {}: {} image/video slot tokens but {} media rows", s, used,
+             me.size() / size_t(H));
+  }
   if (trace) {
     trace->hidden.assign(trace->capture_hidden ? c.num_layers : 0, {});
     trace->selection.assign(c.num_layers, {});

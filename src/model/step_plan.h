@@ -12,10 +12,20 @@
 namespace m3 {
 
 struct SeqInput {
+  SeqInput() = default;
+  // Brace initialisation as before ({tokens, start_pos, page_table, all_logits}); media_embeds is optional.
+  SeqInput(std::span<const int32_t> tokens_, int64_t start_pos_, std::span<const int32_t> page_table_,
+           bool all_logits_ = false, std::span<const float> media_embeds_ = {})
+      : tokens(tokens_), start_pos(start_pos_), page_table(page_table_), all_logits(all_logits_),
+        media_embeds(media_embeds_) {}
+
   std::span<const int32_t> tokens;      // [n] new tokens of this step
   int64_t start_pos = 0;                // tokens of this sequence already in the cache (positions start here)
   std::span<const int32_t> page_table;  // logical block → physical page; covers start_pos + n tokens
   bool all_logits = false;              // logits for every new token, else only for the last one
+  // Vision features for this step's image / video slot tokens (ids == image_token_id / video_token_id), in order,
+  // [slots, hidden_size]: they replace those rows' embeddings before layer 0. Empty: plain embeddings (text).
+  std::span<const float> media_embeds;
 };
 
 // Checks a step before any backend touches memory: every sequence brings tokens, token ids are inside the

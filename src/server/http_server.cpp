@@ -21,6 +21,7 @@ struct HttpServer::Impl {
   net::io_context ioc;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::optional<tcp::acceptor> acceptor;
+  std::optional<net::thread_pool> prepare;  // blocking request preparation (run_off_io)
 };
 
 namespace {
@@ -90,6 +91,7 @@ void HttpServer::start() {
   if (ec) m3::fail("cannot listen on {}:{}: {}", cfg_.host, cfg_.port, ec.message());
   bound_port_ = impl_->acceptor->local_endpoint().port();
   impl_->work.emplace(impl_->ioc.get_executor());
+  impl_->prepare.emplace(size_t(std::max(1, cfg_.prepare_threads)));
   do_accept(*this, *impl_);
   for (int i = 0; i < std::max(1, cfg_.io_threads); ++i) threads_.emplace_back([this] {
       use_crash_stack_on_this_thread();
@@ -150,6 +152,16 @@ void HttpServer::stop() {
   impl_->ioc.stop();
   for (auto& t : threads_) t.join();
   threads_.clear();
+  // A preparation still running finishes (bounded by the media fetch deadline); its answer is dropped.
+  if (impl_->prepare) {
+    impl_->prepare->join();
+    impl_->prepare.reset();
+  }
+}
+
+void HttpServer::run_off_io(std::function<void()> fn) {
+  M3_CHECK(impl_->prepare.has_value(), "HttpServer::run_off_io before start()");
+  net::post(*impl_->prepare, std::move(fn));
 }
 
 int HttpServer::wait_for_signal() {

@@ -28,6 +28,9 @@ struct HttpServerConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;                       // 0 = pick a free port (see HttpServer::port())
   int io_threads = 2;
+  // Threads that prepare requests which may block (chat requests with image / video parts: the media gateway may
+  // fetch remote URLs), so they never hold an io thread (OpenAIService::prepare_may_block).
+  int prepare_threads = 2;
   size_t max_body_bytes = size_t(32) << 20;   // larger bodies get 413
   // Request bodies being received or waiting to be parsed, all connections together; a request that would go
   // over gets 503 + Retry-After (before its body is read when it has a Content-Length).
@@ -105,6 +108,8 @@ class HttpServer {
   void log(const std::string& line) const;
   // Connections register themselves so shutdown() can reach them.
   void add_connection(const std::shared_ptr<HttpConnection>& c);
+  // Runs `fn` on the prepare pool (started by start(), joined by stop()).
+  void run_off_io(std::function<void()> fn);
 
   struct Impl;
 

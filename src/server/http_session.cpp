@@ -252,6 +252,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
       if (path == "/v1/chat/completions" || path == "/v1/completions") {
         if (!need(http::verb::post)) return;
         const ApiKind kind = path == "/v1/chat/completions" ? ApiKind::Chat : ApiKind::Completion;
+        if (srv_.service().prepare_may_block(kind, req_.body())) return prepare_off_io(kind);
         return start_job(std::make_unique<Job>(srv_.service(), srv_.service().prepare(kind, req_.body())));
       }
       if (path == "/v1/messages") {
@@ -353,6 +354,32 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
                           ? 0.0
                           : std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
     srv_.log(access_log_line(rec_));
+  }
+
+  // ---- preparation off the io thread ------------------------------------------------------------------------
+  // A request whose preparation may block (media fetch / decode, OpenAIService::prepare_may_block) is prepared on
+  // the server's prepare pool; the job (or the error) comes back to this connection's strand. Meanwhile nothing is
+  // read from the connection; shutdown answers it 503 and the late result is dropped.
+  void prepare_off_io(ApiKind kind) {
+    preparing_ = true;
+    auto body = std::make_shared<std::string>(req_.body());
+    srv_.run_off_io([self = shared_from_this(), kind, body] {
+      auto job = std::make_shared<std::unique_ptr<GenerationJob>>();
+      auto err = std::make_shared<std::optional<ApiError>>();
+      try {
+        *job = std::make_unique<Job>(self->srv_.service(), self->srv_.service().prepare(kind, *body));
+      } catch (const ApiError& e) {
+        *err = e;
+      } catch (const std::exception& e) {
+        *err = ApiError(500, std::string("Internal error: ") + e.what());
+      }
+      net::post(self->stream_.get_executor(), [self, job, err] {
+        if (!self->preparing_ || self->closed_) return;
+        self->preparing_ = false;
+        if (*err) return self->send_error(**err, self->keep_alive_);
+        self->start_job(std::move(*job));
+      });
+    });
   }
 
   // ---- generations ----------------------------------------------------------------------------------------
@@ -562,6 +589,11 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
 
   void on_end_now() {
     if (closed_) return;
+    if (preparing_) {
+      preparing_ = false;
+      return send_error(ApiError(503, "The server shut down before this request was prepared", "", "shutting_down"),
+                        false, true);
+    }
     if (job_ && !job_->complete && !job_->cancelled) {
       auto ctx = job_;
       srv_.counters().shutdown_aborts.fetch_add(1);
@@ -646,6 +678,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   std::string out_, inflight_;
   bool writing_ = false;
   bool sending_ = false;
+  bool preparing_ = false;  // prepare_off_io in flight
   bool monitoring_ = false;
   bool want_read_ = false;
   bool waiting_idle_ = false;

@@ -38,19 +38,78 @@ OpenAIService::OpenAIService(ServiceConfig cfg) : cfg_(std::move(cfg)) {
 }
 
 std::string OpenAIService::render_chat(const ParsedRequest& r, bool allow_media) const {
+  return render_chat_impl(r, allow_media, nullptr);
+}
+
+std::vector<MediaSpan> OpenAIService::media_spans(std::span<const int32_t> ids, const MediaPrepared& m) const {
+  std::vector<MediaSpan> out;
+  size_t item = 0;
+  int64_t left = m.slots.empty() ? 0 : m.slots[0];
+  auto is_slot = [&](int32_t id) { return id >= 0 && (id == cfg_.image_token_id || id == cfg_.video_token_id); };
+  for (size_t i = 0; i < ids.size();) {
+    if (!is_slot(ids[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < ids.size() && is_slot(ids[j])) ++j;
+    // One run: a whole image, one video group, or (never in M3's layout) several items back to back.
+    for (int64_t at = int64_t(i); at < int64_t(j);) {
+      if (item >= m.slots.size())
+        throw ApiError(500, "The tokenised prompt has more image/video slot tokens than the media items need");
+      const int64_t n = std::min<int64_t>(left, int64_t(j) - at);
+      out.push_back(MediaSpan{at, n, item < m.hashes.size() ? m.hashes[item] : 0});
+      at += n;
+      left -= n;
+      if (left == 0 && ++item < m.slots.size()) left = m.slots[item];
+    }
+    i = j;
+  }
+  if (item < m.slots.size())
+    throw ApiError(500, fmt::format("The tokenised prompt has fewer image/video slot tokens than the {} media "
+                                    "item(s) need (does the tokenizer map the slot token to id {}?)",
+                                    m.slots.size(), cfg_.image_token_id));
+  return out;
+}
+
+std::string OpenAIService::render_chat_impl(const ParsedRequest& r, bool allow_media, MediaPrepared* media) const {
   if (!cfg_.chat_template)
     throw ApiError(400,
                    "This model has no chat template (no chat_template.jinja or tokenizer_config.json chat_template "
                    "in the model directory); use /v1/completions or start the server with --chat-template FILE",
                    "messages", "no_chat_template");
   ChatPrompt p = render_chat_prompt(*cfg_.chat_template, *cfg_.content_format, r);
-  if (!p.media.empty() && !allow_media)
+  if (p.media.empty() || allow_media) return std::move(p.text);
+  if (cfg_.prepare_media) {
+    MediaPrepared prepared;
+    try {
+      prepared = cfg_.prepare_media(r.messages, std::move(p.text));
+    } catch (const ApiError&) {
+      throw;
+    } catch (const m3::Error& e) {
+      throw ApiError(400, fmt::format("Invalid media input: {}", e.what()), "messages", "invalid_media");
+    }
+    if (cfg_.serve_media) {
+      std::string expanded = prepared.prompt;
+      if (media) *media = std::move(prepared);
+      return expanded;
+    }
     throw ApiError(400,
-                   fmt::format("Image and video input is not supported by this server yet (text only); the "
-                               "messages have {} image/video part(s)",
+                   fmt::format("Image and video input is not supported by this model backend yet (the {} "
+                               "image/video part(s) are valid, but the vision tower does not run here)",
                                p.media.size()),
                    "messages", "unsupported_parameter");
-  return std::move(p.text);
+  }
+  throw ApiError(400,
+                 fmt::format("Image and video input is not supported by this server yet (text only); the "
+                             "messages have {} image/video part(s)",
+                             p.media.size()),
+                 "messages", "unsupported_parameter");
+}
+
+bool OpenAIService::prepare_may_block(ApiKind kind, std::string_view body) const {
+  return kind == ApiKind::Chat && cfg_.prepare_media &&
+         (body.find("image") != std::string_view::npos || body.find("video") != std::string_view::npos);
 }
 
 std::shared_ptr<grammar::CompiledGrammar> OpenAIService::compiled_grammar(const ParsedRequest& r) const {
@@ -97,14 +156,17 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
     bool in_reasoning = false;
   };
   std::vector<Prompt> prompts;
+  MediaPrepared media;  // chat with served media: hashes, slot counts, features
+  std::vector<MediaSpan> spans;
   if (kind == ApiKind::Chat) {
     Prompt p;
-    p.text = render_chat(r);
+    p.text = render_chat_impl(r, false, &media);
     // Only the generation prompt (template text) can open the think block: without it the prompt ends in client
     // text, and a <mm:think> the client wrote there must not change how the output is parsed.
     p.in_reasoning = r.add_generation_prompt && ends_in_reasoning(p.text);
     // The template already wrote any BOS / special tokens, so do not add them again (HF and vLLM agree).
     p.ids = encode_chat_prompt(p.text);
+    if (media.embeds) spans = media_spans(p.ids, media);
     prompts.push_back(std::move(p));
   } else {
     for (const auto& in : r.prompts) {
@@ -158,6 +220,8 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
       er.params.choice_index = uint64_t(k);
       er.priority = r.priority;
       er.constraint = spec;
+      er.media = spans;
+      er.media_embeds = media.embeds;
       job.engine_requests.push_back(std::move(er));
 
       ChoiceOptions o;

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <atomic>
-#include <map>
-#include <mutex>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,18 @@
 
 namespace m3::server {
 
+// What the media hook returns: the prompt with every anchor expanded, and — when the server runs the vision tower —
+// per item (prompt order) its content hash and slot-token count, and the features of all slots [slots, hidden].
+// A hook that only validates returns the prompt alone (std::string converts).
+struct MediaPrepared {
+  MediaPrepared() = default;
+  MediaPrepared(std::string p) : prompt(std::move(p)) {}  // NOLINT: implicit on purpose
+  std::string prompt;
+  std::vector<uint64_t> hashes;
+  std::vector<int64_t> slots;
+  std::shared_ptr<const std::vector<float>> embeds;
+};
+
 struct ServiceConfig {
   ApiLimits limits;
   std::shared_ptr<const Tokenizer> tokenizer;
@@ -40,6 +54,19 @@ struct ServiceConfig {
   // Constrained decoding: the model's EOS id (allowed where a document may end; −1: none). The mask width is
   // limits.vocab_size (0: the tokenizer's vocabulary size).
   int32_t eos_token_id = -1;
+  // The media gateway (src/media, issue 12): given the validated messages and the rendered prompt (one bare
+  // anchor per image / video), fetches, decodes and preprocesses every item and returns the expanded prompt; an
+  // m3::Error it throws is the client's fault (bad, oversized, forbidden or unreachable media) and becomes a 400
+  // "invalid_media" carrying its message. Empty: chat requests with media get a 400 (not served). Set by
+  // `m3serve serve` where the media libraries are built.
+  std::function<MediaPrepared(const OJson& messages, std::string prompt)> prepare_media;
+  // Slot token ids of the model (config.json image_token_index / video_token_index): with serve_media and
+  // embeddings from the hook, the runs of these ids in the tokenised prompt become EngineRequest::media spans and
+  // receive MediaPrepared::embeds.
+  int32_t image_token_id = -1, video_token_id = -1;
+  // True once a backend runs the vision tower; until then media that prepare cleanly still get a 400
+  // "unsupported_parameter" (after validation, so a broken file is reported as such).
+  bool serve_media = false;
 };
 
 struct PreparedJob {
@@ -59,6 +86,10 @@ class OpenAIService {
 
   // Parses, validates, templates and tokenises. Throws ApiError.
   PreparedJob prepare(ApiKind kind, std::string_view body) const;
+  // True when prepare() may block on media (a chat body that mentions image / video while a media gateway is
+  // configured): the HTTP layer then runs it off the io thread. A cheap substring test; false positives only cost
+  // a thread hop.
+  bool prepare_may_block(ApiKind kind, std::string_view body) const;
 
   // Simple endpoints: JSON bodies. Throw ApiError.
   std::string models_body() const;
@@ -68,6 +99,9 @@ class OpenAIService {
   // Renders the chat template for a validated chat request (exposed for tests). Requests with image / video
   // parts are refused with a 400 (no media pipeline yet) unless allow_media; the prompt then has their anchors.
   std::string render_chat(const ParsedRequest& r, bool allow_media = false) const;
+  // Attaches MediaPrepared to engine requests: slot-token runs of `ids` → spans with each item's hash (exposed for
+  // tests). Throws ApiError 500 when the runs do not add up to the items' slot counts.
+  std::vector<MediaSpan> media_spans(std::span<const int32_t> ids, const MediaPrepared& m) const;
   // Ids of a rendered chat prompt (no BOS: the template wrote it), through the tokenizer's prefix cache.
   std::vector<int32_t> encode_chat_prompt(std::string_view text) const;
 
@@ -79,6 +113,7 @@ class OpenAIService {
   // The request's grammar bound to the vocabulary; compiled grammars (with their mask caches) are shared by every
   // request with the same grammar_key, up to kGrammarCacheSize of them.
   std::shared_ptr<grammar::CompiledGrammar> compiled_grammar(const ParsedRequest& r) const;
+  std::string render_chat_impl(const ParsedRequest& r, bool allow_media, MediaPrepared* media) const;
 
   ServiceConfig cfg_;
   static constexpr size_t kGrammarCacheSize = 64;

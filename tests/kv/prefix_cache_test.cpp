@@ -112,5 +112,42 @@ TEST(PrefixCache, EqualPagesUnderDifferentParentsNeverMatch) {
   EXPECT_EQ(pc.match(pages_of({7, 5, 5}, 4, 1)), a);
 }
 
+// Issue 12 item 6: placeholder tokens are the same ids for every image, so the image's content hash decides.
+// Layout (block 4): text [0,6), image placeholder [6,14), text [14,20): pages 0 (text), 1 (text+image),
+// 2 (image), 3 (image+text), 4 (text).
+TEST(PrefixCacheMedia, RepeatedImageHitsAndADifferentImageWithTheSameIdsDoesNot) {
+  PagePool pool(32);
+  PrefixCache pc(pool, 4, true);
+  std::vector<int32_t> toks = seq(6);
+  for (int i = 0; i < 8; ++i) toks.push_back(777);  // placeholder id
+  for (int i = 0; i < 6; ++i) toks.push_back(500 + i);
+  const std::vector<MediaSpan> cat = {{6, 8, 0xCA7}}, dog = {{6, 8, 0xD06}};
+  for (int i = 0; i < 5; ++i) pc.insert(toks, i, *pc.alloc(), 0, cat);
+  EXPECT_EQ(pc.match(toks, 0, cat).size(), 4u) << "same image: every full page but the last token's";
+  // Another image, same token ids: only the text page before the image is shared.
+  EXPECT_EQ(pc.match(toks, 0, dog).size(), 1u);
+  // No media information at all (e.g. a text-only lookup of the same ids) must not reuse the image pages either.
+  EXPECT_EQ(pc.match(toks, 0, {}).size(), 1u);
+  // The same image one token later is a different K/V layout even when the ids happen to match.
+  const std::vector<MediaSpan> shifted = {{7, 7, 0xCA7}};
+  EXPECT_EQ(pc.match(toks, 0, shifted).size(), 1u);
+  // Two images: the key does not depend on the order the spans are listed in.
+  std::vector<MediaSpan> two = {{6, 4, 1}, {10, 4, 2}}, two_rev = {{10, 4, 2}, {6, 4, 1}};
+  for (int i = 0; i < 5; ++i) pc.insert(toks, i, *pc.alloc(), 0, two);
+  EXPECT_EQ(pc.match(toks, 0, two_rev).size(), 4u);
+  std::vector<MediaSpan> two_swapped = {{6, 4, 2}, {10, 4, 1}};
+  EXPECT_EQ(pc.match(toks, 0, two_swapped).size(), 1u);
+}
+
+TEST(PrefixCacheMedia, PageKeyCoversExactlyTheOverlappingPages) {
+  const std::vector<MediaSpan> m = {{6, 8, 42}};
+  EXPECT_EQ(media_page_key(m, 0, 4), 0u);
+  EXPECT_NE(media_page_key(m, 4, 4), 0u);
+  EXPECT_NE(media_page_key(m, 12, 4), 0u);
+  EXPECT_EQ(media_page_key(m, 16, 4), 0u);
+  EXPECT_NE(media_page_key(m, 4, 4), media_page_key(m, 8, 4)) << "placement within the page counts";
+  EXPECT_EQ(media_page_key({}, 4, 4), 0u) << "text-only keys are unchanged";
+}
+
 }  // namespace
 }  // namespace m3

@@ -103,6 +103,108 @@ TEST(ChatPromptMedia, GenerationRequestsWithMediaAreRefusedAsUnsupported) {
             std::string::npos);
 }
 
+TEST(ChatPromptMedia, GatewayHookValidatesMediaFirstAndBadFilesAre400InvalidMedia) {
+  M3_REQUIRE_TOKENIZER();
+  ServiceConfig c = test::service_config();
+  c.chat_template = std::make_shared<const ChatTemplate>(synthetic());
+  int calls = 0;
+  c.prepare_media = [&calls](const OJson& messages, std::string prompt) {
+    ++calls;
+    EXPECT_EQ(messages[0]["content"][1]["type"], "image_url") << "the hook sees the client's parts";
+    const std::string url = messages[0]["content"][1]["image_url"]["url"];
+    if (url == "bad") throw m3::Error("image 0: PNG data is truncated");
+    auto at = prompt.find("]<]image[>[");
+    EXPECT_NE(at, std::string::npos);
+    return prompt.replace(at, 11, "<IMG>");
+  };
+  auto body = [](const char* url) {
+    return fmt::format(R"({{"messages":[{{"role":"user","content":[{{"type":"text","text":"what is this"}},
+      {{"type":"image_url","image_url":{{"url":"{}"}}}}]}}]}})", url);
+  };
+  {
+    OpenAIService svc(c);
+    try {
+      svc.prepare(ApiKind::Chat, body("bad"));
+      ADD_FAILURE();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code, "invalid_media");
+      EXPECT_NE(std::string(e.what()).find("image 0: PNG data is truncated"), std::string::npos) << e.what();
+    }
+    try {  // valid media, but no vision tower behind this service
+      svc.prepare(ApiKind::Chat, body("good"));
+      ADD_FAILURE();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.code, "unsupported_parameter");
+      EXPECT_NE(std::string(e.what()).find("valid"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(calls, 2);
+  }
+  c.serve_media = true;
+  OpenAIService svc(c);
+  auto job = svc.prepare(ApiKind::Chat, body("good"));
+  const std::string text = c.tokenizer->decode(job.engine_requests[0].prompt, false);
+  EXPECT_NE(text.find("what is this<IMG>"), std::string::npos) << "the expanded prompt is what gets tokenised";
+}
+
+// With serve_media the hook's features and hashes ride in the engine request: each run of slot tokens in the
+// tokenised prompt becomes a MediaSpan carrying its item's content hash (the prefix-cache key, kv/prefix_cache.h).
+TEST(ChatPromptMedia, ServedMediaBecomeSpansWithTheItemsHashesAndFeatures) {
+  M3_REQUIRE_TOKENIZER();
+  auto j = nlohmann::json::parse(testref::slurp(test::kQwenTokenizer));
+  int max_id = 0;
+  for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, a["id"].get<int>());
+  const int img = max_id + 1;
+  j["added_tokens"].push_back({{"id", img}, {"content", "]<]image[>["}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", false}, {"special", true}});
+  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_json(j.dump()));
+  ServiceConfig c = test::service_config();
+  c.tokenizer = tok;
+  c.chat_template = std::make_shared<const ChatTemplate>(synthetic());
+  c.serve_media = true;
+  c.image_token_id = img;
+  auto feats = std::make_shared<const std::vector<float>>(6 * 8, 0.5f);
+  std::vector<int64_t> slots = {2, 4};
+  c.prepare_media = [&](const OJson&, std::string prompt) {
+    std::string out;
+    size_t from = 0, item = 0;
+    for (size_t at; (at = prompt.find("]<]image[>[", from)) != std::string::npos; from = at + 11, ++item) {
+      out += prompt.substr(from, at - from) + "<img>";
+      for (int64_t k = 0; k < slots.at(item); ++k) out += "]<]image[>[";
+      out += "</img>";
+    }
+    out += prompt.substr(from);
+    MediaPrepared m(out);
+    m.hashes = {11, 22};
+    m.slots = {2, 4};
+    m.embeds = feats;
+    return m;
+  };
+  const std::string body = R"({"n":2,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"a"}},)"
+                           R"({"type":"text","text":"and"},{"type":"image_url","image_url":{"url":"b"}}]}]})";
+  OpenAIService svc(c);
+  auto job = svc.prepare(ApiKind::Chat, body);
+  ASSERT_EQ(job.engine_requests.size(), 2u);
+  for (const auto& er : job.engine_requests) {
+    ASSERT_EQ(er.media.size(), 2u);
+    EXPECT_EQ(er.media[0].length, 2);
+    EXPECT_EQ(er.media[0].hash, 11u);
+    EXPECT_EQ(er.media[1].length, 4);
+    EXPECT_EQ(er.media[1].hash, 22u);
+    for (const auto& m : er.media)
+      for (int64_t k = 0; k < m.length; ++k) EXPECT_EQ(er.prompt[size_t(m.start + k)], img);
+    EXPECT_EQ(er.media_embeds, feats);
+  }
+  // Slot counts that do not match the tokenised prompt are a server-side error, never a silent misplacement.
+  slots = {2, 3};
+  try {
+    svc.prepare(ApiKind::Chat, body);
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 500) << e.what();
+  }
+}
+
 TEST(ChatPromptContent, PartsTemplatesGetArraysAndStringTemplatesGetJoinedText) {
   EXPECT_EQ(detect_content_format(synthetic()), ContentFormat::kParts);
   EXPECT_EQ(detect_content_format(*test::tiny_template()), ContentFormat::kString);

@@ -23,9 +23,13 @@ namespace m3::server::test {
 class Harness {
  public:
   // `tweak` edits the config before the server starts; tokens come every `delay`.
+  // `service_tweak` edits the service config (e.g. a media hook) before the service is built.
   explicit Harness(const std::function<void(HttpServerConfig&)>& tweak = {},
-                   std::chrono::microseconds delay = std::chrono::microseconds(2000)) {
-    service_ = std::make_unique<OpenAIService>(service_config());
+                   std::chrono::microseconds delay = std::chrono::microseconds(2000),
+                   const std::function<void(ServiceConfig&)>& service_tweak = {}) {
+    ServiceConfig sc = service_config();
+    if (service_tweak) service_tweak(sc);
+    service_ = std::make_unique<OpenAIService>(sc);
     backend_ = std::make_unique<FakeBackend>(qwen_tokenizer()->encode(" one two three four", false), delay);
     HttpServerConfig hc;
     hc.port = 0;

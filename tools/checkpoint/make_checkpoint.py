@@ -311,10 +311,37 @@ def text_tensor_specs(tc, prefix="language_model."):
     return specs
 
 
+def vision_tensor_specs(cfg):
+    """The vision tower, projector and merge MLP in the released names (docs/M3_MODEL.md §4)."""
+    vc, tc = cfg["vision_config"], cfg["text_config"]
+    D, I, L = vc["hidden_size"], vc["intermediate_size"], vc["num_hidden_layers"]
+    C, T, P = vc.get("num_channels", 3), vc.get("temporal_patch_size", 2), vc["patch_size"]
+    M = vc.get("spatial_merge_size", 2)
+    PH, H = cfg["projector_hidden_size"], tc["hidden_size"]
+    v = "vision_tower.vision_model."
+    specs = [Spec(v + "embeddings.patch_embedding.weight", (D, C, T, P, P), "patch", False),
+             Spec(v + "pre_layrnorm.weight", (D,), "lnw", False), Spec(v + "pre_layrnorm.bias", (D,), "vbias", False)]
+
+    def linear(name, n_out, n_in):
+        return [Spec(name + ".weight", (n_out, n_in), "proj", False), Spec(name + ".bias", (n_out,), "vbias", False)]
+
+    for l in range(L):
+        p = f"{v}encoder.layers.{l}."
+        for n in ("layer_norm1", "layer_norm2"):
+            specs += [Spec(p + n + ".weight", (D,), "lnw", False), Spec(p + n + ".bias", (D,), "vbias", False)]
+        for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            specs += linear(p + "self_attn." + n, D, D)
+        specs += linear(p + "mlp.fc1", I, D) + linear(p + "mlp.fc2", D, I)
+    specs += linear("multi_modal_projector.linear_1", PH, D) + linear("multi_modal_projector.linear_2", H, PH)
+    specs += linear("patch_merge_mlp.linear_1", PH, M * M * H) + linear("patch_merge_mlp.linear_2", H, PH)
+    return specs
+
+
 def _std(spec):
-    fan_in = spec.shape[-1]
+    fan_in = int(np.prod(spec.shape[1:])) if spec.kind == "patch" else spec.shape[-1]
     return {"embed": 1.0, "proj": 1.0 / math.sqrt(fan_in), "gateup": 2.5 / math.sqrt(fan_in),
-            "router": 2.0 / math.sqrt(fan_in), "norm": 0.1, "bias": 0.05}[spec.kind]
+            "router": 2.0 / math.sqrt(fan_in), "norm": 0.1, "bias": 0.05, "patch": 1.0 / math.sqrt(fan_in),
+            "lnw": 0.2, "vbias": 0.1}[spec.kind]
 
 
 CHUNK_ELEMS = 1 << 24  # rows are drawn in chunks of <= 16M values (bounded memory at real widths)
@@ -331,7 +358,8 @@ def generate_chunks(spec, seed):
     rng = np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
     std = np.float32(_std(spec))
     if len(spec.shape) == 1:
-        yield 0, rng.standard_normal(spec.shape, dtype=np.float32) * std
+        # LayerNorm weights (vision) are 1-centred; everything else 0-centred.
+        yield 0, rng.standard_normal(spec.shape, dtype=np.float32) * std + np.float32(spec.kind == "lnw")
         return
     rows = spec.shape[0]
     step = _rows_per_chunk(spec.shape)
@@ -413,7 +441,8 @@ def build_out_tensors(specs, dtype, seed, base_dtype):
         def chunks(s=s):
             return generate_chunks(s, seed)
 
-        f32_kind = s.kind in ("router", "bias")  # router gate + correction bias stay fp32 (as released)
+        # router gate + correction bias and the vision patch embedding stay fp32 (as released)
+        f32_kind = s.kind in ("router", "bias", "patch")
         if dtype == "f32" or (f32_kind and dtype in ("bf16", "mxfp8")):
             outs.append(OutTensor(s.name, "F32", s.shape, lambda c=chunks: (a for _, a in c())))
         elif dtype == "bf16" or (dtype == "mxfp8" and not (s.quantizable and len(s.shape) == 2)):
@@ -528,6 +557,9 @@ def main(argv=None):
     ap.add_argument("--dense-layers", type=int, default=None,
                     help="with a changed layer count: first N layers dense attention + dense MLP, rest MSA+MoE")
     ap.add_argument("--no-vision-config", action="store_true", help="omit vision_config from config.json")
+    ap.add_argument("--vision-weights", action="store_true",
+                    help="also write the vision tower, projector and merge MLP (released names; the patch embedding "
+                         "F32, the rest unquantised in the base dtype)")
     args = ap.parse_args(argv)
 
     if args.config:
@@ -544,6 +576,10 @@ def main(argv=None):
 
     tc = cfg["text_config"]
     specs = text_tensor_specs(tc)
+    if args.vision_weights:
+        if cfg.get("vision_config") is None:
+            raise SystemExit("--vision-weights needs a vision_config")
+        specs += vision_tensor_specs(cfg)
     cfg["torch_dtype"] = {"f32": "float32", "bf16": "bfloat16", "mxfp8": "bfloat16"}[args.dtype]
     if args.dtype == "mxfp8":
         cfg["quantization_config"] = {"quant_method": "mxfp8", "activation_scheme": "dynamic",

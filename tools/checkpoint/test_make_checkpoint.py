@@ -138,6 +138,27 @@ def test_writer_and_determinism(tmp):
         "index total_size")
 
 
+def test_vision_weights(tmp):
+    e = os.path.join(tmp, "e")
+    mc.main(["--preset", "tiny", "--dtype", "mxfp8", "--seed", "5", "--vision-weights", "--out", e])
+    t, _ = mc.read_safetensors(os.path.join(e, "model.safetensors"))
+    v = "vision_tower.vision_model."
+    check(t[v + "embeddings.patch_embedding.weight"][0] == "F32" and
+          t[v + "embeddings.patch_embedding.weight"][1].shape == (48, 3, 2, 14, 14), "patch embedding F32 [D,3,2,14,14]")
+    ln = mc.bf16_bits_to_f32(t[v + "encoder.layers.0.layer_norm1.weight"][1])
+    check(abs(float(ln.mean()) - 1) < 0.3 and ln.std() > 0, "LayerNorm weights 1-centred, not constant")
+    check(t[v + "encoder.layers.0.mlp.fc1.weight"][0] == "BF16" and t[v + "encoder.layers.0.mlp.fc1.weight"][1].shape == (96, 48),
+          "vision MLP unquantised")
+    check(t["patch_merge_mlp.linear_1.weight"][1].shape == (64, 4 * 128), "merge MLP takes 4 text-width rows")
+    check(t["multi_modal_projector.linear_2.weight"][1].shape == (128, 64), "projector ends at the text width")
+    check(not any(k.endswith("_scale_inv") and ("vision" in k or "projector" in k or "merge" in k) for k in t),
+          "no vision tensor quantised")
+    f = os.path.join(tmp, "f")
+    mc.main(["--preset", "tiny", "--dtype", "mxfp8", "--seed", "5", "--out", f])
+    tf, _ = mc.read_safetensors(os.path.join(f, "model.safetensors"))
+    check(all(np.array_equal(tf[k][1], t[k][1]) for k in tf), "text tensors unchanged by --vision-weights")
+
+
 def test_fixtures_regenerate(tmp):
     fix = os.path.join(REPO, "tests", "golden", "fixtures")
     cfg = os.path.join(REPO, "tests", "golden", "configs", "tiny_sparse.json")
@@ -158,6 +179,7 @@ def main():
     test_bf16()
     with tempfile.TemporaryDirectory() as tmp:
         test_writer_and_determinism(tmp)
+        test_vision_weights(tmp)
         test_fixtures_regenerate(tmp)
     if failures:
         print(f"{len(failures)} check(s) failed")

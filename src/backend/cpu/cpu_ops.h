@@ -83,4 +83,20 @@ void msa_block_scores(const float* iq, int64_t Tq, int Hidx, const int32_t* posi
 void msa_topk(const float* scores, int64_t Tq, int Hidx, const int32_t* positions, int block_size,
               int64_t max_blocks, int top_k, int32_t* selection);
 
+// ---- Vision tower (vision_ops.cpp; docs/M3_MODEL.md §5.4) -----------------------------------------------------
+// LayerNorm with bias over rows (mean/variance in double): y = (x − μ)/sqrt(σ² + eps) · w + b. x, y may alias.
+void layer_norm(const float* x, int64_t rows, int64_t D, const float* w, const float* b, float eps, float* y);
+// Exact (erf) GELU in place.
+void gelu_erf(float* x, int64_t n);
+// y[r, :] += b for every row.
+void add_bias(float* y, int64_t rows, int64_t N, const float* b);
+// HF 5.17's axial vision RoPE, in place on x [T, H, D]: D/4 frequencies θ^(−2k/(D/2)); per row the angles
+// [pos_a·inv | pos_b·inv] (D/2), used for both halves; rotate-half pairs (i, i + D/2). HF passes (t, h): the
+// temporal group and the patch row (the column is not used; docs/M3_MODEL.md §5.4).
+void vision_rope_hf517(float* x, int64_t T, int64_t H, int64_t D, const int32_t* pos_a, const int32_t* pos_b,
+                       double theta);
+// Bidirectional multi-head attention over T rows: q, k, v, out [T, H, D]; softmax in fp32 (sum in double).
+void attention_full(const float* q, const float* k, const float* v, int64_t T, int64_t H, int64_t D, float scale,
+                    float* out);
+
 }  // namespace m3::cpu

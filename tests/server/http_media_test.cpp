@@ -1,0 +1,91 @@
+// Chat requests with image / video parts are prepared off the io thread (OpenAIService::prepare_may_block →
+// HttpServer::run_off_io), so a slow media fetch never stalls other connections; their result — a job or a 400
+// invalid_media — comes back to the connection; shutdown answers a request still being prepared with 503.
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "../chat_template/reference.h"
+#include "base/error.h"
+#include "http_test_harness.h"
+
+namespace m3::server {
+namespace {
+
+using test::Harness;
+using test::RawClient;
+
+std::string chat_with_image(const std::string& url) {
+  return R"({"model":"m3-test","max_tokens":3,"messages":[{"role":"user","content":[{"type":"text","text":"what"},)"
+         R"({"type":"image_url","image_url":{"url":")" + url + R"("}}]}]})";
+}
+
+// A media hook that takes `delay` (a slow remote fetch) and refuses the URL "bad".
+std::function<void(ServiceConfig&)> slow_media(std::chrono::milliseconds delay, std::atomic<int>* calls) {
+  return [delay, calls](ServiceConfig& c) {
+    c.chat_template = std::make_shared<const ChatTemplate>(ChatTemplate::parse(
+        testref::slurp(testref::synthetic_m3_template_path()), "m3_format_synthetic.jinja"));
+    c.content_format.reset();
+    c.serve_media = true;
+    c.prepare_media = [delay, calls](const OJson& messages, std::string prompt) {
+      ++*calls;
+      std::this_thread::sleep_for(delay);
+      if (messages[0]["content"][1]["image_url"]["url"] == "bad") throw m3::Error("image 0: PNG data is truncated");
+      return prompt;
+    };
+  };
+}
+
+TEST(HttpMedia, SlowMediaPreparationDoesNotBlockTheIoThread) {
+  M3_REQUIRE_TOKENIZER();
+  std::atomic<int> calls{0};
+  Harness h([](HttpServerConfig& c) { c.io_threads = 1; c.max_body_bytes = 1 << 20; },
+            std::chrono::microseconds(2000), slow_media(std::chrono::milliseconds(700), &calls));
+  RawClient slow(h.port());
+  const auto t0 = std::chrono::steady_clock::now();
+  slow.send(test::post("/v1/chat/completions", chat_with_image("good")));
+  ASSERT_TRUE(test::eventually([&] { return calls.load() == 1; }));
+  // The only io thread is free: another connection is served while the first request is still being prepared.
+  RawClient other(h.port());
+  other.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(other.read_until("\r\n\r\n", std::chrono::milliseconds(400)).find("200 OK"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(650));
+  const std::string r = slow.read_until("\"finish_reason\"", std::chrono::seconds(5));
+  EXPECT_NE(r.find("200 OK"), std::string::npos) << r;
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(700));
+
+  // Bad media: the hook's error comes back as a 400 invalid_media on the same connection, which stays usable.
+  RawClient bad(h.port());
+  bad.send(test::post("/v1/chat/completions", chat_with_image("bad")));
+  const std::string b = bad.read_until("}}", std::chrono::seconds(5));
+  EXPECT_NE(b.find("400 Bad Request"), std::string::npos) << b;
+  EXPECT_NE(b.find("invalid_media"), std::string::npos) << b;
+  EXPECT_NE(b.find("PNG data is truncated"), std::string::npos) << b;
+  bad.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(bad.read_until("200 OK", std::chrono::seconds(2)).find("200 OK"), std::string::npos);
+  // Text-only requests stay on the io thread (no hook call).
+  RawClient text(h.port());
+  text.send(test::post("/v1/chat/completions",
+                       R"({"model":"m3-test","max_tokens":2,"messages":[{"role":"user","content":"hi"}]})"));
+  EXPECT_NE(text.read_until("\"finish_reason\"", std::chrono::seconds(5)).find("200 OK"), std::string::npos);
+  EXPECT_EQ(calls.load(), 2);
+}
+
+TEST(HttpMedia, ShutdownAnswersARequestStillBeingPrepared) {
+  M3_REQUIRE_TOKENIZER();
+  std::atomic<int> calls{0};
+  Harness h([](HttpServerConfig& c) { c.max_body_bytes = 1 << 20; }, std::chrono::microseconds(2000),
+            slow_media(std::chrono::milliseconds(1500), &calls));
+  RawClient c(h.port());
+  c.send(test::post("/v1/chat/completions", chat_with_image("good")));
+  ASSERT_TRUE(test::eventually([&] { return calls.load() == 1; }));
+  std::thread stopper([&] { h.server().shutdown(std::chrono::milliseconds(100)); });
+  const std::string r = c.read_until("}}", std::chrono::seconds(3));
+  stopper.join();
+  EXPECT_NE(r.find("503"), std::string::npos) << r;
+}
+
+}  // namespace
+}  // namespace m3::server
