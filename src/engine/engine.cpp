@@ -297,9 +297,11 @@ bool Engine::step() {
   for (size_t i = 0; i < plan.rows.size(); ++i)
     if (plan.rows[i].samples) {
       tokens.push_back(sampled[i].id);
-      // A refused token (only when every allowed one was masked, e.g. EOS before min_tokens) leaves the grammar
-      // where it was; the next step constrains again.
-      if (plan.rows[i].seq->constraint) plan.rows[i].seq->constraint->accept(sampled[i].id);
+      // The grammar refuses the token only when its mask allowed none (a vocabulary that cannot continue the
+      // document here, or EOS as the only way on while min_tokens masks it): the request ends with an error and
+      // the token is not emitted — never output outside the grammar.
+      Sequence& s = *plan.rows[i].seq;
+      if (s.constraint && !s.constraint->accept(sampled[i].id)) s.finish = FinishReason::Error;
     }
 
   // 3. Update: the scheduler appends the tokens, checks stops and releases finished sequences (kept alive here
@@ -316,8 +318,13 @@ bool Engine::step() {
       if (!plan.rows[i].samples) continue;
       Sequence& s = *plan.rows[i].seq;
       EngineOutput o;
-      o.tokens = {sampled[i].id};
-      if (sampled[i].logprob) o.logprobs.push_back(std::move(*sampled[i].logprob));
+      const bool refused = s.finish == FinishReason::Error;  // by the grammar, above
+      if (refused) {
+        o.error = "constrained decoding reached a point where no token of the vocabulary continues the grammar";
+      } else {
+        o.tokens = {sampled[i].id};
+        if (sampled[i].logprob) o.logprobs.push_back(std::move(*sampled[i].logprob));
+      }
       o.prompt_tokens = s.prompt_len;
       o.cached_tokens = std::max(0, s.cached_tokens);
       o.completion_tokens = s.generated;
@@ -329,7 +336,8 @@ bool Engine::step() {
       s.first_token_sent = true;
       s.t_last = now;
       if (s.finish != FinishReason::None) {
-        (s.finish == FinishReason::Stop ? metrics_.requests_stop : metrics_.requests_length)++;
+        (refused ? metrics_.requests_error
+                 : s.finish == FinishReason::Stop ? metrics_.requests_stop : metrics_.requests_length)++;
         metrics_.e2e.observe(std::chrono::duration<double>(now - s.t_arrival).count());
       }
       events.emplace_back(&s, std::move(o));

@@ -200,6 +200,11 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::update(const StepPlan& plan, s
     register_full_pages(s);
     if (!row.samples) continue;  // prefill not finished yet
     const int32_t tok = sampled[next++];
+    if (s.finish == FinishReason::Error) {  // the engine refused this row's token (grammar): no token, done
+      free_pages(s, false);
+      done.push_back(&s);
+      continue;
+    }
     const GenerationParams& p = s.req.params;
     s.tokens.push_back(tok);
     ++s.generated;

@@ -89,5 +89,43 @@ TEST(EngineGrammar, JsonSchemaRequestsAlwaysReturnSchemaValidJson) {
   EXPECT_TRUE(json::parse(ftext, nullptr, false).is_discarded()) << ftext;
 }
 
+TEST(EngineGrammar, AVocabularyThatCannotContinueTheDocumentEndsTheRequestWithAnErrorNotOffGrammarTokens) {
+  // The key must be "a", but the vocabulary has '"' and no token starting with 'a': after '{"' no token continues.
+  M3Config c = test::tiny_config();
+  c.eos_token_id = 0;
+  M3Model model(c, test::random_weights(c, 12));
+  Engine e(model, EngineConfig{.num_pages = 64});
+  std::vector<std::string> b{"<eos>", "{", "\"", "}", ":", "1"};
+  while (int(b.size()) < int(c.vocab_size)) b.push_back("zz");
+  std::vector<uint8_t> usable(b.size(), 1);
+  usable[0] = 0;
+  auto vocab = std::make_shared<const grammar::TokenVocab>(b, usable, 0, int(c.vocab_size));
+  const json schema = json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+      "additionalProperties": false})");
+  auto spec = std::make_shared<grammar::ConstraintSpec>();
+  spec->grammar = std::make_shared<grammar::CompiledGrammar>(grammar::json_schema_grammar(schema), vocab);
+  std::vector<int32_t> toks;
+  FinishReason fin = FinishReason::None;
+  std::string error;
+  EngineRequest r;
+  r.id = "dead";
+  r.prompt = test::random_ids(8, int(c.vocab_size), 3);
+  r.params.max_tokens = 50;
+  r.params.sampling.temperature = 0.f;
+  r.constraint = spec;
+  e.submit(std::move(r), [&](const EngineOutput& o) {
+    toks.insert(toks.end(), o.tokens.begin(), o.tokens.end());
+    fin = o.finish, error = o.error;
+  });
+  while (e.step()) {
+  }
+  EXPECT_EQ(fin, FinishReason::Error);
+  EXPECT_NE(error.find("no token of the vocabulary continues the grammar"), std::string::npos) << error;
+  std::string text;
+  for (int32_t t : toks) text += vocab->bytes(t);
+  EXPECT_EQ(text, "{\"") << "only the tokens the grammar accepted were emitted";
+  EXPECT_EQ(e.metrics().requests_error, 1u);
+}
+
 }  // namespace
 }  // namespace m3

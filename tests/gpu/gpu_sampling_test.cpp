@@ -359,8 +359,11 @@ TEST(GpuSampling, ConstrainedEngineGenerationOnTheGpuEqualsTheCpuEngine) {
   opt.bf16_weights = false;
   CudaExecutor gpu(cfg, w, 64, opt);
   // Every id stands for a JSON-ish piece; id 5 is EOS.
+  // (The bare key letters are there so the grammar can always continue after a '"': a vocabulary without them
+  // would end the requests with an error, tests/engine/engine_grammar_test.cpp.)
   const char* pieces[] = {"{", "}", "[", "]", "\"", ":", ",", " ", "\n", "0", "1", "7", "-", "true", "false",
-                          "null", "\"a\"", "\"b\"", "\"c\"", "x", "yz", "\"x\"", "{\"a\": ", "12", ", \"b\": "};
+                          "null", "\"a\"", "\"b\"", "\"c\"", "x", "yz", "\"x\"", "{\"a\": ", "12", ", \"b\": ",
+                          "a", "b", "c", "y", "z"};
   std::vector<std::string> bytes(size_t(cfg.vocab_size));
   std::vector<uint8_t> usable(bytes.size(), 1);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = pieces[i % (sizeof(pieces) / sizeof(pieces[0]))];
