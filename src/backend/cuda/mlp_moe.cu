@@ -1,13 +1,17 @@
 #include "backend/cuda/mlp_moe.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace m3::cuda {
 
 namespace {
 
+// SwiGLU-OAI (cpu::swiglu_oai) of gu [T, 2I] → out [T, I]; OutT = float, or __nv_bfloat16 (rounded to nearest
+// even: the bf16 input of the down GEMM, bit-identical to the fp32 result rounded by f32_to_bf16).
+template <typename OutT>
 __global__ void swiglu_kernel(const float* __restrict__ gu, int64_t T, int64_t I, float alpha, float limit,
-                              float* __restrict__ out) {
+                              OutT* __restrict__ out) {
   const int64_t n = T * I;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = k / I, i = k % I;
@@ -15,21 +19,11 @@ __global__ void swiglu_kernel(const float* __restrict__ gu, int64_t T, int64_t I
     const float gc = fminf(g, limit);
     const float uc = fminf(fmaxf(u, -limit), limit);
     const float sig = 1.0f / (1.0f + expf(-alpha * gc));
-    out[k] = gc * sig * (uc + 1.0f);
-  }
-}
-
-// The same, writing bf16 (RNE) for the down GEMM: bit-identical to swiglu_kernel then f32_to_bf16.
-__global__ void swiglu_bf16_kernel(const float* __restrict__ gu, int64_t T, int64_t I, float alpha, float limit,
-                                   __nv_bfloat16* __restrict__ out) {
-  const int64_t n = T * I;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = k / I, i = k % I;
-    const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
-    const float gc = fminf(g, limit);
-    const float uc = fminf(fmaxf(u, -limit), limit);
-    const float sig = 1.0f / (1.0f + expf(-alpha * gc));
-    out[k] = __float2bfloat16_rn(gc * sig * (uc + 1.0f));
+    const float v = gc * sig * (uc + 1.0f);
+    if constexpr (std::is_same_v<OutT, float>)
+      out[k] = v;
+    else
+      out[k] = __float2bfloat16_rn(v);
   }
 }
 
@@ -103,7 +97,7 @@ unsigned grid_for(int64_t n, int threads) { return unsigned(std::max<int64_t>(1,
 
 void swiglu_oai(const float* gate_up, int64_t T, int64_t I, float alpha, float limit, float* out, cudaStream_t s) {
   if (T * I <= 0) return;
-  swiglu_kernel<<<grid_for(T * I, 256), 256, 0, s>>>(gate_up, T, I, alpha, limit, out);
+  swiglu_kernel<float><<<grid_for(T * I, 256), 256, 0, s>>>(gate_up, T, I, alpha, limit, out);
   M3_CUDA_LAUNCH_CHECK();
 }
 
@@ -132,7 +126,7 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
       g.nt(x, T, H, m.gate_up, m.wt, 2 * m.I, scr.gu.get(), false, s);
     scr.act_b.grow(size_t(T * m.I));
     if (T * m.I > 0) {
-      swiglu_bf16_kernel<<<grid_for(T * m.I, 256), 256, 0, s>>>(scr.gu.get(), T, m.I, alpha, limit,
+      swiglu_kernel<__nv_bfloat16><<<grid_for(T * m.I, 256), 256, 0, s>>>(scr.gu.get(), T, m.I, alpha, limit,
                                                                 reinterpret_cast<__nv_bfloat16*>(scr.act_b.get()));
       M3_CUDA_LAUNCH_CHECK();
     }

@@ -293,6 +293,29 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
 
 }  // namespace
 
+// The part both plans share: buffers (work_pages sized work_cap), the ticket reset, the plan kernel and the page
+// flatten kernel — over W items known here (W ≥ 0), or over the count the plan kernel leaves in work_indptr[T]
+// with a fixed grid (W < 0: the device plan).
+void MsaDecodeIndex::launch_plan(const DevStepRows& rows, size_t work_cap, int W, cudaStream_t s) {
+  work_indptr_.grow(size_t(T_) + 1);
+  attn_indptr_.grow(size_t(T_) * H_ + 1);
+  attn_last_.grow(size_t(T_) * H_);
+  attn_indices_.grow(size_t(T_) * H_ * K_);
+  selection_.grow(size_t(T_) * H_ * K_);
+  scores_.grow(size_t(H_) * T_ * max_cols_);
+  row_done_.grow(size_t(T_));
+  work_pages_.grow(std::max<size_t>(work_cap, 1));
+  M3_CUDA_CHECK(cudaMemsetAsync(row_done_.get(), 0, size_t(T_) * sizeof(int32_t), s));
+  grid_ = kCtasPerSm * sm_count();
+  decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
+                                                      attn_last_.get());
+  M3_CUDA_LAUNCH_CHECK();
+  if (W == 0) return;
+  const unsigned blocks = W > 0 ? unsigned((W + 255) / 256) : unsigned(2 * sm_count());
+  decode_index_pages_kernel<<<blocks, 256, 0, s>>>(rows, work_indptr_.get(), W, work_pages_.get());
+  M3_CUDA_LAUNCH_CHECK();
+}
+
 void MsaDecodeIndex::plan_device(const DevStepRows& rows, int num_heads, int top_k, int64_t kv_pages_per_unit,
                                  int64_t max_cols, cudaStream_t s) {
   M3_CUDA_REQUIRE(num_heads >= 1 && num_heads <= kMaxHeads, "msa decode index: %d index heads (supported: 1..%d)",
@@ -305,21 +328,7 @@ void MsaDecodeIndex::plan_device(const DevStepRows& rows, int num_heads, int top
   T_ = rows.T, H_ = num_heads, K_ = top_k, ppu_ = kv_pages_per_unit;
   max_cols_ = max_cols, max_pages_ = top_k, W_ = -1;  // the work count stays on the device
   if (T_ == 0) return;
-  work_indptr_.grow(size_t(T_) + 1);
-  attn_indptr_.grow(size_t(T_) * H_ + 1);
-  attn_last_.grow(size_t(T_) * H_);
-  attn_indices_.grow(size_t(T_) * H_ * K_);
-  selection_.grow(size_t(T_) * H_ * K_);
-  scores_.grow(size_t(H_) * T_ * max_cols_);
-  row_done_.grow(size_t(T_));
-  work_pages_.grow(size_t(T_) * size_t(max_cols_));  // ≤ max_cols history pages per row
-  M3_CUDA_CHECK(cudaMemsetAsync(row_done_.get(), 0, size_t(T_) * sizeof(int32_t), s));
-  grid_ = kCtasPerSm * sm_count();
-  decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
-                                                      attn_last_.get());
-  M3_CUDA_LAUNCH_CHECK();
-  decode_index_pages_kernel<<<unsigned(2 * sm_count()), 256, 0, s>>>(rows, work_indptr_.get(), -1, work_pages_.get());
-  M3_CUDA_LAUNCH_CHECK();
+  launch_plan(rows, size_t(T_) * size_t(max_cols_), -1, s);  // ≤ max_cols history pages per row
 }
 
 void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& rows, int num_heads, int top_k,
@@ -345,24 +354,7 @@ void MsaDecodeIndex::plan(const std::vector<int32_t>& pos, const DevStepRows& ro
                   "msa decode index: step too large (%lld pages to score)", (long long)work);
   W_ = int(work);
   if (T_ == 0) return;
-  work_indptr_.grow(size_t(T_) + 1);
-  attn_indptr_.grow(size_t(T_) * H_ + 1);
-  attn_last_.grow(size_t(T_) * H_);
-  attn_indices_.grow(size_t(T_) * H_ * K_);
-  selection_.grow(size_t(T_) * H_ * K_);
-  scores_.grow(size_t(H_) * T_ * max_cols_);
-  row_done_.grow(size_t(T_));
-  M3_CUDA_CHECK(cudaMemsetAsync(row_done_.get(), 0, size_t(T_) * sizeof(int32_t), s));
-  grid_ = kCtasPerSm * sm_count();
-  work_pages_.grow(size_t(std::max<int64_t>(work, 1)));
-  decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
-                                                      attn_last_.get());
-  M3_CUDA_LAUNCH_CHECK();
-  if (work > 0) {
-    decode_index_pages_kernel<<<unsigned((work + 255) / 256), 256, 0, s>>>(rows, work_indptr_.get(), int(work),
-                                                                          work_pages_.get());
-    M3_CUDA_LAUNCH_CHECK();
-  }
+  launch_plan(rows, size_t(work), W_, s);
 }
 
 template <typename KT>
