@@ -842,7 +842,7 @@ std::vector<SampledToken> CudaExecutor::Impl::decode_graph_step(std::span<const 
   }
   std::vector<SampledToken> out;
   if (g.exec) {
-    prof.replay(true, g.prof_cats, stream);
+    prof.replay(true, g.prof_cats);
     M3_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
     ++graph_stats.replays;
     out = finish_device_sampling(sampler, prow, stream);

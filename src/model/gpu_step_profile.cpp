@@ -38,6 +38,11 @@ double now_s() {
 
 void GpuStepProfile::begin(bool decode, cudaStream_t s) {
   if (!on_) return;
+  start_step(decode);
+  record(kEmbedNorm, s);  // the step's start (its category is unused)
+}
+
+void GpuStepProfile::start_step(bool decode) {
   collect();
   const double t = now_s();
   if (last_begin_s_ >= 0 && last_was_decode_ && decode && t - last_begin_s_ < 0.1)
@@ -48,7 +53,6 @@ void GpuStepProfile::begin(bool decode, cudaStream_t s) {
   cats_.clear();
   pending_ = true;
   pending_decode_ = decode;
-  record(kEmbedNorm, s);  // the step's start (its category is unused)
 }
 
 void GpuStepProfile::record(Cat c, cudaStream_t s) {
@@ -105,10 +109,9 @@ std::vector<int8_t> GpuStepProfile::take_recorded() {
   return out;
 }
 
-void GpuStepProfile::replay(bool decode, const std::vector<int8_t>& cats, cudaStream_t s) {
+void GpuStepProfile::replay(bool decode, const std::vector<int8_t>& cats) {
   if (!on_ || cats.empty()) return;
-  begin(decode, s);  // collects the previous step, records nothing new into events_[0]… but see below
-  // begin() recorded events_[0] eagerly; the graph records events_[0..n) itself, so start over at its list.
+  start_step(decode);  // collects the previous step; the graph's event nodes record events_[0..n) themselves
   cats_ = cats;
   used_ = cats.size();
 }

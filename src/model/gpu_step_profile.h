@@ -43,10 +43,11 @@ class GpuStepProfile {
     if (on_) collect();
   }
   std::vector<int8_t> take_recorded();
-  void replay(bool decode, const std::vector<int8_t>& cats, cudaStream_t s);
+  void replay(bool decode, const std::vector<int8_t>& cats);
 
  private:
   void record(Cat c, cudaStream_t s);
+  void start_step(bool decode);  // collect the previous step, the idle bookkeeping, an empty event list
   void collect();
   bool on_ = false;
   std::vector<cudaEvent_t> events_;  // reused across steps
