@@ -1,6 +1,7 @@
 #include "backend/cuda/paged_decode_tc.cuh"
 
 #include <algorithm>
+#include <limits>
 
 #include <cooperative_groups.h>
 
@@ -231,6 +232,35 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
   cluster.sync();  // no CTA leaves while its partial may still be read
 }
 
+// How many clusters of `size` CTAs (a request's splits) can be resident at once. A cluster must fit inside one GPC,
+// so this is below (slots / size) when the GPCs' SM counts do not divide evenly: on an H200, 32 requests × 8 splits
+// at 2 CTAs per SM asks for 32 clusters of 8 when fewer fit, and the last ones run as a second wave (about twice the
+// latency of the step). Measured once per (pipeline, size) with the bf16 kernel, whose shared memory the e4m3 one
+// shares; an error (or no cluster support) leaves the limit open.
+int max_active_clusters(int size, bool deep) {
+  static int cache[2][kMaxSplits + 1] = {};
+  int& c = cache[deep ? 1 : 0][size];
+  if (c != 0) return c;
+  const void* fn = deep ? reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, kDeepStages>)
+                        : reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, kWideStages>);
+  const int smem = smem_bytes(deep ? kDeepStages : kWideStages);
+  int n = 0;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, unsigned(size));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = unsigned(size), attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr, cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess) n = 0;
+  }
+  (void)cudaGetLastError();
+  c = n > 0 ? n : std::numeric_limits<int>::max();
+  return c;
+}
+
 }  // namespace
 
 void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split, bool dynamic) {
@@ -246,6 +276,7 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split, bool dyn
   const int slots = (deep_ ? 1 : 2) * sm_count();
   int want = 1;
   if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kMaxSplits));
+  while (want > 1 && R > max_active_clusters(want, deep_)) --want;  // all clusters in one wave
   chunks_per_split_ = (chunks + want - 1) / want;
   splits_ = (chunks + chunks_per_split_ - 1) / chunks_per_split_;
   if (dynamic) chunks_per_split_ = 0;  // the kernel cuts each request's chunks over the splits (see the kernel)
