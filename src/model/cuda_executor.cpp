@@ -451,7 +451,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     if (tc_index || tc_prefill_index) iqb.grow(size_t(T * Hi * Di));
   }
   if (tc_decode || tc_prefill || tc_dense_prefill) qb.grow(size_t(T * Hq * D));
-  if (tc_decode) attnb.grow(size_t(T * Hq * D));
+  if (tc_decode || tc_prefill || tc_dense_prefill) attnb.grow(size_t(T * Hq * D));
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   x.grow(size_t(T * H));
   xn.grow(size_t(T * H));
@@ -551,7 +551,9 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         if (tc_prefill) {
           const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                          kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
-          msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
+          // bf16 output straight into the O projection's input (the fp32 copy would only be rounded there)
+          msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s, attnb.get());
+          o_bf16 = true;
           if (opt.validate) msa_sparse.check(s);
         } else if (decode) {
           msa_decode.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
@@ -587,7 +589,8 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     } else if (tc_dense_prefill) {
       const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                      kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
-      msa_union.run_dense(qb.get(), rows, kvb, scale, attn.get(), s);
+      msa_union.run_dense(qb.get(), rows, kvb, scale, attn.get(), s, attnb.get());
+      o_bf16 = true;
     } else {
       dense.run(q.get(), kv, scale, attn.get(), s);
     }
