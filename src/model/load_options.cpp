@@ -30,13 +30,16 @@ CLI::Validator choice_of(const std::map<std::string, E>& words) {
 
 void add_load_flags(CLI::App& cmd, LoadOptions& o) {
   const std::map<std::string, LoadDType> dtypes{
-      {"auto", LoadDType::Auto}, {"bfloat16", LoadDType::BFloat16}, {"float32", LoadDType::Float32}};
+      {"auto", LoadDType::Auto}, {"bfloat16", LoadDType::BFloat16}, {"float32", LoadDType::Float32},
+      {"fp8", LoadDType::Fp8}};
   const std::map<std::string, LoadFormat> formats{
       {"auto", LoadFormat::Auto}, {"safetensors", LoadFormat::Safetensors}, {"dummy", LoadFormat::Dummy}};
   const std::map<std::string, LoadAttention> attns{
       {"msa", LoadAttention::Msa}, {"msa-v1", LoadAttention::MsaV1}, {"dense", LoadAttention::Dense}};
   cmd.add_option("--dtype", o.dtype,
-                 "Weights and KV cache: auto (bfloat16 on CUDA, float32 on the CPU), bfloat16 or float32")
+                 "Weights and KV cache: auto (bfloat16 on CUDA, float32 on the CPU), bfloat16, float32 or fp8 "
+                 "(CUDA: the MXFP8 attention, index, dense-MLP and shared-expert matrices stay e4m3, the rest and "
+                 "the KV cache bfloat16)")
       ->transform(choice_of(dtypes));
   cmd.add_option("--load-format", o.load_format,
                  "auto/safetensors (the checkpoint) or dummy (random weights of the config's shapes, made on the "
@@ -57,6 +60,7 @@ const char* name(LoadDType d) {
   switch (d) {
     case LoadDType::BFloat16: return "bfloat16";
     case LoadDType::Float32: return "float32";
+    case LoadDType::Fp8: return "fp8";
     default: return "auto";
   }
 }
@@ -76,8 +80,8 @@ const char* name(LoadAttention a) {
 }
 
 void check_cpu_load_options(const LoadOptions& o) {
-  M3_CHECK(o.dtype != LoadDType::BFloat16,
-           "--dtype bfloat16 needs --device cuda: the CPU executor computes in float32 only");
+  M3_CHECK(o.dtype != LoadDType::BFloat16 && o.dtype != LoadDType::Fp8,
+           "--dtype {} needs --device cuda: the CPU executor computes in float32 only", name(o.dtype));
   M3_CHECK(o.attention == LoadAttention::Msa,
            "--attention {} needs --device cuda: the CPU executor runs the model's own MSA attention only",
            name(o.attention));

@@ -13,7 +13,9 @@ class App;
 
 namespace m3 {
 
-enum class LoadDType { Auto, BFloat16, Float32 };  // auto: bf16 on CUDA, fp32 on the CPU (its only dtype)
+// auto: bf16 on CUDA, fp32 on the CPU (its only dtype). fp8 (CUDA): the MXFP8 projection matrices stay FP8, the rest
+// bf16 (CudaExecutorOptions::fp8_weights, docs/FP8.md §6).
+enum class LoadDType { Auto, BFloat16, Float32, Fp8 };
 enum class LoadFormat { Auto, Safetensors, Dummy };  // auto = safetensors
 enum class LoadAttention { Msa, MsaV1, Dense };      // maps to CudaExecutorOptions::attention (AttentionBackend)
 

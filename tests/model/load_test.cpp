@@ -52,6 +52,18 @@ TEST(LoadFlags, ParseEveryValue) {
   EXPECT_STREQ(name(o.attention), "dense");
 }
 
+TEST(LoadFlags, Fp8DtypeParsesAndTheCpuRefusesIt) {
+  const LoadOptions o = parse("--dtype fp8 --load-format dummy");
+  EXPECT_EQ(o.dtype, LoadDType::Fp8);
+  EXPECT_STREQ(name(o.dtype), "fp8");
+  try {
+    check_cpu_load_options(o);
+    ADD_FAILURE() << "the CPU executor accepted --dtype fp8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--dtype fp8 needs --device cuda"), std::string::npos) << e.what();
+  }
+}
+
 TEST(LoadFlags, BadValuesAreParseErrors) {
   EXPECT_THROW(parse("--dtype float16"), CLI::ParseError);
   EXPECT_THROW(parse("--load-format pt"), CLI::ParseError);
