@@ -1004,9 +1004,12 @@ std::string CudaExecutor::describe() const {
   const bool bf16_kv = m.kv_type == cuda::KvType::BF16;
   const char* attn = m.opt.attention == AttentionBackend::Dense ? "dense" : m.opt.attention == AttentionBackend::MsaV1 ? "msa-v1" : "msa";
   const std::string wname =
-      m.fp8_count > 0 ? fmt::format("fp8 ({} matrices e4m3 {}, W8A16 below {} rows, else cuBLASLt FP8) + bf16",
-                                    m.fp8_count, fp8_scale_name(kFp8Fmt), m.opt.fp8_lt_min_rows)
-      : m.wt == cuda::WType::BF16 ? std::string("bf16") : std::string("fp32");
+      m.fp8_count > 0
+          ? fmt::format("fp8 ({} matrices e4m3 {}, {}) + bf16", m.fp8_count, fp8_scale_name(kFp8Fmt),
+                        m.opt.fp8_lt_min_rows > 0
+                            ? fmt::format("W8A16 below {} rows, else cuBLASLt FP8", m.opt.fp8_lt_min_rows)
+                            : std::string("W8A16 only"))
+          : m.wt == cuda::WType::BF16 ? std::string("bf16") : std::string("fp32");
   return fmt::format("cuda {} ({} weights, {} KV, attention {}, {} layers, weights {}, decode graphs {}), KV cache {} "
                      "pages × {} tokens = {} tokens ({:.1f} MiB)", name,
                      wname, bf16_kv ? "bf16" : "fp32", attn, m.c.num_layers,

@@ -52,6 +52,11 @@ void add_load_flags(CLI::App& cmd, LoadOptions& o) {
                  "Attention of the MSA layers (CUDA): msa (tensor-core kernels where they apply), msa-v1 (the "
                  "query-major kernels) or dense (dense causal attention, a benchmark baseline)")
       ->transform(choice_of(attns));
+  const std::map<std::string, LoadFp8Gemm> fp8_gemms{{"cublaslt", LoadFp8Gemm::CublasLt}, {"w8a16", LoadFp8Gemm::W8A16}};
+  cmd.add_option("--fp8-prefill-gemm", o.fp8_prefill_gemm,
+                 "With --dtype fp8: the GEMM of prefill-sized steps (16 rows or more): cublaslt (FP8xFP8, e4m3 "
+                 "activations: faster, less accurate) or w8a16 (bf16 activations, as the decode rows)")
+      ->transform(choice_of(fp8_gemms));
   cmd.add_flag("--enforce-eager", o.enforce_eager,
                "Run every step eagerly (CUDA only; default: decode steps of up to 256 sequences replay CUDA graphs)");
 }
@@ -71,6 +76,7 @@ const char* name(LoadFormat f) {
     default: return "auto";
   }
 }
+const char* name(LoadFp8Gemm g) { return g == LoadFp8Gemm::W8A16 ? "w8a16" : "cublaslt"; }
 const char* name(LoadAttention a) {
   switch (a) {
     case LoadAttention::MsaV1: return "msa-v1";
