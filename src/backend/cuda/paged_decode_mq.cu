@@ -110,11 +110,15 @@ __global__ void __launch_bounds__(kThreads, 1) paged_decode_mq_kernel(PagedDecod
   __syncthreads();
   if (tid < E) {  // first earlier-row entry of the same page (a row's own list is not deduplicated)
     const int lim = mt.row_off[my_q];
-    for (int e = 0; e < lim; ++e)
-      if (mt.ent_v[e] == my_v) {
-        dup = e;
-        break;
-      }
+    // 16-byte broadcast reads, no early exit: the loads of a warp's lanes pipeline (≤ 28 steps at 128 entries).
+#pragma unroll 4
+    for (int e = lim - 1 - ((lim - 1) & 3); e >= 0; e -= 4) {  // backwards: the last match written is the first
+      const int4 v4 = *reinterpret_cast<const int4*>(&mt.ent_v[e]);
+      if (e + 3 < lim && v4.w == my_v) dup = e + 3;
+      if (e + 2 < lim && v4.z == my_v) dup = e + 2;
+      if (e + 1 < lim && v4.y == my_v) dup = e + 1;
+      if (v4.x == my_v) dup = e;
+    }
   }
   const bool first = tid < E && dup == tid;
   const unsigned bal = __ballot_sync(0xffffffffu, first);
