@@ -191,6 +191,9 @@ bool run_multi_query(double copy, bool scorer, const std::string& json_path, con
   fill(vpool.get(), size_t(P) * kHkv * kBlock * kD, 4);
   std::mt19937_64 g(11);
   std::vector<MqRecord> recs;
+  std::printf("\npaged_decode_mq: resident clusters at 2 / 4 / 8 splits: %d / %d / %d\n",
+              m3::cuda::PagedDecodeMq::max_active_clusters(2), m3::cuda::PagedDecodeMq::max_active_clusters(4),
+              m3::cuda::PagedDecodeMq::max_active_clusters(8));
   std::printf("\n| ctx | selection | B | Q | union pages / 16 | unique MB | per-row µs | union µs | union GB/s on unique "
               "(%% of copy) | union × Q=1 | per-row × Q=1 | union / per-row | bytes × Q=1 | splits |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -350,6 +350,24 @@ void PagedDecodeMq::plan(int N, int Hkv, int G, int max_q, int max_pages, bool a
   const int ctas = N * Hkv;
   splits_ = 1;
   if (allow_split && ctas > 0) splits_ = std::clamp(sm_count() / ctas, 1, std::min(kMaxSplits, chunks / 2));
+  // A cluster of `splits` CTAs at ~195 KiB of shared memory each must fit one GPC; shrink it until one does.
+  while (splits_ > 1 && max_active_clusters(splits_) < 1) --splits_;
+}
+
+int PagedDecodeMq::max_active_clusters(int splits) {
+  M3_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_mq_kernel<__nv_bfloat16>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, unsigned(splits));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1, attr.val.clusterDim.y = unsigned(splits), attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr, cfg.numAttrs = 1;
+  int n = 0;
+  M3_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, paged_decode_mq_kernel<__nv_bfloat16>, &cfg));
+  return n;
 }
 
 template <typename KvT>

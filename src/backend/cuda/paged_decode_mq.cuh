@@ -51,6 +51,8 @@ class PagedDecodeMq {
   template <typename KvT>
   void run(const PagedDecodeMqArgs<KvT>& a, cudaStream_t s, bool pdl = false);
   int splits() const { return splits_; }
+  // Clusters of `splits` CTAs that can be resident at once (0: such a cluster cannot launch).
+  static int max_active_clusters(int splits);
 
  private:
   int N_ = 0, Hkv_ = 0, G_ = 0, splits_ = 1;
