@@ -42,6 +42,73 @@ struct Meta {
 };
 constexpr int kSmemBytes = kRingBytes + int(sizeof(Meta));
 
+// One warp step over tokens [t, t + 16·NS) of the chunk at ks / vs for the warp's row (its G heads are the mma M):
+// S = Q·Kᵀ as 2·NS n-tiles (the NS slices' k-chains interleave, so NS·2 independent mma chains are in flight),
+// online softmax once per step (log2 domain, fp32), O += P·V over NS k-steps (P re-packed from the S accumulators,
+// V through ldmatrix.trans). Tokens ≥ vis (the row's visible tokens in this chunk) are masked to −inf.
+template <int NS>
+__device__ __forceinline__ void attend_step(uint32_t ks, uint32_t vs, int t, int vis, float sl2,
+                                            const uint32_t (&qf)[8][4], float (&o)[16][4], float& m0, float& m1,
+                                            float& l0, float& l1, int lane) {
+  float sc[2 * NS][4];
+#pragma unroll
+  for (int j = 0; j < 2 * NS; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4(ks + swz128(t + s * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0, b1, b2,
+                  b3);
+      mma_bf16_16816(sc[2 * s], qf[kk], b0, b1);
+      mma_bf16_16816(sc[2 * s + 1], qf[kk], b2, b3);
+    }
+  const int tb = t + 2 * (lane & 3);
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 2 * NS; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = tb + j * 8 + (e & 1) < vis ? sc[j][e] * sl2 : -INFINITY;
+      sc[j][e] = x;
+      if (e < 2) mx0 = fmaxf(mx0, x);
+      else mx1 = fmaxf(mx1, x);
+    }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+  // A head with no valid key yet keeps m = −inf: subtract 0 instead so exp2 gives 0, never NaN.
+  const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
+  const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
+  m0 = mn0, m1 = mn1;
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < 2 * NS; ++j) {
+    sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
+    sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
+    s0 += sc[j][0] + sc[j][1], s1 += sc[j][2] + sc[j][3];
+  }
+  l0 = l0 * al0 + s0, l1 = l1 * al1 + s1;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) o[i][0] *= al0, o[i][1] *= al0, o[i][2] *= al1, o[i][3] *= al1;
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    const uint32_t pa[4] = {pack_bf16x2(sc[2 * s][0], sc[2 * s][1]), pack_bf16x2(sc[2 * s][2], sc[2 * s][3]),
+                            pack_bf16x2(sc[2 * s + 1][0], sc[2 * s + 1][1]),
+                            pack_bf16x2(sc[2 * s + 1][2], sc[2 * s + 1][3])};
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd) {
+      uint32_t v0, v1, v2, v3;
+      ldmatrix_x4_trans(vs + swz128(t + s * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * nd + (lane >> 4)), v0, v1,
+                        v2, v3);
+      mma_bf16_16816(o[2 * nd], pa, v0, v1);
+      mma_bf16_16816(o[2 * nd + 1], pa, v2, v3);
+    }
+  }
+}
+
 // grid (N·Hkv, splits), 256 threads, cluster (1, splits). CTA (request n, KV head h, split):
 //   1. union: the rows' page lists are concatenated (≤ 128 entries, row 0's first); an entry is a first occurrence
 //      when no earlier row lists its page; first occurrences are compacted (ballot prefix) into union slots, so row 0's
@@ -49,10 +116,12 @@ constexpr int kSmemBytes = kRingBytes + int(sizeof(Meta));
 //   2. the union's chunks (2 per page, 64 tokens) stream once through a 6-stage cp.async ring, rows past every
 //      row's visible length zero-filled; the split owns chunks [split·per, +per), per = ⌈2U / splits⌉.
 //   3. warp w serves row q = w / wpr (wpr = 8 / Q rounded up to a power of two: Q = 8 one warp per row, Q = 1 all
-//      8 warps) and the 16-token slices s of a chunk with (chunk·4 + s) % wpr == w % wpr; the row's G query heads are
-//      the mma M (rows ≥ G zero). A warp skips slices its row did not select or cannot see (warp-uniform: vlen is per
-//      row), so no mma is spent on another row's pages. S = Q·Kᵀ, online softmax (log2, fp32), O += P·V as in
-//      PagedDecodeTc.
+//      8 warps); the row's G query heads are the mma M (rows ≥ G zero). The row's warps cut each chunk into
+//      contiguous ranges of 64 / wpr tokens and take one attend_step over the whole range (Q 5–8: 64 tokens,
+//      Q 3–4: 32, Q 2: 16; Q = 1: 16-token slices, the warps alternating chunks). One step per chunk keeps 2·NS
+//      independent mma chains in flight (the first version, one 16-token slice at a time, was latency-bound:
+//      bench/results/2026-12-02b-decode-mq-h200.md). A warp skips chunks its row did not select or cannot see
+//      (warp-uniform: vlen is per row), so no mma is spent on another row's pages.
 //   4. warps of a row merge in smem; with splits, the CTAs of the cluster merge (O, LSE) through DSMEM.
 template <typename KvT>
 __global__ void __launch_bounds__(kThreads, 1) paged_decode_mq_kernel(PagedDecodeMqArgs<KvT> a, int splits) {
@@ -175,6 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_decode_mq_kernel(PagedDecod
   const int qp = Q <= 1 ? 1 : Q <= 2 ? 2 : Q <= 4 ? 4 : 8;
   const int wpr = kWarps / qp, row = warp / wpr, wi = warp % wpr;
   const bool active = row < Q;
+  const int ns = wpr >= 4 ? 1 : 4 / wpr;  // 16-token slices per warp step: Q ≤ 2 → 1, Q 3–4 → 2, Q 5–8 → 4
   uint32_t qf[8][4];
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk)
@@ -195,56 +265,15 @@ __global__ void __launch_bounds__(kThreads, 1) paged_decode_mq_kernel(PagedDecod
     const int vis = active ? int(mt.vlen[row][c >> 1]) - (c & 1) * CH : 0;  // the row's tokens in this chunk
     if (vis <= 0) continue;
     const uint32_t ks = sbase + ((c - c0) % kStages) * kStageBytes, vs = ks + kTileBytes;
-#pragma unroll 1
-    for (int sl = 0; sl < 4; ++sl) {
-      if ((((c - c0) * 4 + sl) & (wpr - 1)) != wi || sl * 16 >= vis) continue;
-      float sc[2][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(ks + swz128(sl * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0, b1, b2,
-                    b3);
-        mma_bf16_16816(sc[0], qf[kk], b0, b1);
-        mma_bf16_16816(sc[1], qf[kk], b2, b3);
-      }
-      const int tb = sl * 16 + 2 * (lane & 3);
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = tb + j * 8 + (e & 1) < vis ? sc[j][e] * sl2 : -INFINITY;
-          sc[j][e] = x;
-          if (e < 2) mx0 = fmaxf(mx0, x);
-          else mx1 = fmaxf(mx1, x);
-        }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      // A head with no valid key yet keeps m = −inf: subtract 0 instead so exp2 gives 0, never NaN.
-      const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
-      const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
-      m0 = mn0, m1 = mn1;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
-        sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
-      }
-      l0 = l0 * al0 + sc[0][0] + sc[0][1] + sc[1][0] + sc[1][1];
-      l1 = l1 * al1 + sc[0][2] + sc[0][3] + sc[1][2] + sc[1][3];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) o[i][0] *= al0, o[i][1] *= al0, o[i][2] *= al1, o[i][3] *= al1;
-      const uint32_t pa[4] = {pack_bf16x2(sc[0][0], sc[0][1]), pack_bf16x2(sc[0][2], sc[0][3]),
-                              pack_bf16x2(sc[1][0], sc[1][1]), pack_bf16x2(sc[1][2], sc[1][3])};
-#pragma unroll
-      for (int nd = 0; nd < 8; ++nd) {
-        uint32_t v0, v1, v2, v3;
-        ldmatrix_x4_trans(vs + swz128(sl * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * nd + (lane >> 4)), v0, v1,
-                          v2, v3);
-        mma_bf16_16816(o[2 * nd], pa, v0, v1);
-        mma_bf16_16816(o[2 * nd + 1], pa, v2, v3);
+    if (wpr == kWarps) {  // Q = 1: slice wi & 3 of the chunks of parity wi >> 2
+      const int t = (wi & 3) * 16;
+      if (((c - c0) & 1) == (wi >> 2) && t < vis) attend_step<1>(ks, vs, t, vis, sl2, qf, o, m0, m1, l0, l1, lane);
+    } else {  // the row's warps cut the chunk into contiguous ranges of 64 / wpr tokens
+      const int t = wi * ns * 16;
+      if (t < vis) {
+        if (ns == 4) attend_step<4>(ks, vs, t, vis, sl2, qf, o, m0, m1, l0, l1, lane);
+        else if (ns == 2) attend_step<2>(ks, vs, t, vis, sl2, qf, o, m0, m1, l0, l1, lane);
+        else attend_step<1>(ks, vs, t, vis, sl2, qf, o, m0, m1, l0, l1, lane);
       }
     }
   }
