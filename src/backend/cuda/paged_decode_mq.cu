@@ -1,6 +1,7 @@
 #include "backend/cuda/paged_decode_mq.cuh"
 
 #include <algorithm>
+#include <atomic>
 
 #include <cooperative_groups.h>
 
@@ -379,11 +380,16 @@ void PagedDecodeMq::plan(int N, int Hkv, int G, int max_q, int max_pages, bool a
   const int ctas = N * Hkv;
   splits_ = 1;
   if (allow_split && ctas > 0) splits_ = std::clamp(sm_count() / ctas, 1, std::min(kMaxSplits, chunks / 2));
-  // A cluster of `splits` CTAs at ~195 KiB of shared memory each must fit one GPC; shrink it until one does.
-  while (splits_ > 1 && max_active_clusters(splits_) < 1) --splits_;
+  // All N·Hkv clusters must be resident at once: a cluster of `splits` CTAs at ~195 KiB of shared memory each needs
+  // `splits` SMs of one GPC, so fewer clusters fit than #SMs / splits (H200, measured: 30 of 4, 15 of 8). A second
+  // wave of clusters doubles the time (B = 8 at 4 splits: 32 clusters for 30 slots, bench/results/
+  // 2026-12-02b-decode-mq-h200.md), so shrink the cluster until they fit.
+  while (splits_ > 1 && max_active_clusters(splits_) < ctas) --splits_;
 }
 
 int PagedDecodeMq::max_active_clusters(int splits) {
+  static std::atomic<int> cache[kMaxSplits + 1] = {};  // per split count, queried once (plan() runs per step)
+  if (splits >= 1 && splits <= kMaxSplits && cache[splits] > 0) return cache[splits];
   M3_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_mq_kernel<__nv_bfloat16>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   cudaLaunchConfig_t cfg = {};
@@ -396,6 +402,7 @@ int PagedDecodeMq::max_active_clusters(int splits) {
   cfg.attrs = &attr, cfg.numAttrs = 1;
   int n = 0;
   M3_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, paged_decode_mq_kernel<__nv_bfloat16>, &cfg));
+  if (splits >= 1 && splits <= kMaxSplits) cache[splits] = n;
   return n;
 }
 
