@@ -26,6 +26,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cub/cub.cuh>
 
@@ -80,27 +81,30 @@ struct EdgeParams {
   int T, K, P, Hkv;
 };
 
+// Grid-stride over the entries with a grid of a few CTAs per SM: a step whose tiles all went to the union-tile
+// kernel (routed == 0) then costs a few hundred CTAs that read one int, not one CTA per 256 entries.
 __global__ void kvm_count_kernel(const EdgeParams p) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= p.E || (p.routed && *p.routed == 0)) return;
-  const int b = p.selection[e];
-  int rank = -1;
-  if (b >= 0) {
-    const int64_t ht = e / p.K;
-    const int t = int(ht % p.T), h = int(ht / p.T);
-    const int local = p.pos[t] / kB;
-    if (p.route && !p.route[(t / kTok) * p.Hkv + h]) {
-      // served by the union-tile kernel, which checks the contract itself
-    } else if (b > local) {
-      atomicOr(p.error, 1);
-    } else {
-      const int page = p.pt_pages[p.pt_indptr[p.row_seq[t]] + b];
-      const int r = h * p.P + page;
-      p.edge_row[e] = r;
-      rank = atomicAdd(&p.cnt[r], 1);
+  if (p.routed && *p.routed == 0) return;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < p.E; e += int64_t(gridDim.x) * blockDim.x) {
+    const int b = p.selection[e];
+    int rank = -1;
+    if (b >= 0) {
+      const int64_t ht = e / p.K;
+      const int t = int(ht % p.T), h = int(ht / p.T);
+      const int local = p.pos[t] / kB;
+      if (p.route && !p.route[(t / kTok) * p.Hkv + h]) {
+        // served by the union-tile kernel, which checks the contract itself
+      } else if (b > local) {
+        atomicOr(p.error, 1);
+      } else {
+        const int page = p.pt_pages[p.pt_indptr[p.row_seq[t]] + b];
+        const int r = h * p.P + page;
+        p.edge_row[e] = r;
+        rank = atomicAdd(&p.cnt[r], 1);
+      }
     }
+    p.rank[e] = rank;
   }
-  p.rank[e] = rank;
 }
 
 __global__ void kvm_pack_kernel(const int* cnt, unsigned long long* packed, int64_t rows, const int* routed) {
@@ -111,13 +115,14 @@ __global__ void kvm_pack_kernel(const int* cnt, unsigned long long* packed, int6
 }
 
 __global__ void kvm_scatter_kernel(const EdgeParams p, const unsigned long long* off, int* csr) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= p.E || (p.routed && *p.routed == 0)) return;
-  const int rank = p.rank[e];
-  if (rank < 0) return;
-  const int64_t ht = e / p.K;
-  const int t = int(ht % p.T), slot = int(e % p.K);
-  csr[uint32_t(off[p.edge_row[e]]) + rank] = t | (slot << 24);
+  if (p.routed && *p.routed == 0) return;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < p.E; e += int64_t(gridDim.x) * blockDim.x) {
+    const int rank = p.rank[e];
+    if (rank < 0) continue;
+    const int64_t ht = e / p.K;
+    const int t = int(ht % p.T), slot = int(e % p.K);
+    csr[uint32_t(off[p.edge_row[e]]) + rank] = t | (slot << 24);
+  }
 }
 
 __global__ void kvm_tiles_kernel(const int* cnt, const unsigned long long* off, int64_t rows, int2* tiles,
@@ -614,14 +619,15 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   const EdgeParams ep{selection,   rows.pos,        rows.row_seq, rows.pt_indptr, rows.pt_pages, cnt_.get(),
                       rank_.get(), edge_row_.get(), error_.get(), route,          routed, E,             int(T_),
                       K_,          int(P_),         Hkv_};
-  kvm_count_kernel<<<blocks_for(E, 256), 256, 0, s>>>(ep);
+  const unsigned edge_grid = unsigned(std::min<int64_t>(blocks_for(E, 256), int64_t(8) * sms_));
+  kvm_count_kernel<<<edge_grid, 256, 0, s>>>(ep);
   M3_CUDA_LAUNCH_CHECK();
   kvm_pack_kernel<<<blocks_for(nrows, 256), 256, 0, s>>>(cnt_.get(), packed_.get(), nrows, routed);
   M3_CUDA_LAUNCH_CHECK();
   size_t tmp = scan_tmp_bytes_;
   M3_CUDA_CHECK(
       cub::DeviceScan::ExclusiveSum(scan_tmp_.get(), tmp, packed_.get(), packed_off_.get(), int(nrows), s));
-  kvm_scatter_kernel<<<blocks_for(E, 256), 256, 0, s>>>(ep, packed_off_.get(), csr_.get());
+  kvm_scatter_kernel<<<edge_grid, 256, 0, s>>>(ep, packed_off_.get(), csr_.get());
   M3_CUDA_LAUNCH_CHECK();
   kvm_tiles_kernel<<<blocks_for(nrows, 256), 256, 0, s>>>(cnt_.get(), packed_off_.get(), nrows, tiles_.get(),
                                                           n_tiles_.get(), routed);

@@ -9,26 +9,42 @@ namespace {
 constexpr int kTok = 8, kB = 128;
 
 // One CTA of 128 threads per (tile of 8 rows, KV head); thread i = entry (row i / top_k, slot i % top_k) of the
-// tile's selections. |U| = entries whose physical page has no earlier equal entry; E = valid entries.
+// tile's selections. E = valid entries; |U| = distinct physical pages among them, counted by inserting each page into
+// a 256-slot open-addressing set in shared memory (the inserting thread of a new key counts it): O(1) per entry
+// instead of comparing with every earlier entry.
 __global__ void msa_route_kernel(const int32_t* selection, const int32_t* pos, const int32_t* row_seq,
                                  const int32_t* pt_indptr, const int32_t* pt_pages, int T, int Hkv, int top_k,
                                  int threshold_pct, uint8_t* route, int* routed) {
-  __shared__ int32_t key[kTok * 16];
+  constexpr int kSlots = 256;  // > 2 · 128 entries: short probe chains
+  __shared__ int32_t set[kSlots];
   __shared__ int counts[2];
   const int tile = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   const int tl = i / top_k, slot = i % top_k, t = tile * kTok + tl;
+  set[i] = -1;
+  set[i + 128] = -1;
+  if (i < 2) counts[i] = 0;
   int page = -1;
   if (tl < kTok && t < T) {
     const int b = selection[(int64_t(h) * T + t) * top_k + slot];
     if (b >= 0 && b <= pos[t] / kB) page = pt_pages[pt_indptr[row_seq[t]] + b];
   }
-  key[i] = page;
-  if (i < 2) counts[i] = 0;
   __syncthreads();
-  bool first = page >= 0;
-  for (int j = 0; j < i && first; ++j) first = key[j] != page;
-  if (page >= 0) atomicAdd(&counts[1], 1);
-  if (first) atomicAdd(&counts[0], 1);
+  int distinct = 0;
+  if (page >= 0) {
+    for (uint32_t k = (uint32_t(page) * 2654435761u) >> 24;; k = (k + 1) % kSlots) {
+      const int prev = atomicCAS(&set[k], -1, page);
+      if (prev == -1) {
+        distinct = 1;  // this thread inserted the key
+        break;
+      }
+      if (prev == page) break;  // an equal entry got there first
+    }
+  }
+  const uint32_t valid = __ballot_sync(0xffffffffu, page >= 0), first = __ballot_sync(0xffffffffu, distinct != 0);
+  if (i % 32 == 0) {
+    atomicAdd(&counts[0], __popc(first));
+    atomicAdd(&counts[1], __popc(valid));
+  }
   __syncthreads();
   if (i == 0) {
     const bool kv_major = int64_t(counts[0]) * 100 > int64_t(counts[1]) * threshold_pct;
