@@ -9,12 +9,10 @@ namespace {
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f32(float x) { return x; }
 
-// Grid-stride; fp32 division rounded to nearest (the CPU twin's x / scale), then cvt.rn.satfinite.e4m3 (NaN → 0x7f,
-// the CPU twin's e4m3_rne).
 template <typename T>
 __global__ void kv_quantize_e4m3_kernel(const T* __restrict__ x, int64_t n, float scale, uint8_t* __restrict__ q) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    q[i] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(to_f32(x[i]), scale), __NV_SATFINITE, __NV_E4M3));
+    q[i] = e4m3_quantize(to_f32(x[i]), scale);
 }
 
 template <typename T>

@@ -20,6 +20,12 @@ void kv_quantize_e4m3(const __nv_bfloat16* x, int64_t n, float scale, e4m3_t* q,
 void kv_quantize_e4m3(const float* x, int64_t n, float scale, e4m3_t* q, cudaStream_t s);
 
 #ifdef __CUDACC__
+// The stored code of x: rne_e4m3(x / scale), fp32 division rounded to nearest (the CPU twin's x / scale), then
+// cvt.rn.satfinite (saturating to ±448; NaN → 0x7f, the CPU twin's e4m3_rne).
+__device__ __forceinline__ uint8_t e4m3_quantize(float x, float scale) {
+  return uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
+}
+
 // Two e4m3 codes → bf16x2 holding the exact values. Codes S.EEEE.MMM placed as bf16 S.0000EEEE.MMM0000 are
 // value·2^−120 (for E = 0 too: the bf16 subnormal (M/8)·2^−126), then one mul.bf16x2 by 2^120 (exact: every
 // product is an e4m3 value). v: the two codes in bytes 1 and 3 (others zero), low half first.
