@@ -38,13 +38,19 @@ std::vector<T> to_host(const T* d, size_t n) {
   return h;
 }
 
-// n random bf16 values in ±[0.05, 1] (never zero) and their exact fp32 values.
+// n random bf16 values in ±[0.05, 1] (never zero) and their exact fp32 values. One draw from g seeds a splitmix64
+// stream (sign and a 24-bit fraction from one 64-bit value): the pools hold up to ~10^9 values (the wide case), which
+// mt19937_64 with uniform_real_distribution took over a minute to fill on the device host.
 void rand_bf16(std::mt19937_64& g, size_t n, std::vector<bf16>& b, std::vector<float>& f) {
-  std::uniform_real_distribution<float> u(0.05f, 1.f);
+  uint64_t z = g();
   b.resize(n), f.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const float x = (g() & 1) ? u(g) : -u(g);
-    b[i] = __float2bfloat16(x);
+    uint64_t x = (z += 0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    const float u = 0.05f + 0.95f * float(x & 0xFFFFFF) * 0x1p-24f;
+    b[i] = __float2bfloat16((x >> 63) ? -u : u);
     f[i] = __bfloat162float(b[i]);
   }
 }
