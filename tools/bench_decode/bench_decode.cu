@@ -513,7 +513,7 @@ int main(int argc, char** argv) {
     const std::vector<int32_t> mixed = {0, 5, 127, 128, 1000, 2047, 2048, 5000, 16383, 70000};
     auto wide_rows = [] {  // 40 rows × 4 KV heads > #SMs: the wide pipeline
       std::vector<int32_t> p;
-      for (int i = 0; i < 40; ++i) p.push_back(97 + 1733 * i);
+      for (int i = 0; i < 40; ++i) p.push_back(97 + 173 * i);
       return p;
     };
     struct Check {
