@@ -16,6 +16,7 @@
 
 #include "backend/cuda/attention_dense.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8_gemm.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/mlp_moe.cuh"
 #include "backend/cuda/msa_decode.cuh"
@@ -42,12 +43,39 @@ using cuda::DeviceBuffer;
 
 namespace {
 
-// A weight matrix on the device in the executor's weight type.
+// The scale format of the executor's FP8 matrices (docs/FP8.md §2–§5): 128×128 blocks, which cuBLASLt's
+// block-scaled GEMM reads for prefill-sized M and W8A16 reads for decode — one copy per tensor; the conversion from
+// the release's per-32 scales costs ≤ 4e-6 of ‖y‖ on the MXFP8 fixture.
+constexpr Fp8Scale kFp8Fmt = Fp8Scale::Blk128;
+
+// A weight matrix on the device in the executor's weight type, or FP8 (`--dtype fp8`): e4m3 values [N, K] in mem and
+// kFp8Fmt scales beside them.
 struct DevMat {
   DeviceBuffer<uint8_t> mem;
   cuda::WType wt = cuda::WType::F32;
+  bool fp8 = false;
+  DeviceBuffer<uint8_t> scales;
+  int64_t N = 0, K = 0;
   const void* get() const { return mem.get(); }
+  cuda::Fp8Weight f8() const {
+    return fp8 ? cuda::Fp8Weight{mem.get(), scales.get(), kFp8Fmt, N, K} : cuda::Fp8Weight{};
+  }
 };
+
+// The slots `--dtype fp8` stores as FP8 (issue 15 item 2): attention q/k/v/o, index q/k, dense MLP, shared expert.
+// Routed experts stay bf16 (FP8 MoE is issue 15 item 3); embeddings, LM head, norms and router as without fp8.
+bool fp8_slot_kind(SlotKind k) {
+  switch (k) {
+    case SlotKind::Wqkv:
+    case SlotKind::Wo:
+    case SlotKind::WIndexQk:
+    case SlotKind::MlpGateUp:
+    case SlotKind::MlpDown:
+    case SlotKind::SharedGateUp:
+    case SlotKind::SharedDown: return true;
+    default: return false;
+  }
+}
 
 void put(DevMat& m, const float* src, size_t n, cuda::WType wt) {
   m.wt = wt;
@@ -89,6 +117,8 @@ struct CudaExecutor::Impl {
   std::unique_ptr<PagePool> pool;  // sized after the weights are on the device (num_pages ≤ 0: what fits)
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
+  std::unique_ptr<cuda::Fp8Gemm> f8gemm;  // --dtype fp8
+  int fp8_count = 0;                       // matrices stored as FP8
   cuda::WType wt;
 
   // Weights.
@@ -144,7 +174,21 @@ struct CudaExecutor::Impl {
   void alloc_kv(int32_t num_pages);
   // The device storage of one weight slot (model/weight_plan.h), allocated on first use; what the streaming loader
   // and the dummy fill write into.
-  DeviceSlot bind(const WeightSlot& s);
+  // fp8_ok: the slot may be stored as FP8 (its checkpoint pieces are MXFP8, or dummy weights); with
+  // opt.fp8_weights an fp8_slot_kind slot whose K suits every FP8 kernel then is. A slot keeps the storage of its
+  // first bind.
+  DeviceSlot bind(const WeightSlot& s, bool fp8_ok = false);
+  // One projection y[T, N] (+)= x[T, K] · Wᵀ with bf16 activations, fp32 out: FP8 weights through Fp8Gemm::proj,
+  // bf16 through Gemm::nt_bf16.
+  void proj(const uint16_t* xb, int64_t T, int64_t K, const DevMat& W, int64_t N, float* y, bool accumulate,
+            cudaStream_t s) {
+    if (W.fp8) {
+      M3_CHECK(W.K == K && W.N == N, "CUDA executor: FP8 matrix [{}, {}] used as [{}, {}]", W.N, W.K, N, K);
+      f8gemm->proj(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, opt.fp8_lt_min_rows, s);
+    } else {
+      gemm->nt_bf16(xb, T, K, W.get(), N, y, accumulate, s);
+    }
+  }
   ~Impl() {
     drop_graphs();
     if (h_step) cudaFreeHost(h_step);
@@ -206,11 +250,14 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, CudaExecutorOptions o)
   M3_CUDA_CHECK(cudaSetDevice(opt.device));
   M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<cuda::Gemm>();
+  M3_CHECK(!opt.fp8_weights || opt.bf16_weights, "CUDA executor: FP8 weights need bf16 activations (bf16_weights)");
+  if (opt.fp8_weights) f8gemm = std::make_unique<cuda::Fp8Gemm>();
   put_f32(inv_freq, cuda::rope_inv_freq(c.rotary_dim, c.rope_theta));
   layers.resize(size_t(c.num_layers));
 }
 
 void CudaExecutor::Impl::upload(const M3Weights& w) {
+  M3_CHECK(!opt.fp8_weights, "CUDA executor: FP8 weights come from CudaExecutor::load (MXFP8) or dummy");
   const int64_t H = c.hidden_size;
   put(embed, w.embed.data(), w.embed.size(), wt);
   put(lm_head, w.lm_head.data(), w.lm_head.size(), wt);
@@ -256,10 +303,23 @@ void CudaExecutor::Impl::upload(const M3Weights& w) {
   }
 }
 
-DeviceSlot CudaExecutor::Impl::bind(const WeightSlot& s) {
+DeviceSlot CudaExecutor::Impl::bind(const WeightSlot& s, bool fp8_ok) {
   const bool bf16 = s.matrix && wt == cuda::WType::BF16;
   const size_t esz = bf16 ? 2 : 4, n = size_t(s.numel());
+  const int64_t cols = s.pieces.empty() ? 0 : s.pieces[0].shape.back();
+  const bool want_fp8 = opt.fp8_weights && fp8_ok && s.matrix && fp8_slot_kind(s.kind) &&
+                        fp8_matrix_supported(s.rows(), cols);
   auto mat = [&](DevMat& m, size_t elems, size_t at) {
+    if (m.fp8 || (want_fp8 && !m.mem.get())) {  // FP8 storage (only for whole, unstacked slots)
+      if (!m.fp8) {
+        M3_CHECK(at == 0 && elems == n, "CUDA executor: FP8 storage for a stacked slot {}", s.label());
+        m.fp8 = true, m.wt = wt, m.N = s.rows(), m.K = cols;
+        m.mem.grow(size_t(m.N * m.K));
+        m.scales.grow(size_t(fp8_scale_count(kFp8Fmt, m.N, m.K)) * 4);
+        ++fp8_count;
+      }
+      return DeviceSlot{m.mem.get(), false, true, kFp8Fmt, m.scales.get()};
+    }
     m.wt = wt;
     m.mem.grow(elems * esz);  // keeps an existing allocation of that size (experts share one stacked buffer)
     return DeviceSlot{m.mem.get() + at * esz, bf16};
@@ -451,7 +511,8 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     if (tc_index || tc_prefill_index) iqb.grow(size_t(T * Hi * Di));
   }
   if (tc_decode || tc_prefill || tc_dense_prefill) qb.grow(size_t(T * Hq * D));
-  if (tc_decode) attnb.grow(size_t(T * Hq * D));
+  if (tc_decode || tc_prefill || tc_dense_prefill || f8gemm) attnb.grow(size_t(T * Hq * D));
+  if (f8gemm) f8gemm->reserve(T, std::max<int64_t>({H, Hq * D, c.dense_intermediate_size, c.shared_intermediate_size}));
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   x.grow(size_t(T * H));
   xn.grow(size_t(T * H));
@@ -482,7 +543,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     if (act_bf16) {
       cuda::rms_norm_gemma_bf16(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
       prof.mark(GpuStepProfile::kEmbedNorm, s);
-      gemm->nt_bf16(xnb.get(), T, H, L.wqkv.get(), qkv_w, qkv.get(), false, s);
+      proj(xnb.get(), T, H, L.wqkv, qkv_w, qkv.get(), false, s);
     } else {
       cuda::rms_norm_gemma(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xn.get(), s);
       prof.mark(GpuStepProfile::kEmbedNorm, s);
@@ -505,7 +566,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     if (sparse_layer) {
       const int64_t iw = (Hi + 1) * Di;
       if (act_bf16)
-        gemm->nt_bf16(xnb.get(), T, H, L.w_index_qk.get(), iw, iqk.get(), false, s);
+        proj(xnb.get(), T, H, L.w_index_qk, iw, iqk.get(), false, s);
       else
         gemm->nt(xn.get(), T, H, L.w_index_qk.get(), wt, iw, iqk.get(), false, s);
       cuda::HeadsNormRopeArgs b;
@@ -551,7 +612,9 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         if (tc_prefill) {
           const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                          kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
-          msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s);
+          // bf16 output straight into the O projection's input (the fp32 copy would only be rounded there)
+          msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s, attnb.get());
+          o_bf16 = true;
           if (opt.validate) msa_sparse.check(s);
         } else if (decode) {
           msa_decode.run(q.get(), d_sel.get(), rows, kv, scale, attn.get(), s);
@@ -587,29 +650,39 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     } else if (tc_dense_prefill) {
       const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
                                      kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
-      msa_union.run_dense(qb.get(), rows, kvb, scale, attn.get(), s);
+      msa_union.run_dense(qb.get(), rows, kvb, scale, attn.get(), s, attnb.get());
+      o_bf16 = true;
     } else {
       dense.run(q.get(), kv, scale, attn.get(), s);
     }
     prof.mark(GpuStepProfile::kAttention, s);
+    if (!o_bf16 && L.wo.fp8) {  // FP8 projections read bf16 activations: round the fp32 attention output once
+      cuda::f32_to_bf16(attn.get(), T * Hq * D, attnb.get(), s);
+      o_bf16 = true;
+    }
     if (o_bf16)
-      gemm->nt_bf16(attnb.get(), T, Hq * D, L.wo.get(), H, x.get(), true, s);  // x += o
+      proj(attnb.get(), T, Hq * D, L.wo, H, x.get(), true, s);  // x += o
     else
       gemm->nt(attn.get(), T, Hq * D, L.wo.get(), wt, H, x.get(), true, s);  // x += o
     prof.mark(GpuStepProfile::kGemm, s);
 
     // ---- feed-forward ------------------------------------------------------------------------------------------
     // (MoE layers keep the fp32 norm: the router runs in fp32, and its kernel writes the bf16 expert input itself.)
+    // (FP8 shared expert: the norm is written in fp32 for the router and in bf16 for the shared expert, one pass.)
     const bool mlp_bf16 = act_bf16 && c.mlp_kinds[l] == MlpKind::Dense;
+    const bool shared_fp8 =
+        c.mlp_kinds[l] != MlpKind::Dense && L.shared.I > 0 && (L.shared.gate_up.fp8 || L.shared.down.fp8);
     if (mlp_bf16)
       cuda::rms_norm_gemma_bf16(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
+    else if (shared_fp8)
+      cuda::rms_norm_gemma_bf16(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xnb.get(), xn.get(), s);
     else
       cuda::rms_norm_gemma(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xn.get(), s);
     prof.mark(GpuStepProfile::kEmbedNorm, s);
     if (c.mlp_kinds[l] == MlpKind::Dense) {
-      const cuda::MlpDev m{L.mlp.gate_up.get(), L.mlp.down.get(), wt, L.mlp.I};
+      const cuda::MlpDev m{L.mlp.gate_up.get(), L.mlp.down.get(), wt, L.mlp.I, L.mlp.gate_up.f8(), L.mlp.down.f8()};
       cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s,
-                    mlp_bf16 ? xnb.get() : nullptr);
+                    mlp_bf16 ? xnb.get() : nullptr, f8gemm.get(), opt.fp8_lt_min_rows);
       prof.mark(GpuStepProfile::kMlp, s);
     } else {
       cuda::MoeArgs m;
@@ -620,12 +693,22 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
       for (int64_t e = 0; e < E; ++e)
         m.experts.push_back(cuda::MlpDev{L.experts_gate_up.mem.get() + size_t(e * 2 * I * H) * esz,
                                          L.experts_down.mem.get() + size_t(e * H * I) * esz, wt, I});
-      if (L.shared.I > 0) m.shared = cuda::MlpDev{L.shared.gate_up.get(), L.shared.down.get(), wt, L.shared.I};
+      // An FP8 shared expert runs after the routed experts (its own MLP, += x) instead of inside the grouped kernel,
+      // which reads bf16 weights: x + routed + shared summed in that order (the CPU sums routed + shared first; the
+      // difference is fp32 rounding).
+      if (L.shared.I > 0 && !shared_fp8)
+        m.shared = cuda::MlpDev{L.shared.gate_up.get(), L.shared.down.get(), wt, L.shared.I};
       if (wt == cuda::WType::BF16)  // the grouped device path (no host sync); fp32 keeps the exact sync path
         m.stacked_gate_up = L.experts_gate_up.mem.get(), m.stacked_down = L.experts_down.mem.get(), m.expert_I = I;
       m.E = E, m.top_k = c.num_experts_per_tok, m.routed_scale = c.routed_scaling_factor;
       m.alpha = c.swiglu_alpha, m.limit = c.swiglu_limit;
       cuda::moe_forward(*gemm, m, xn.get(), T, H, x.get(), ffn, s);
+      if (shared_fp8) {
+        const cuda::MlpDev sh{L.shared.gate_up.get(), L.shared.down.get(), wt, L.shared.I, L.shared.gate_up.f8(),
+                              L.shared.down.f8()};
+        cuda::run_mlp(*gemm, sh, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s, xnb.get(),
+                      f8gemm.get(), opt.fp8_lt_min_rows);
+      }
       prof.mark(GpuStepProfile::kMoe, s);
     }
     if (trace && trace->capture_hidden) {
@@ -680,8 +763,10 @@ std::unique_ptr<CudaExecutor> CudaExecutor::load(const M3Config& cfg, const std:
   const SafeTensors st = SafeTensors::open(model_dir);
   auto impl = std::make_unique<Impl>(cfg, opt);
   Impl& m = *impl;
-  m.load_stats = stream_weights_to_device(st, weight_plan(cfg), [&m](const WeightSlot& s) { return m.bind(s); },
-                                          m.stream, stream);
+  m.load_stats = stream_weights_to_device(
+      st, weight_plan(cfg),
+      [&m, &st](const WeightSlot& s) { return m.bind(s, m.opt.fp8_weights && slot_is_mxfp8(st, s)); }, m.stream,
+      stream);
   m.weights_source = "safetensors, streamed";
   m.alloc_kv(num_pages);
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
@@ -691,7 +776,8 @@ std::unique_ptr<CudaExecutor> CudaExecutor::dummy(const M3Config& cfg, uint64_t 
                                                   CudaExecutorOptions opt) {
   auto impl = std::make_unique<Impl>(cfg, opt);
   Impl& m = *impl;
-  m.load_stats = fill_dummy_weights(weight_plan(cfg), [&m](const WeightSlot& s) { return m.bind(s); }, seed, m.stream);
+  m.load_stats =
+      fill_dummy_weights(weight_plan(cfg), [&m](const WeightSlot& s) { return m.bind(s, true); }, seed, m.stream);
   m.weights_source = "dummy";
   m.alloc_kv(num_pages);
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
@@ -701,11 +787,38 @@ const LoadStats& CudaExecutor::load_stats() const { return impl_->load_stats; }
 
 std::vector<uint8_t> CudaExecutor::weight_bytes(const WeightSlot& s) const {
   const DeviceSlot d = impl_->bind(s);
-  std::vector<uint8_t> out(size_t(s.numel()) * (d.bf16 ? 2 : 4));
   M3_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  if (d.fp8) {
+    const int64_t rows = s.rows(), cols = s.pieces[0].shape.back();
+    const size_t nq = size_t(rows * cols), ns = size_t(fp8_scale_count(d.fp8_fmt, rows, cols)) * 4;
+    std::vector<uint8_t> out(nq + ns);
+    M3_CUDA_CHECK(cudaMemcpy(out.data(), d.ptr, nq, cudaMemcpyDeviceToHost));
+    M3_CUDA_CHECK(cudaMemcpy(out.data() + nq, d.scales, ns, cudaMemcpyDeviceToHost));
+    return out;
+  }
+  std::vector<uint8_t> out(size_t(s.numel()) * (d.bf16 ? 2 : 4));
   M3_CUDA_CHECK(cudaMemcpy(out.data(), d.ptr, out.size(), cudaMemcpyDeviceToHost));
   return out;
 }
+
+int64_t CudaExecutor::weight_device_bytes() const {
+  const Impl& m = *impl_;
+  int64_t b = 0;
+  auto mat = [&](const DevMat& d) { b += int64_t(d.mem.size() + d.scales.size()); };
+  auto vec = [&](const DeviceBuffer<float>& d) { b += int64_t(d.size()) * 4; };
+  mat(m.embed), mat(m.lm_head), vec(m.final_norm);
+  for (const DevLayer& L : m.layers) {
+    for (const DeviceBuffer<float>* v : {&L.input_norm, &L.post_attn_norm, &L.q_norm, &L.k_norm, &L.index_q_norm,
+                                         &L.index_k_norm, &L.router, &L.router_bias})
+      vec(*v);
+    for (const DevMat* d : {&L.wqkv, &L.wo, &L.w_index_qk, &L.mlp.gate_up, &L.mlp.down, &L.shared.gate_up,
+                            &L.shared.down, &L.experts_gate_up, &L.experts_down})
+      mat(*d);
+  }
+  return b;
+}
+
+int CudaExecutor::fp8_matrices() const { return impl_->fp8_count; }
 
 int64_t CudaExecutor::page_bytes_for(const M3Config& c, bool bf16_kv) {
   const int64_t B = c.sparse_block_size, esz = bf16_kv ? 2 : 4;
@@ -893,9 +1006,16 @@ std::string CudaExecutor::describe() const {
   const double mib = double(page_bytes()) * m.pool->capacity() / (1 << 20);
   const bool bf16_kv = m.kv_type == cuda::KvType::BF16;
   const char* attn = m.opt.attention == AttentionBackend::Dense ? "dense" : m.opt.attention == AttentionBackend::MsaV1 ? "msa-v1" : "msa";
+  const std::string wname =
+      m.fp8_count > 0
+          ? fmt::format("fp8 ({} matrices e4m3 {}, {}) + bf16", m.fp8_count, fp8_scale_name(kFp8Fmt),
+                        m.opt.fp8_lt_min_rows > 0
+                            ? fmt::format("W8A16 below {} rows, else cuBLASLt FP8", m.opt.fp8_lt_min_rows)
+                            : std::string("W8A16 only"))
+          : m.wt == cuda::WType::BF16 ? std::string("bf16") : std::string("fp32");
   return fmt::format("cuda {} ({} weights, {} KV, attention {}, {} layers, weights {}, decode graphs {}), KV cache {} "
                      "pages × {} tokens = {} tokens ({:.1f} MiB)", name,
-                     m.wt == cuda::WType::BF16 ? "bf16" : "fp32", bf16_kv ? "bf16" : "fp32", attn, m.c.num_layers,
+                     wname, bf16_kv ? "bf16" : "fp32", attn, m.c.num_layers,
                      m.weights_source,
                      m.opt.cuda_graphs ? fmt::format("≤ {} sequences", m.opt.max_graph_batch) : std::string("off"),
                      m.pool->capacity(),

@@ -27,6 +27,15 @@ enum class AttentionBackend { Msa, MsaV1, Dense };
 
 struct CudaExecutorOptions {
   bool bf16_weights = true;
+  // `--dtype fp8` (issue 15, docs/FP8.md §6): the MXFP8 matrices of attention q/k/v/o, index q/k, the dense MLP and
+  // the shared expert stay FP8 on the device (e4m3 + 128×128 power-of-two scales, converted once at load); the rest
+  // as with bf16_weights (routed experts, embeddings, LM head bf16; norms, router fp32; bf16 KV cache). Needs
+  // bf16_weights and weights from `load` (MXFP8 slots) or `dummy` (every such slot FP8).
+  bool fp8_weights = false;
+  // FP8 projections of fewer rows than this run W8A16 (bf16 activations, weights dequantised in registers), from
+  // here on cuBLASLt FP8×FP8 (activations quantised to e4m3 per 1×128: faster, less accurate — docs/FP8.md §3);
+  // ≤ 0: always W8A16 (base/fp8_format.h fp8_pick_path).
+  int fp8_lt_min_rows = 16;
   AttentionBackend attention = AttentionBackend::Msa;
   bool validate = false;  // check every sparse layer's selection against the MSA contract (syncs; tests)
   int device = 0;
@@ -67,8 +76,12 @@ class CudaExecutor final : public ModelExecutor {
                                              CudaExecutorOptions opt = {});
   // How the weights were loaded (zero for the host-M3Weights constructor).
   const LoadStats& load_stats() const;
-  // One weight slot's device bytes (bf16 or fp32 as stored), for tests.
+  // One weight slot's device bytes (bf16 or fp32 as stored; FP8: the e4m3 values then the scales), for tests.
   std::vector<uint8_t> weight_bytes(const WeightSlot& s) const;
+  // Device bytes of the model's weights as allocated (FP8 values + scales, bf16 / fp32 matrices and vectors).
+  int64_t weight_device_bytes() const;
+  // How many weight matrices are stored as FP8.
+  int fp8_matrices() const;
   ~CudaExecutor() override;
 
   // True when at least one CUDA device is usable (never throws).

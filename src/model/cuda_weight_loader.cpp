@@ -241,7 +241,7 @@ LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<Weig
     const DeviceSlot d = bind(s);
     if (d.fp8) {
       const int64_t cols = s.pieces[0].shape.back();
-      stats.bytes_written += s.numel() + fp8_scale_count(d.fp8_fmt, s.rows(), cols) * (d.fp8_fmt == Fp8Scale::G32 ? 1 : 4);
+      stats.bytes_written += fp8_matrix_bytes(d.fp8_fmt, s.rows(), cols);
     } else {
       stats.bytes_written += s.numel() * (d.bf16 ? 2 : 4);
     }
@@ -270,7 +270,15 @@ LoadStats fill_dummy_weights(const std::vector<WeightSlot>& plan, const SlotBind
     // A tied LM head is the embedding, as dummy_weights (the CPU twin) makes it.
     const WeightSlot& src = (s.kind == SlotKind::LmHead && s.may_tie_to_embed && embed) ? *embed : s;
     const DeviceSlot d = bind(s);
-    M3_CHECK(!d.fp8, "dummy weights in FP8 storage are not supported yet ({})", s.label());
+    if (d.fp8) {  // the same uniform values, quantised to e4m3 with one power-of-two scale per tensor
+      const int64_t rows = s.rows(), cols = s.pieces[0].shape.back();
+      M3_CHECK(&src == &s, "tied LM head in FP8 storage ({})", s.label());
+      cuda::fp8_fill_counter_uniform(static_cast<uint8_t*>(d.ptr), d.scales, d.fp8_fmt, rows, cols,
+                                     counter_key(seed, s.stream_id()), s.dummy_scale, stream);
+      stats.bytes_written += fp8_matrix_bytes(d.fp8_fmt, rows, cols);
+      stats.tensors += 1;
+      continue;
+    }
     cuda::fill_counter_uniform(d.ptr, d.bf16, s.numel(), counter_key(seed, src.stream_id()), src.dummy_scale, stream);
     stats.bytes_written += s.numel() * (d.bf16 ? 2 : 4);
     stats.tensors += 1;

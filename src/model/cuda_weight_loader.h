@@ -61,7 +61,9 @@ LoadStats stream_weights_to_device(const SafeTensors& st, const std::vector<Weig
 // whether the slot can be bound with FP8 storage.
 bool slot_is_mxfp8(const SafeTensors& st, const WeightSlot& s);
 
-// Fills every slot with the dummy weights of `seed` (model/weight_plan.h dummy_slot_values is the CPU twin).
+// Fills every slot with the dummy weights of `seed` (model/weight_plan.h dummy_slot_values is the CPU twin). A slot
+// bound as FP8 gets those values quantised to e4m3 with one power-of-two scale per tensor
+// (cuda::fp8_fill_counter_uniform), in the slot's scale format.
 LoadStats fill_dummy_weights(const std::vector<WeightSlot>& plan, const SlotBinder& bind, uint64_t seed,
                              cudaStream_t stream);
 

@@ -48,6 +48,8 @@ std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const
   if (cuda) {
     CudaExecutorOptions o;
     o.bf16_weights = load.dtype != LoadDType::Float32;
+    o.fp8_weights = load.dtype == LoadDType::Fp8;
+    o.fp8_lt_min_rows = load.fp8_prefill_gemm == LoadFp8Gemm::W8A16 ? 0 : 16;
     o.attention = load.attention == LoadAttention::Dense   ? AttentionBackend::Dense
                   : load.attention == LoadAttention::MsaV1 ? AttentionBackend::MsaV1
                                                            : AttentionBackend::Msa;

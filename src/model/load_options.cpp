@@ -30,13 +30,16 @@ CLI::Validator choice_of(const std::map<std::string, E>& words) {
 
 void add_load_flags(CLI::App& cmd, LoadOptions& o) {
   const std::map<std::string, LoadDType> dtypes{
-      {"auto", LoadDType::Auto}, {"bfloat16", LoadDType::BFloat16}, {"float32", LoadDType::Float32}};
+      {"auto", LoadDType::Auto}, {"bfloat16", LoadDType::BFloat16}, {"float32", LoadDType::Float32},
+      {"fp8", LoadDType::Fp8}};
   const std::map<std::string, LoadFormat> formats{
       {"auto", LoadFormat::Auto}, {"safetensors", LoadFormat::Safetensors}, {"dummy", LoadFormat::Dummy}};
   const std::map<std::string, LoadAttention> attns{
       {"msa", LoadAttention::Msa}, {"msa-v1", LoadAttention::MsaV1}, {"dense", LoadAttention::Dense}};
   cmd.add_option("--dtype", o.dtype,
-                 "Weights and KV cache: auto (bfloat16 on CUDA, float32 on the CPU), bfloat16 or float32")
+                 "Weights and KV cache: auto (bfloat16 on CUDA, float32 on the CPU), bfloat16, float32 or fp8 "
+                 "(CUDA: the MXFP8 attention, index, dense-MLP and shared-expert matrices stay e4m3, the rest and "
+                 "the KV cache bfloat16)")
       ->transform(choice_of(dtypes));
   cmd.add_option("--load-format", o.load_format,
                  "auto/safetensors (the checkpoint) or dummy (random weights of the config's shapes, made on the "
@@ -49,6 +52,11 @@ void add_load_flags(CLI::App& cmd, LoadOptions& o) {
                  "Attention of the MSA layers (CUDA): msa (tensor-core kernels where they apply), msa-v1 (the "
                  "query-major kernels) or dense (dense causal attention, a benchmark baseline)")
       ->transform(choice_of(attns));
+  const std::map<std::string, LoadFp8Gemm> fp8_gemms{{"cublaslt", LoadFp8Gemm::CublasLt}, {"w8a16", LoadFp8Gemm::W8A16}};
+  cmd.add_option("--fp8-prefill-gemm", o.fp8_prefill_gemm,
+                 "With --dtype fp8: the GEMM of prefill-sized steps (16 rows or more): cublaslt (FP8xFP8, e4m3 "
+                 "activations: faster, less accurate) or w8a16 (bf16 activations, as the decode rows)")
+      ->transform(choice_of(fp8_gemms));
   cmd.add_flag("--enforce-eager", o.enforce_eager,
                "Run every step eagerly (CUDA only; default: decode steps of up to 256 sequences replay CUDA graphs)");
 }
@@ -57,6 +65,7 @@ const char* name(LoadDType d) {
   switch (d) {
     case LoadDType::BFloat16: return "bfloat16";
     case LoadDType::Float32: return "float32";
+    case LoadDType::Fp8: return "fp8";
     default: return "auto";
   }
 }
@@ -67,6 +76,7 @@ const char* name(LoadFormat f) {
     default: return "auto";
   }
 }
+const char* name(LoadFp8Gemm g) { return g == LoadFp8Gemm::W8A16 ? "w8a16" : "cublaslt"; }
 const char* name(LoadAttention a) {
   switch (a) {
     case LoadAttention::MsaV1: return "msa-v1";
@@ -76,8 +86,8 @@ const char* name(LoadAttention a) {
 }
 
 void check_cpu_load_options(const LoadOptions& o) {
-  M3_CHECK(o.dtype != LoadDType::BFloat16,
-           "--dtype bfloat16 needs --device cuda: the CPU executor computes in float32 only");
+  M3_CHECK(o.dtype != LoadDType::BFloat16 && o.dtype != LoadDType::Fp8,
+           "--dtype {} needs --device cuda: the CPU executor computes in float32 only", name(o.dtype));
   M3_CHECK(o.attention == LoadAttention::Msa,
            "--attention {} needs --device cuda: the CPU executor runs the model's own MSA attention only",
            name(o.attention));

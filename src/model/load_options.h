@@ -13,9 +13,14 @@ class App;
 
 namespace m3 {
 
-enum class LoadDType { Auto, BFloat16, Float32 };  // auto: bf16 on CUDA, fp32 on the CPU (its only dtype)
+// auto: bf16 on CUDA, fp32 on the CPU (its only dtype). fp8 (CUDA): the MXFP8 projection matrices stay FP8, the rest
+// bf16 (CudaExecutorOptions::fp8_weights, docs/FP8.md §6).
+enum class LoadDType { Auto, BFloat16, Float32, Fp8 };
 enum class LoadFormat { Auto, Safetensors, Dummy };  // auto = safetensors
 enum class LoadAttention { Msa, MsaV1, Dense };      // maps to CudaExecutorOptions::attention (AttentionBackend)
+// --dtype fp8: the GEMM of the FP8 projections for prefill-sized steps (≥ 16 rows; decode rows always run W8A16).
+// cublaslt: FP8×FP8 with e4m3 activations (faster, less accurate: docs/FP8.md §3, §6); w8a16: bf16 activations.
+enum class LoadFp8Gemm { CublasLt, W8A16 };
 
 struct LoadOptions {
   LoadDType dtype = LoadDType::Auto;
@@ -24,18 +29,20 @@ struct LoadOptions {
   LoadAttention attention = LoadAttention::Msa;
   uint64_t dummy_seed = 0;  // seed of the dummy weights (src/base/counter_hash.h)
   bool enforce_eager = false;  // CUDA: no decode graphs (CudaExecutorOptions::cuda_graphs = false)
+  LoadFp8Gemm fp8_prefill_gemm = LoadFp8Gemm::CublasLt;  // CudaExecutorOptions::fp8_lt_min_rows (16 or 0)
 
   bool dummy() const { return load_format == LoadFormat::Dummy; }
 };
 
-// Adds --dtype, --load-format, --num-layers, --attention and --enforce-eager to a subcommand. Bad values fail at parse time with
-// CLI11's message (exit code ≠ 0, no crash); the device-dependent checks (CPU refuses bfloat16 and the non-msa
-// attention backends) happen in make_executor (model/executor_factory.h).
+// Adds --dtype, --load-format, --num-layers, --attention, --enforce-eager and --fp8-prefill-gemm to a subcommand.
+// Bad values fail at parse time with CLI11's message (exit code ≠ 0, no crash); the device-dependent checks (CPU
+// refuses bfloat16, fp8 and the non-msa attention backends) happen in make_executor (model/executor_factory.h).
 void add_load_flags(CLI::App& cmd, LoadOptions& o);
 
 const char* name(LoadDType d);
 const char* name(LoadFormat f);
 const char* name(LoadAttention a);
+const char* name(LoadFp8Gemm g);
 
 // Throws m3::Error naming the flag when the options cannot run on the CPU executor.
 void check_cpu_load_options(const LoadOptions& o);

@@ -190,5 +190,42 @@ TEST(Fp8, KvCacheQuantisationRoundTripsEveryCodeAndSaturates) {
   }
 }
 
+// The executor's `--dtype fp8` policy (base/fp8_format.h): W8A16 whole lines up to 8 rows, the 64-wide chunk kernel
+// up to the cuBLASLt threshold and whenever K or N is not a multiple of 128, cuBLASLt FP8 from the threshold on (never
+// when it is ≤ 0).
+TEST(Fp8, ProjectionPathByRowsAndK) {
+  EXPECT_EQ(fp8_pick_path(1, 9216, 6144, 16), Fp8Path::W8Lines);
+  EXPECT_EQ(fp8_pick_path(8, 9216, 6144, 16), Fp8Path::W8Lines);
+  EXPECT_EQ(fp8_pick_path(9, 9216, 6144, 16), Fp8Path::W8Chunk);
+  EXPECT_EQ(fp8_pick_path(15, 9216, 6144, 16), Fp8Path::W8Chunk);
+  EXPECT_EQ(fp8_pick_path(16, 9216, 6144, 16), Fp8Path::Lt);
+  EXPECT_EQ(fp8_pick_path(16384, 9216, 6144, 16), Fp8Path::Lt);
+  EXPECT_EQ(fp8_pick_path(16384, 9216, 6144, 0), Fp8Path::W8Chunk);  // accuracy mode: W8A16 only
+  EXPECT_EQ(fp8_pick_path(4, 9216, 6144, 0), Fp8Path::W8Lines);
+  EXPECT_EQ(fp8_pick_path(1, 9216, 192, 16), Fp8Path::W8Chunk);  // K % 128 ≠ 0: neither lines nor cuBLASLt
+  EXPECT_EQ(fp8_pick_path(4096, 9216, 192, 16), Fp8Path::W8Chunk);
+  EXPECT_EQ(fp8_pick_path(4096, 96, 128, 16), Fp8Path::W8Chunk);  // N % 128 ≠ 0: W8A16
+  EXPECT_EQ(fp8_pick_path(4, 96, 128, 16), Fp8Path::W8Lines);
+  EXPECT_STREQ(fp8_path_name(Fp8Path::Lt), "cublaslt-fp8");
+  EXPECT_TRUE(fp8_matrix_supported(384, 128));
+  EXPECT_TRUE(fp8_matrix_supported(128, 192));
+  EXPECT_FALSE(fp8_matrix_supported(128, 96));
+  EXPECT_FALSE(fp8_matrix_supported(0, 128));
+  // Values + fp32 128×128 scales ([ceil(N/128)][round_up(ceil(K/128), 4)]): M3's qkv 9216×6144 = 56.6 MB + 6.9 KB.
+  EXPECT_EQ(fp8_matrix_bytes(Fp8Scale::Blk128, 9216, 6144), int64_t(9216) * 6144 + 72 * 48 * 4);
+  EXPECT_EQ(fp8_matrix_bytes(Fp8Scale::G32, 128, 192), 128 * 192 + 128 * 6);
+}
+
+// Dummy FP8 weights: one power-of-two scale per tensor, the smallest that keeps the dummy range within ±448·2^S.
+TEST(Fp8, DummyExponentIsTheSmallestThatFitsTheRange) {
+  for (float scale : {0.02f, 0.05f, 1.0f, 448.0f, 449.0f, 3e-5f}) {
+    const int S = fp8_dummy_exponent(scale);
+    EXPECT_LE(scale, 448.0f * std::ldexp(1.0f, S)) << scale;
+    EXPECT_GT(scale, 448.0f * std::ldexp(1.0f, S - 1)) << scale;
+  }
+  EXPECT_EQ(fp8_dummy_exponent(448.0f), 0);
+  EXPECT_EQ(fp8_dummy_exponent(0.f), 0);
+}
+
 }  // namespace
 }  // namespace m3::cpu

@@ -14,6 +14,7 @@
 #include "backend/cpu/fp8.h"
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/msa_decode_index.cuh"
+#include "backend/cuda/paged_decode_mq.cuh"
 #include "backend/cuda/paged_decode_tc.cuh"
 
 namespace m3::decode_check {
@@ -266,6 +267,134 @@ Result check_paged_decode_fp8(uint64_t seed, const std::vector<int32_t>& positio
         num += (a - b) * (a - b), den += b * b;
       }
       acc->attn_rel_l2_fp8_vs_bf16 = den > 0 ? std::sqrt(num / den) : 0;
+    }
+  }
+  return res;
+}
+
+Result check_paged_decode_mq(uint64_t seed, const std::vector<int32_t>& last_pos, const std::vector<int>& qs, int Hkv,
+                             int G, MqSelection mode, bool allow_split, int top_k) {
+  constexpr int D = 128, Bk = 128, W = 128;  // W: selection width of the CPU twin (dense lists up to 128 pages)
+  std::mt19937_64 g(seed);
+  const int N = int(last_pos.size());
+  std::vector<int32_t> req_indptr(N + 1, 0), pos, pt_indptr(N + 1, 0);
+  int max_q = 1;
+  for (int n = 0; n < N; ++n) {
+    for (int q = 0; q < qs[n]; ++q) pos.push_back(std::max(0, last_pos[n] - qs[n] + 1 + q));
+    req_indptr[n + 1] = req_indptr[n] + qs[n];
+    pt_indptr[n + 1] = pt_indptr[n] + last_pos[n] / Bk + 1;
+    max_q = std::max(max_q, qs[n]);
+  }
+  const int T = int(pos.size()), Hq = Hkv * G, R = T * Hkv;
+  const int num_pages = pt_indptr[N] + 3;  // a few pages nobody owns
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), g);
+  const int64_t page_elems = int64_t(Hkv) * Bk * D;
+  std::vector<bf16> kb, vb, qb;
+  std::vector<float> kf, vf, qf;
+  rand_bf16(g, size_t(num_pages) * page_elems, kb, kf);
+  rand_bf16(g, size_t(num_pages) * page_elems, vb, vf);
+  rand_bf16(g, size_t(T) * Hq * D, qb, qf);
+  auto sample = [&](int range, int k) {  // k distinct blocks of [0, range)
+    std::vector<int32_t> v(range);
+    std::iota(v.begin(), v.end(), 0);
+    std::shuffle(v.begin(), v.end(), g);
+    v.resize(k);
+    return v;
+  };
+  // Page lists in PagedDecodeTc's layout: list t·Hkv + h; sel [Hkv, T, W] for the CPU twin.
+  std::vector<std::vector<int32_t>> lists(R);
+  std::vector<int32_t> sel(size_t(Hkv) * T * W, -1), last(R);
+  int max_pages = 0;
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < Hkv; ++h) {
+      const int t0 = req_indptr[n], L0 = pos[t0] / Bk;
+      const std::vector<int32_t> base = sample(std::max(top_k - 1, L0), top_k - 1);
+      for (int t = t0; t < req_indptr[n + 1]; ++t) {
+        const int local = pos[t] / Bk;
+        std::vector<int32_t> blocks;
+        if (mode == MqSelection::kDense || local + 1 <= top_k) {
+          for (int b = 0; b < local; ++b) blocks.push_back(b);
+        } else if (mode == MqSelection::kRandom) {
+          blocks = sample(local, top_k - 1);
+        } else {
+          blocks = base;
+          const int drift = t == t0 ? 0 : 1 + int(g() % 2);
+          for (int d = 0; d < drift; ++d) {
+            int32_t p;
+            do p = int32_t(g() % local);
+            while (std::find(blocks.begin(), blocks.end(), p) != blocks.end());
+            blocks[g() % blocks.size()] = p;
+          }
+          if (local > L0 && std::find(blocks.begin(), blocks.end(), L0) == blocks.end())
+            blocks[g() % blocks.size()] = L0;
+        }
+        std::sort(blocks.begin(), blocks.end());
+        blocks.push_back(local);
+        const int r = t * Hkv + h;
+        for (size_t i = 0; i < blocks.size(); ++i) {
+          sel[(size_t(h) * T + t) * W + i] = blocks[i];
+          lists[r].push_back(perm[pt_indptr[n] + blocks[i]] * Hkv + h);
+        }
+        last[r] = pos[t] % Bk + 1;
+        max_pages = std::max(max_pages, int(blocks.size()));
+      }
+    }
+  std::vector<int32_t> indptr(R + 1, 0), indices;
+  for (int r = 0; r < R; ++r) {
+    indices.insert(indices.end(), lists[r].begin(), lists[r].end());
+    indptr[r + 1] = int32_t(indices.size());
+  }
+  DevVec<bf16> dk(kb), dv(vb), dq(qb);
+  DevVec<int32_t> dind(indptr), didx(indices), dlast(last), dreq(req_indptr);
+  const size_t out_n = size_t(T) * Hq * D;
+  cuda::DeviceBuffer<bf16> dout(out_n), drow(out_n);
+  M3_CUDA_CHECK(cudaMemset(dout.get(), 0xFF, out_n * sizeof(bf16)));  // NaN poison
+  M3_CUDA_CHECK(cudaMemset(drow.get(), 0xFF, out_n * sizeof(bf16)));
+  const float scale = 1.f / std::sqrt(float(D));
+  cuda::PagedDecodeMq op;
+  op.plan(N, Hkv, G, max_q, max_pages, allow_split);
+  cuda::PagedDecodeMqArgs<bf16> a;
+  a.q = dq.get(), a.out = dout.get(), a.k = dk.get(), a.v = dv.get();
+  a.stride_page = int64_t(Bk) * D, a.stride_tok = D;
+  a.indptr = dind.get(), a.indices = didx.get(), a.last_len = dlast.get(), a.req_indptr = dreq.get();
+  a.N = N, a.Hkv = Hkv, a.G = G, a.scale = scale;
+  for (int rep = 0; rep < 2; ++rep) op.run(a, nullptr, rep == 1);  // second run with PDL
+  cuda::PagedDecodeTc rowwise;
+  rowwise.plan(R, G, max_pages, true);
+  cuda::PagedDecodeTcArgs<bf16> b;
+  b.q = dq.get(), b.out = drow.get(), b.k = dk.get(), b.v = dv.get();
+  b.stride_page = a.stride_page, b.stride_tok = a.stride_tok;
+  b.indptr = dind.get(), b.indices = didx.get(), b.last_len = dlast.get();
+  b.R = R, b.G = G, b.scale = scale;
+  rowwise.run(b, nullptr);
+  M3_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<bf16> out = to_host(dout.get(), out_n), row_out = to_host(drow.get(), out_n);
+
+  cpu::PagedKV kv{kf.data(), vf.data(), page_elems, Hkv, Bk, D};
+  std::vector<float> ref(out_n);
+  for (int n = 0; n < N; ++n)
+    for (int t = req_indptr[n]; t < req_indptr[n + 1]; ++t) {
+      std::vector<int32_t> srow(size_t(Hkv) * W);
+      for (int h = 0; h < Hkv; ++h) std::copy_n(sel.begin() + (size_t(h) * T + t) * W, W, srow.begin() + h * W);
+      cpu::attention_sparse(qf.data() + size_t(t) * Hq * D, 1, Hq, &pos[t], kv, perm.data() + pt_indptr[n],
+                            srow.data(), W, scale, ref.data() + size_t(t) * Hq * D);
+    }
+  Result res;
+  for (float x : ref) res.max_ref = std::max(res.max_ref, double(std::fabs(x)));
+  const double tol = 2e-2 * res.max_ref + 1e-3;  // check_paged_decode's
+  for (size_t i = 0; i < out_n; ++i) {
+    const float o = __bfloat162float(out[i]), w = __bfloat162float(row_out[i]);
+    const double err = std::isfinite(o) ? std::fabs(double(o) - ref[i]) : INFINITY;
+    const double err_row = std::isfinite(o) && std::isfinite(w) ? std::fabs(double(o) - w) : INFINITY;
+    res.max_err = std::max(res.max_err, err);
+    res.max_err_rowwise = std::max(res.max_err_rowwise, err_row);
+    if (!(err <= tol) || !(err_row <= tol)) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "out[%zu] (row %zu, head %zu, d %zu) = %g, cpu %g, per-row kernel %g", i,
+                    i / (Hq * D), i / D % Hq, i % D, double(o), double(ref[i]), double(w));
+      res.fail(buf);
     }
   }
   return res;

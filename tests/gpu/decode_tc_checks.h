@@ -13,6 +13,7 @@ namespace m3::decode_check {
 struct Result {
   double max_err = 0, max_ref = 0;  // worst |gpu − cpu| and max |cpu|
   int64_t bad = 0;                  // elements outside tolerance, unwritten, or contract violations
+  double max_err_rowwise = 0;       // multi-query checks: worst |PagedDecodeMq − PagedDecodeTc (per row)|
   std::string what;                 // first failure
   void fail(const std::string& w) {
     if (bad++ == 0) what = w;
@@ -23,6 +24,16 @@ struct Result {
 // (all pages 0..local) page lists; PagedDecodeTc vs cpu::attention_sparse / attention_dense_causal.
 Result check_paged_decode(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
                           bool allow_split, int top_k = 16);
+
+// Multi-query attention (PagedDecodeMq): request n has qs[n] ≤ 8 rows at consecutive positions ending at
+// last_pos[n], sharing the request's page table. Selections per (row, KV head): kOverlap — the rows keep one base
+// set of top_k − 1 history blocks and each later row swaps 1–2 of them (a row past a page boundary also takes the
+// previous local block), as verify rows do; kRandom — independent per row; kDense — all blocks 0..local (keep
+// Q·(local + 1) ≤ 128). Rows with local + 1 ≤ top_k select 0..local, as MSA does. PagedDecodeMq vs
+// cpu::attention_sparse, and vs PagedDecodeTc run on the same rows as independent fake requests.
+enum class MqSelection { kOverlap, kRandom, kDense };
+Result check_paged_decode_mq(uint64_t seed, const std::vector<int32_t>& last_pos, const std::vector<int>& qs, int Hkv,
+                             int G, MqSelection sel, bool allow_split, int top_k = 16);
 
 // Index scorer + top-k + page list: MsaDecodeIndex vs cpu::msa_block_scores and cpu::msa_topk. The selection must
 // equal the CPU top-k of the GPU's own scores exactly; against the CPU top-k of the CPU scores a block may differ only

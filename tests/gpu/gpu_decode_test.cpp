@@ -1,6 +1,7 @@
 // The bf16 and e4m3 tensor-core decode kernels (issues 11, 15) against their CPU twins: paged decode attention (sparse and dense
 // page lists, G 16 and 8, with and without split-K, ragged and mixed contexts) and the decode index scorer fused with
-// top-k and the page-list emit. Checks live in decode_tc_checks.h (tools/bench_decode runs them too).
+// top-k and the page-list emit, and the multi-query decode (PagedDecodeMq: Q rows of a request over the union of their
+// pages) against the CPU twin and the per-row kernel. Checks live in decode_tc_checks.h (tools/bench_decode runs them too).
 #include <gtest/gtest.h>
 
 #include "decode_tc_checks.h"
@@ -14,8 +15,8 @@ using decode_check::Result;
 uint64_t seed() { return gpu_test::rng()(); }
 
 void expect_ok(const Result& r, const char* name) {
-  std::printf("[gpu-op] %s: max|err| %.3g / max|ref| %.3g, %lld bad\n", name, r.max_err, r.max_ref,
-              (long long)r.bad);
+  std::printf("[gpu-op] %s: max|err| %.3g / max|ref| %.3g (vs per-row kernel %.3g), %lld bad\n", name, r.max_err,
+              r.max_ref, r.max_err_rowwise, (long long)r.bad);
   EXPECT_EQ(r.bad, 0) << r.what;
 }
 
@@ -50,6 +51,54 @@ TEST(GpuDecode, PagedDecodeDenseHistoryMatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
   expect_ok(decode_check::check_paged_decode(seed(), {3, 300, 4000, 9000}, 4, 16, false, true),
             "paged_decode_tc dense");
+}
+
+// Multi-query requests: last positions (short rows, rows straddling a page boundary so their last pages differ,
+// long rows) and a Q per request cycling through 1, 2, 4, 8, 3.
+const std::vector<int32_t> kMqLast = {3, 129, 130, 1000, 2050, 5000, 16383, 16385, 70000, 128 * 40 + 1};
+std::vector<int> mq_qs(size_t n, std::vector<int> cycle = {1, 2, 4, 8, 3}) {
+  std::vector<int> q;
+  for (size_t i = 0; i < n; ++i) q.push_back(cycle[i % cycle.size()]);
+  return q;
+}
+
+TEST(GpuDecode, MultiQueryOverlappingSelectionsMatchCpuAndPerRowKernel) {
+  M3_SKIP_WITHOUT_GPU();
+  using decode_check::MqSelection;
+  expect_ok(decode_check::check_paged_decode_mq(seed(), kMqLast, mq_qs(kMqLast.size()), 4, 16, MqSelection::kOverlap,
+                                                true),
+            "paged_decode_mq overlap split");
+  expect_ok(decode_check::check_paged_decode_mq(seed(), kMqLast, mq_qs(kMqLast.size(), {8, 4, 2, 1}), 4, 16,
+                                                MqSelection::kOverlap, false),
+            "paged_decode_mq overlap nosplit");
+}
+
+TEST(GpuDecode, MultiQueryRandomSelectionsMatchCpuAndPerRowKernel) {
+  M3_SKIP_WITHOUT_GPU();
+  using decode_check::MqSelection;
+  expect_ok(decode_check::check_paged_decode_mq(seed(), kMqLast, mq_qs(kMqLast.size()), 4, 16, MqSelection::kRandom,
+                                                true),
+            "paged_decode_mq random split");
+  expect_ok(decode_check::check_paged_decode_mq(seed(), kMqLast, mq_qs(kMqLast.size(), {8}), 1, 8,
+                                                MqSelection::kRandom, true),
+            "paged_decode_mq random G8 Q8");
+}
+
+TEST(GpuDecode, MultiQueryManyRequestsAndDenseListsMatchCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  using decode_check::MqSelection;
+  std::vector<int32_t> last;  // 40 requests × 4 KV heads = 160 CTAs > #SMs: no split, a second wave
+  for (int i = 0; i < 40; ++i) last.push_back(2100 + 1733 * i);
+  expect_ok(decode_check::check_paged_decode_mq(seed(), last, mq_qs(last.size(), {4, 8}), 4, 16,
+                                                MqSelection::kOverlap, true),
+            "paged_decode_mq overlap 40 requests");
+  // Dense lists (all blocks 0..local): Q · (local + 1) ≤ 128 entries.
+  expect_ok(decode_check::check_paged_decode_mq(seed(), {5, 200, 1000, 1900}, {8, 8, 2, 8}, 4, 16,
+                                                MqSelection::kDense, true),
+            "paged_decode_mq dense Q8");
+  expect_ok(decode_check::check_paged_decode_mq(seed(), {100, 3000, 4000}, {4, 4, 4}, 4, 16, MqSelection::kDense,
+                                                false),
+            "paged_decode_mq dense Q4 32 pages");
 }
 
 TEST(GpuDecode, DecodeIndexScoresTopkAndPageListMatchCpu) {

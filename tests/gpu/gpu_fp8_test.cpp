@@ -4,11 +4,13 @@
 // the twin. Outputs poisoned before each run; every element checked written.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fp8.h"
 #include "backend/cuda/fp8_gemm.cuh"
+#include "base/counter_hash.h"
 #include "base/dtype.h"
 #include "gpu_test_util.h"
 
@@ -290,6 +292,75 @@ TEST(GpuFp8, BlockScaledCublasLtMatchesCpuTwin) {
         }
       }
     }
+  }
+}
+
+// Fp8Gemm::proj, the executor's `--dtype fp8` projection (base/fp8_format.h fp8_pick_path): Blk128 weights at the
+// MXFP8 fixture's shapes (K = 64 and 192 take only the chunk kernel, N = 96 and 192 no cuBLASLt) and at T on both
+// sides of the threshold, with β = 1 (the residual accumulate of the O and down projections) — against the twin of
+// the path it picks.
+TEST(GpuFp8, ProjectionPicksItsKernelByRowsAndMatchesThatKernelsTwin) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::Fp8Gemm g;
+  struct S {
+    int64_t N, K;
+  };
+  for (S sh : {S{384, 128}, S{96, 128}, S{128, 256}, S{128, 192}, S{128, 64}, S{192, 256}, S{640, 1024}})
+    for (int64_t T : {1, 5, 12, 16, 150})
+      for (int64_t lt : {0, 16}) {
+        const MxW m = make_mx(sh.N, sh.K);
+        const HostW h = convert(m, Fp8Scale::Blk128);
+        Dev<uint8_t> dq(h.q), ds(h.s_bytes);
+        const cuda::Fp8Weight W{dq.p(), ds.p(), Fp8Scale::Blk128, sh.N, sh.K};
+        std::vector<float> xf;
+        const auto xb = rand_bf16(size_t(T * sh.K), &xf);
+        Dev<uint16_t> dx(xb);
+        const Fp8Path path = fp8_pick_path(T, sh.N, sh.K, lt);
+        std::vector<float> ref(size_t(T * sh.N));
+        if (path == Fp8Path::Lt) {
+          const int64_t Tp = (T + 3) / 4 * 4;
+          std::vector<uint8_t> xq(size_t(Tp * sh.K), 0);
+          std::vector<float> xs(size_t(sh.K / 128 * Tp), 1.f);
+          cpu::fp8_quantize_act_1x128(xf.data(), T, sh.K, xq.data(), xs.data(), Tp);
+          cpu::matmul_fp8_blockscaled(xq.data(), xs.data(), Tp, T, sh.K, h.q.data(),
+                                      reinterpret_cast<const float*>(h.s_bytes.data()), Fp8Scale::Blk128, sh.N,
+                                      ref.data());
+        } else {
+          cpu::matmul_fp8_w8a16(xf.data(), T, sh.K, h.q.data(), h.s_bytes.data(), Fp8Scale::Blk128, sh.N, ref.data());
+        }
+        const std::string what = std::string("fp8 proj ") + fp8_path_name(path) + " lt " + std::to_string(lt);
+        Dev<float> y(ref.size());
+        y.poison();
+        g.proj(dx.p(), T, W, y.p(), GemmOut::F32, false, lt, nullptr);
+        expect_close(what, shape_str(T, sh.N, sh.K), y.get(), ref, path == Fp8Path::Lt ? 1e-3 : 1e-4);
+        std::vector<float> y0 = gpu_test::rand_vec(ref.size()), ref2 = ref;
+        for (size_t i = 0; i < ref2.size(); ++i) ref2[i] += y0[i];
+        Dev<float> ya(y0);
+        g.proj(dx.p(), T, W, ya.p(), GemmOut::F32, true, lt, nullptr);
+        expect_close(what + " accumulate", shape_str(T, sh.N, sh.K), ya.get(), ref2,
+                     path == Fp8Path::Lt ? 1e-3 : 1e-4);
+      }
+}
+
+// FP8 dummy weights: every value is the bf16 dummy fill's uniform value quantised to e4m3 with the tensor's one
+// power-of-two scale, every Blk128 scale that 2^S.
+TEST(GpuFp8, DummyFillIsTheCounterUniformValueQuantisedWithOneScale) {
+  M3_SKIP_WITHOUT_GPU();
+  const int64_t N = 200, K = 384;
+  const float scale = 0.05f;
+  const uint64_t key = counter_key(7, 3);
+  Dev<uint8_t> q(size_t(N * K)), sc(size_t(fp8_scale_count(Fp8Scale::Blk128, N, K)) * 4);
+  cuda::fp8_fill_counter_uniform(q.p(), sc.p(), Fp8Scale::Blk128, N, K, key, scale, nullptr);
+  const int S = fp8_dummy_exponent(scale);
+  const std::vector<uint8_t> hq = q.get(), hs = sc.get();
+  size_t bad = 0;
+  for (int64_t i = 0; i < N * K; ++i)
+    bad += hq[size_t(i)] != cpu::e4m3_rne(counter_uniform(key, uint64_t(i), scale) * std::ldexp(1.0f, -S));
+  EXPECT_EQ(bad, 0u);
+  for (size_t i = 0; i < hs.size() / 4; ++i) {
+    float f;
+    std::memcpy(&f, &hs[4 * i], 4);
+    EXPECT_EQ(f, std::ldexp(1.0f, S)) << i;
   }
 }
 

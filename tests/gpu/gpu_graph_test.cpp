@@ -88,6 +88,36 @@ TEST(GpuGraph, DecodeGraphReplaysEqualTheEagerStepBitForBitAcrossBucketsAndAChan
   }
 }
 
+// `--dtype fp8` with dummy FP8 weights (issue 15): the FP8 projections inside decode graphs. fp8_lt_min_rows = 4 so
+// buckets 1 and 2 run W8A16 (whole lines) and buckets 4 and 8 cuBLASLt FP8×FP8 (activation quantisation included):
+// both capture (no allocation or host sync per call) and replay bit for bit like the eager graph-form twin.
+TEST(GpuGraph, Fp8WeightsDecodeGraphReplaysEqualTheEagerStepBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const M3Config c = graph_config();
+  CudaExecutorOptions replay;
+  replay.fp8_weights = true;
+  replay.fp8_lt_min_rows = 4;
+  CudaExecutorOptions twin = replay;
+  twin.capture_graphs = false;
+  auto a = CudaExecutor::dummy(c, 21, 256, replay), b = CudaExecutor::dummy(c, 21, 256, twin);
+  std::printf("[gpu-graph] fp8: %s; %d FP8 matrices, %.2f MiB of weights\n", a->describe().c_str(),
+              a->fp8_matrices(), double(a->weight_device_bytes()) / (1 << 20));
+  EXPECT_GT(a->fp8_matrices(), 0);
+  const Streams sa = run_engine(*a), sb = run_engine(*b);
+  const GraphStats ga = a->graph_stats();
+  std::printf("[gpu-graph] fp8 graphs: %lld replays, %lld captures, %lld invalidations, %lld failed captures\n",
+              (long long)ga.replays, (long long)ga.captures, (long long)ga.invalidations,
+              (long long)ga.capture_failures);
+  EXPECT_EQ(ga.capture_failures, 0) << "an FP8 decode step could not be captured";
+  EXPECT_GE(ga.captures, 4);
+  EXPECT_GE(ga.replays, 20);
+  ASSERT_EQ(sa.size(), 9u);
+  for (const auto& [id, toks] : sb) {
+    EXPECT_FALSE(toks.empty()) << id;
+    EXPECT_EQ(sa.at(id), toks) << id << ": FP8 graph replay differs from the eager step";
+  }
+}
+
 TEST(GpuGraph, GraphDecodeAgreesWithThePlainEagerPathTokenForToken) {
   SKIP_WITHOUT_GPU();
   // The graph form differs from the plain eager step in padding (GEMMs of another M) and in how split-K attention

@@ -6,12 +6,18 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
+
+#include "base/fp8_format.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
 
 #include "base/dtype.h"
 #include "base/error.h"
@@ -29,7 +35,11 @@ using Clock = std::chrono::steady_clock;
 #define SKIP_WITHOUT_GPU() \
   if (!CudaExecutor::available()) GTEST_SKIP() << "no CUDA device"
 
-std::string fixture(const char* name) { return (fs::path(M3_SOURCE_DIR) / "tests/golden/fixtures" / name).string(); }
+// The source tree: $M3_SOURCE_DIR when set (binaries carried to another machine), else the one this was built from.
+std::string fixture(const char* name) {
+  const char* env = std::getenv("M3_SOURCE_DIR");
+  return (fs::path(env && *env ? env : M3_SOURCE_DIR) / "tests/golden/fixtures" / name).string();
+}
 
 double secs_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -219,6 +229,96 @@ TEST(GpuLoad, StreamingBandwidthAgainstTheHostFp32Path) {
                 file_gb, all, file_gb / all, host_s, all - host_s);
   }
   fs::remove_all(dir);
+}
+
+// Median ms of a greedy forward_sample step: B sequences decoding one token at position `pos` (decode graphs where
+// eligible), or one prefill of `prefill` tokens when prefill > 0.
+double step_ms(CudaExecutor& ex, int B, int pos, int prefill) {
+  const int64_t Bk = ex.config().sparse_block_size;
+  const int n = prefill > 0 ? prefill : 1, start = prefill > 0 ? 0 : pos;
+  const int pages_per = int((start + n + Bk - 1) / Bk);
+  GenerationParams greedy;
+  greedy.sampling.temperature = 0.f;
+  std::vector<std::vector<int32_t>> toks(static_cast<size_t>(B)), pts(static_cast<size_t>(B));
+  std::vector<SeqInput> in;
+  std::vector<RowSampling> rows;
+  for (int b = 0; b < B; ++b) {
+    for (int i = 0; i < n; ++i) toks[size_t(b)].push_back((b * 131 + i * 37 + 11) % ex.config().vocab_size);
+    for (int p = 0; p < pages_per; ++p) pts[size_t(b)].push_back(b * pages_per + p);
+    in.push_back(SeqInput{toks[size_t(b)], start, pts[size_t(b)], false});
+    RowSampling r;
+    r.params = &greedy, r.tokens = toks[size_t(b)], r.prompt_len = n;
+    rows.push_back(r);
+  }
+  std::vector<double> t;
+  for (int it = 0; it < (prefill > 0 ? 4 : 13); ++it) {
+    const auto t0 = Clock::now();
+    ex.forward_sample(in, rows);
+    t.push_back(secs_since(t0) * 1e3);
+  }
+  t.erase(t.begin(), t.begin() + (prefill > 0 ? 1 : 3));  // warm-up (plans, graph capture)
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// `--load-format dummy --dtype fp8` at M3's real widths (issue 15 items 2 and 6): the FP8 slots are filled on the
+// device, the slice runs (prefill through cuBLASLt FP8, decode through W8A16 inside the decode graphs), and the
+// memory fit of the full model is computed from the executor's real allocations: slices of 3 (embeddings, LM head,
+// the 3 dense layers) and 5 layers (+ 2 MSA/MoE layers) give the fixed part and one MoE layer; M3 = fixed + 57 MoE
+// layers, per rank on 8 GPUs = / 8 (every weight sharded evenly, tensor or expert parallel).
+TEST(GpuLoad, FullWidthM3SliceInFp8ViaDummyAndTheFullModelsMemoryFit) {
+  SKIP_WITHOUT_GPU();
+  size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  if (double(free_b) < 40e9) GTEST_SKIP() << "needs 40 GB free";
+  int64_t bytes[2][2] = {};  // [fp8][slice 3, 5]
+  double ms[2][4] = {};      // [fp8][decode B=1, decode B=32, prefill 2048 tokens, fill seconds]
+  for (int fp8 = 0; fp8 < 2; ++fp8)
+    for (int si = 0; si < 2; ++si) {
+      const M3Config c = m3_slice(si == 0 ? 3 : 5);
+      CudaExecutorOptions o;
+      o.fp8_weights = fp8 == 1;
+      auto ex = CudaExecutor::dummy(c, 1, 600, o);
+      bytes[fp8][si] = ex->weight_device_bytes();
+      EXPECT_EQ(ex->load_stats().bytes_written, bytes[fp8][si]);
+      if (si == 0) continue;
+      std::printf("[gpu-load] %s\n", ex->describe().c_str());
+      ms[fp8][3] = ex->load_stats().seconds;
+      if (fp8) {
+        // 5 layers: q/k/v/o × 5, index × 2, dense MLP × 3 (gate_up, down), shared expert × 2 (gate_up, down).
+        EXPECT_EQ(ex->fp8_matrices(), 5 * 2 + 2 + 3 * 2 + 2 * 2);
+        const std::vector<float> l = logits_of(*ex, 300);
+        for (float x : l) ASSERT_TRUE(std::isfinite(x));
+      }
+      ms[fp8][0] = step_ms(*ex, 1, 1000, 0);
+      ms[fp8][1] = step_ms(*ex, 32, 1000, 0);
+      ms[fp8][2] = step_ms(*ex, 1, 0, 2048);
+    }
+  for (int fp8 = 0; fp8 < 2; ++fp8)
+    std::printf("[gpu-load] M3 slice (3 dense + 2 MSA/MoE layers, full width) %s: %.2f GB of weights (filled in "
+                "%.3f s); greedy step: decode B=1 %.3f ms, decode B=32 %.3f ms, prefill 2048 tokens %.2f ms\n",
+                fp8 ? "--dtype fp8" : "bf16", bytes[fp8][1] / 1e9, ms[fp8][3], ms[fp8][0], ms[fp8][1], ms[fp8][2]);
+  EXPECT_LT(bytes[1][1], bytes[0][1]);
+  // The full model from the real allocations.
+  const M3Config full = m3_slice(60);
+  const int64_t moe_layers = full.num_layers - 3;
+  for (int fp8 = 0; fp8 < 2; ++fp8) {
+    const int64_t fixed = bytes[fp8][0], moe = (bytes[fp8][1] - bytes[fp8][0]) / 2;
+    const int64_t E = full.num_experts, I = full.moe_intermediate_size, H = full.hidden_size;
+    const int64_t experts_bf16 = E * 3 * I * H * 2;  // stacked [E, 2I, H] + [E, H, I], bf16
+    const int64_t experts_fp8 = E * (fp8_matrix_bytes(Fp8Scale::Blk128, 2 * I, H) + fp8_matrix_bytes(Fp8Scale::Blk128, H, I));
+    const int64_t total = fixed + moe_layers * moe, rank = total / 8;
+    const int64_t total_e8 = total - moe_layers * (experts_bf16 - experts_fp8), rank_e8 = total_e8 / 8;
+    std::printf("[gpu-load] memory fit, %s: fixed part %.2f GB, one MoE layer %.3f GB -> M3 (60 layers) %.1f GB, "
+                "per rank on 8 GPUs %.1f GB, leaving %.1f GB of the %.1f GB H200 (KV + activations)%s\n",
+                fp8 ? "--dtype fp8 (routed experts bf16)" : "bf16", fixed / 1e9, moe / 1e9, total / 1e9, rank / 1e9,
+                (double(total_b) - double(rank)) / 1e9, double(total_b) / 1e9, fp8 ? "" : "");
+    if (fp8)
+      std::printf("[gpu-load] memory fit, --dtype fp8 with FP8 routed experts too (issue 15 item 3, computed: %.3f GB "
+                  "per MoE layer's experts instead of %.3f): M3 %.1f GB, per rank %.1f GB, leaving %.1f GB of %.1f GB\n",
+                  experts_fp8 / 1e9, experts_bf16 / 1e9, total_e8 / 1e9, rank_e8 / 1e9,
+                  (double(total_b) - double(rank_e8)) / 1e9, double(total_b) / 1e9);
+  }
 }
 
 }  // namespace

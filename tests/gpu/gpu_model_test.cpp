@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -26,7 +29,11 @@ namespace fs = std::filesystem;
 #define SKIP_WITHOUT_GPU() \
   if (!CudaExecutor::available()) GTEST_SKIP() << "no CUDA device"
 
-std::string fixture() { return (fs::path(M3_SOURCE_DIR) / "tests/golden/fixtures/tiny_sparse_f32").string(); }
+// The source tree: $M3_SOURCE_DIR when set (binaries carried to another machine), else the one this was built from.
+std::string fixture(const char* name = "tiny_sparse_f32") {
+  const char* env = std::getenv("M3_SOURCE_DIR");
+  return (fs::path(env && *env ? env : M3_SOURCE_DIR) / "tests/golden/fixtures" / name).string();
+}
 
 struct Loaded {
   M3Config cfg;
@@ -106,8 +113,11 @@ bool flip_is_near_tie(std::span<const int32_t> cpu_sel, std::span<const int32_t>
 
 // Runs the same scripted steps on the CPU model and the GPU executor.
 // Steps: A prefill 0..199 (all logits) → A prefill 200..319 → A decode ×3 → [A decode + B prefill 150] → A decode ×4.
+// make: builds the GPU executor for (options, pages) instead of uploading l.w (e.g. streamed MXFP8 as FP8).
+using MakeGpu = std::function<std::unique_ptr<CudaExecutor>(const CudaExecutorOptions&, int32_t)>;
 RunStats run_script(const Loaded& l, bool bf16, double tie_tol,
-                    AttentionBackend attention = AttentionBackend::Msa) {
+                    AttentionBackend attention = AttentionBackend::Msa, const MakeGpu& make = {},
+                    const char* tag = nullptr) {
   const M3Config& c = l.cfg;
   const int32_t P = 64;
   M3Model cpu(c, l.w);
@@ -116,7 +126,10 @@ RunStats run_script(const Loaded& l, bool bf16, double tie_tol,
   opt.bf16_weights = bf16;
   opt.attention = attention;
   opt.validate = true;
-  CudaExecutor gpu(c, l.w, P, opt);
+  std::unique_ptr<CudaExecutor> gpu_own =
+      make ? make(opt, P) : std::make_unique<CudaExecutor>(c, l.w, P, opt);
+  CudaExecutor& gpu = *gpu_own;
+  if (!tag) tag = bf16 ? "bf16" : "fp32";
   std::mt19937 g(1234);
   std::vector<int32_t> perm(P);
   std::iota(perm.begin(), perm.end(), 0);
@@ -154,7 +167,7 @@ RunStats run_script(const Loaded& l, bool bf16, double tie_tol,
           if (!flip_is_near_tie(xs, ys, sc, tie_tol)) {
             ++st.untied_flips;  // each test decides how many it allows
             std::printf("[gpu-model] %s layer %zu seq %zu token %zu head %zu: other blocks than the CPU's, not a "
-                        "near-tie\n", bf16 ? "bf16" : "fp32", l2, s, r % n, r / n);
+                        "near-tie\n", tag, l2, s, r % n, r / n);
           }
         }
       }
@@ -194,7 +207,7 @@ RunStats run_script(const Loaded& l, bool bf16, double tie_tol,
         st.worst_row = std::max(st.worst_row, e);
         step_worst = std::max(step_worst, e);
       }
-      std::printf("[gpu-model] %s seq %zu start %lld n %zu rows %zu: worst row rel err %.3e\n", bf16 ? "bf16" : "fp32",
+      std::printf("[gpu-model] %s seq %zu start %lld n %zu rows %zu: worst row rel err %.3e\n", tag,
                   s, (long long)in[s].start_pos, n, rows, step_worst);
     }
     return lc;
@@ -215,7 +228,7 @@ RunStats run_script(const Loaded& l, bool bf16, double tie_tol,
   }
   std::printf("[gpu-model] %s: selection rows differing %d of %d (%d not near-ties); %d logits rows exempt after a "
               "flip; worst row rel err %.3e; argmax agree %d/%d; on rows where the reference's top-2 gap > %.0e of "
-              "its max |logit|: %d/%d, of them without a selection flip: %d/%d\n", bf16 ? "bf16" : "fp32",
+              "its max |logit|: %d/%d, of them without a selection flip: %d/%d\n", tag,
               st.selection_flips, st.selection_rows, st.untied_flips, st.flipped_rows, st.worst_row, st.argmax_agree,
               st.rows, double(kDecisiveGap), st.decisive_agree, st.decisive_rows, st.decisive_unflipped_agree,
               st.decisive_unflipped_rows);
@@ -327,6 +340,140 @@ TEST(GpuModel, EngineOnTheCudaExecutorGeneratesTheCpuEnginesGreedyTokens) {
     EXPECT_EQ(toks.size(), 12u);
     EXPECT_EQ(toks, outs[1][id]) << id;
   }
+}
+
+// ---- --dtype fp8 (issue 15 items 1–2, 5): the MXFP8 fixture streamed with its projections kept FP8 -----------------
+// The CPU reference runs the same checkpoint dequantised exactly (M3Weights::load), with the matrices the GPU keeps
+// in bf16 rounded as the GPU stores them (embeddings, LM head; the routed experts' MXFP8 values are exact in bf16).
+// What the FP8 path adds to the bf16 path: the 128×128 requantisation (≤ 4e-6 of ‖y‖ per GEMM, docs/FP8.md §3) and,
+// on the cuBLASLt path only, e4m3 activations (1.6–2.4e-2 of ‖y‖ per GEMM — as large as MXFP8's own error).
+Loaded load_mxfp8_reference() {
+  Loaded l;
+  l.cfg = load_m3_config(fixture("tiny_sparse_mxfp8") + "/config.json");
+  const SafeTensors st = SafeTensors::open(fixture("tiny_sparse_mxfp8"));
+  l.w = M3Weights::load(l.cfg, st);
+  round_weights_bf16(l.w);
+  return l;
+}
+
+MakeGpu mxfp8_maker(bool fp8, int lt_min_rows, int* fp8_matrices = nullptr) {
+  return [=](const CudaExecutorOptions& base, int32_t P) {
+    CudaExecutorOptions o = base;
+    o.fp8_weights = fp8;
+    o.fp8_lt_min_rows = lt_min_rows;
+    const std::string dir = fixture("tiny_sparse_mxfp8");
+    auto ex = CudaExecutor::load(load_m3_config(dir + "/config.json"), dir, P, o);
+    std::printf("[gpu-model] %s\n", ex->describe().c_str());
+    if (fp8_matrices) *fp8_matrices = ex->fp8_matrices();
+    return ex;
+  };
+}
+
+// The matrices `--dtype fp8` keeps FP8 on this fixture: q/k/v/o of 5 layers, index q/k of 2, the dense MLPs of 3 and
+// the shared experts of 2 (every K here is a multiple of 64, so none falls back to bf16).
+constexpr int kFixtureFp8Matrices = 5 * 2 + 2 + 3 * 2 + 2 * 2;
+
+// The bf16 bounds of expect_bf16_bounds as a verdict (printed, not asserted), and the numbers the FP8 tests compare.
+struct Summary {
+  double p50 = 0, p90 = 0, argmax = 0, decisive = 0;  // argmax, decisive: fractions of rows
+  bool bf16_bounds = false;
+};
+Summary summarize(RunStats st, const char* what) {
+  std::sort(st.row_errs.begin(), st.row_errs.end());
+  Summary m;
+  if (st.row_errs.empty()) return m;
+  m.p50 = st.row_errs[st.row_errs.size() / 2], m.p90 = st.row_errs[st.row_errs.size() * 9 / 10];
+  m.argmax = double(st.argmax_agree) / std::max(st.rows, 1);
+  m.decisive = double(st.decisive_agree) / std::max(st.decisive_rows, 1);
+  m.bf16_bounds = st.untied_flips <= st.selection_rows / 50 && st.selection_flips <= st.selection_rows / 20 &&
+                  m.p50 < 2e-2 && m.p90 < 5e-2 && st.argmax_agree >= st.rows * 95 / 100 &&
+                  st.decisive_unflipped_agree * 100 >= st.decisive_unflipped_rows * 99 &&
+                  st.decisive_agree * 100 >= st.decisive_rows * 98;
+  std::printf("[gpu-model] %s: per-row logits rel err p50 %.3e p90 %.3e max %.3e; argmax %d/%d (%.1f %%); decisive "
+              "rows %d/%d (%.1f %%), unflipped %d/%d; selection flips %d/%d (%d not near-ties); within the bf16 "
+              "test's bounds: %s\n", what, m.p50, m.p90, st.worst_row, st.argmax_agree, st.rows, 100 * m.argmax,
+              st.decisive_agree, st.decisive_rows, 100 * m.decisive, st.decisive_unflipped_agree,
+              st.decisive_unflipped_rows, st.selection_flips, st.selection_rows, st.untied_flips,
+              m.bf16_bounds ? "yes" : "no");
+  return m;
+}
+
+TEST(GpuModel, Mxfp8FixtureWithFp8WeightsW8A16StaysWhereTheBf16PathIs) {
+  SKIP_WITHOUT_GPU();
+  const Loaded l = load_mxfp8_reference();
+  // Calibration: the same checkpoint as bf16 weights (MXFP8 → bf16 exactly) through the same kernels otherwise.
+  const Summary b = summarize(run_script(l, true, 5e-2, AttentionBackend::Msa, mxfp8_maker(false, 0), "mxfp8 as bf16"),
+                              "mxfp8 as bf16");
+  // W8A16 only (bf16 activations): the weights are the same values up to the 128×128 requantisation (≤ 4e-6 of ‖y‖
+  // per GEMM), so it must stay where the bf16 path is: within the bf16 test's bounds when the calibration is, and
+  // never more than 25 % (+ 1e-3) above its median / p90 error or 2 points below its argmax agreement.
+  int n8 = 0;
+  const RunStats st = run_script(l, true, 5e-2, AttentionBackend::Msa, mxfp8_maker(true, 0, &n8), "fp8 w8a16");
+  const Summary f = summarize(st, "fp8 w8a16");
+  EXPECT_EQ(n8, kFixtureFp8Matrices);
+  if (b.bf16_bounds) expect_bf16_bounds(st, "fp8 w8a16");
+  EXPECT_LE(f.p50, 1.25 * b.p50 + 1e-3);
+  EXPECT_LE(f.p90, 1.25 * b.p90 + 1e-3);
+  EXPECT_GE(f.argmax, b.argmax - 0.02);
+}
+
+TEST(GpuModel, Mxfp8FixtureWithFp8WeightsCublasLtPrefillIsMeasured) {
+  SKIP_WITHOUT_GPU();
+  const Loaded l = load_mxfp8_reference();
+  // The default threshold: decode rows (≤ 15) through W8A16, prefill rows through cuBLASLt FP8×FP8 with e4m3
+  // activations. docs/FP8.md §3 predicts (CPU emulation on this fixture, 128×128 + e4m3 activations): median row
+  // error 1.1e-1, argmax 67.6 % — far outside the bf16 bounds, so this test holds it to "not broken" bounds only
+  // (garbage logits would give p50 ≈ 1 and argmax ≈ 1/V) and prints the numbers.
+  int n8 = 0;
+  const Summary f =
+      summarize(run_script(l, true, 5e-2, AttentionBackend::Msa, mxfp8_maker(true, 16, &n8), "fp8 lt>=16"),
+                "fp8 cublaslt prefill (lt >= 16)");
+  EXPECT_EQ(n8, kFixtureFp8Matrices);
+  EXPECT_LT(f.p50, 0.4);
+  EXPECT_GE(f.argmax, 0.5);
+}
+
+TEST(GpuModel, EngineGeneratesGreedyTokensWithFp8Weights) {
+  SKIP_WITHOUT_GPU();
+  const Loaded l = load_mxfp8_reference();
+  M3Model cpu(l.cfg, l.w);
+  std::map<std::string, std::vector<int32_t>> outs[3];
+  const char* names[3] = {"cpu", "fp8 w8a16", "fp8 default"};
+  for (int which = 0; which < 3; ++which) {
+    std::unique_ptr<CudaExecutor> gpu;
+    std::unique_ptr<Engine> e;
+    if (which == 0) {
+      e = std::make_unique<Engine>(cpu, EngineConfig{.num_pages = 48});
+    } else {
+      CudaExecutorOptions o;
+      gpu = mxfp8_maker(true, which == 1 ? 0 : 16)(o, 64);
+      e = std::make_unique<Engine>(*gpu, EngineConfig{});
+    }
+    std::mt19937 gg(99);
+    std::uniform_int_distribution<int32_t> tok(0, l.cfg.vocab_size - 1);
+    for (int r = 0; r < 3; ++r) {
+      EngineRequest req;
+      req.id = "r" + std::to_string(r);
+      req.prompt.resize(static_cast<size_t>(90 + 60 * r));
+      for (auto& x : req.prompt) x = tok(gg);
+      req.params.max_tokens = 12;
+      req.params.ignore_eos = true;
+      req.params.sampling.temperature = 0;
+      auto* out = &outs[which][req.id];
+      e->submit(req, [out](const EngineOutput& o) { out->insert(out->end(), o.tokens.begin(), o.tokens.end()); });
+    }
+    while (e->step()) {
+    }
+  }
+  for (int which = 1; which < 3; ++which)
+    for (auto& [id, toks] : outs[0]) {
+      const auto& g = outs[which][id];
+      size_t same = 0;
+      while (same < std::min(toks.size(), g.size()) && toks[same] == g[same]) ++same;
+      std::printf("[gpu-model] engine %s %s: %zu tokens, first %zu equal to the CPU's greedy tokens\n", names[which],
+                  id.c_str(), g.size(), same);
+      EXPECT_EQ(g.size(), 12u) << names[which] << " " << id;
+    }
 }
 
 }  // namespace

@@ -52,6 +52,22 @@ TEST(LoadFlags, ParseEveryValue) {
   EXPECT_STREQ(name(o.attention), "dense");
 }
 
+TEST(LoadFlags, Fp8DtypeParsesAndTheCpuRefusesIt) {
+  LoadOptions o = parse("--dtype fp8 --load-format dummy");
+  EXPECT_EQ(o.dtype, LoadDType::Fp8);
+  EXPECT_STREQ(name(o.dtype), "fp8");
+  EXPECT_EQ(o.fp8_prefill_gemm, LoadFp8Gemm::CublasLt);
+  EXPECT_EQ(parse("--dtype fp8 --fp8-prefill-gemm w8a16").fp8_prefill_gemm, LoadFp8Gemm::W8A16);
+  EXPECT_STREQ(name(LoadFp8Gemm::W8A16), "w8a16");
+  EXPECT_THROW(parse("--fp8-prefill-gemm fp16"), CLI::ParseError);
+  try {
+    check_cpu_load_options(o);
+    ADD_FAILURE() << "the CPU executor accepted --dtype fp8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--dtype fp8 needs --device cuda"), std::string::npos) << e.what();
+  }
+}
+
 TEST(LoadFlags, BadValuesAreParseErrors) {
   EXPECT_THROW(parse("--dtype float16"), CLI::ParseError);
   EXPECT_THROW(parse("--load-format pt"), CLI::ParseError);

@@ -7,15 +7,15 @@
 // working set of one replay exceeds 2× L2), 5 warm-up + 25 timed replays, median per call and CV. GB/s by the MSA byte
 // model (attention: K+V of the selected tokens; scorer: every index key of the batch), % of a device copy ceiling
 // measured in the same run.
-//   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query] [--fp8]
+//   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query [--mq-scorer]] [--fp8]
 // --fp8: only the FP8 (e4m3) cache section (issue 15 item 4): e4m3 K/V and index-K next to bf16 on the same
 // shapes, B ∈ {8, 32, 64, 128} × ctx ∈ {16k, 64k, 128k}; GB/s on the bytes each variant reads (e4m3: half).
 // The e4m3 checks (and their accuracy against the bf16 cache) run with the other checks in every mode.
 // --multi-query: only the Q > 1 section (speculative verify / MTP rows): Q rows per request at consecutive positions,
-// their selections overlapping as neighbouring tokens' do (each row swaps `drift` of the request's 15 history blocks
-// for others), timed against Q = 1. The kernels read each row's own pages; the rows of a request are adjacent fake
-// requests, so the union's pages are fetched from HBM about once and the other rows hit L2 — the time ratio against
-// Q = 1 shows how close that comes to reading the union once (issue 11 item 4).
+// overlapping (each later row swaps one of the request's 15 history blocks) or independent random selections, timed
+// with the per-row kernel (PagedDecodeTc, the rows as adjacent fake requests) and the union kernel (PagedDecodeMq, one
+// CTA per (request, KV head) reading the union of the rows' pages once), against Q = 1 (issue 11 item 4); --json
+// then writes msa_latest.json lines. --mq-scorer also times the index scorer with Q rows per request.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -31,6 +31,7 @@
 
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/msa_decode_index.cuh"
+#include "backend/cuda/paged_decode_mq.cuh"
 #include "backend/cuda/paged_decode_tc.cuh"
 #include "decode_tc_checks.h"
 
@@ -177,73 +178,145 @@ std::string fmt_anchor(double v) {
 }
 
 // ---- Q > 1: rows of a request at consecutive positions (speculative verify) ---------------------------------------
-bool run_multi_query(double copy) {
-  const int P = 16384, ctx = 65536, local = (ctx - 1) / kBlock, n = kTopK;
+struct MqRecord {
+  std::string op, shape;
+  double us, gbps, x_q1, x_rowwise, bytes_x_q1;
+};
+
+// Attention: per (context, selection, B, Q) the per-row kernel (PagedDecodeTc, the Q rows as adjacent fake requests)
+// and the union kernel (PagedDecodeMq), same inputs. Rows at positions ctx − Q + q; a request's logical blocks map to
+// distinct pool pages (an odd multiplier mod the pool size); `overlap`: row 0 selects 15 random history blocks + the
+// local one and each later row swaps one of them for another (drift 1, as neighbouring tokens do); `random`: every row
+// draws its own 15. Unique bytes = union pages per (request, KV head) × 64 KiB (K + V of a page).
+bool run_multi_query(double copy, bool scorer, const std::string& json_path, const std::string& commit,
+                     const char* gpu) {
+  const int P = 16384, n = kTopK;
   m3::cuda::DeviceBuffer<bf16> kpool(size_t(P) * kHkv * kBlock * kD), vpool(size_t(P) * kHkv * kBlock * kD);
   fill(kpool.get(), size_t(P) * kHkv * kBlock * kD, 3);
   fill(vpool.get(), size_t(P) * kHkv * kBlock * kD, 4);
   std::mt19937_64 g(11);
-  std::printf("\n| op | B | Q | drift | union pages / row pages | median µs | × Q=1 | union bytes × Q=1 |\n"
-              "|---|---|---|---|---|---|---|---|\n");
-  for (int B : {8, 32, 64})
-    for (int drift : {1, 3}) {
-      double t1 = 0;
-      for (int Q : {1, 4, 8}) {
-        const int R = B * Q * kHkv;  // fake request (b, q, h): the rows of a request adjacent, as the executor orders
-        const double bytes_q1 = double(B) * kHkv * n * kBlock * kD * 2 * 2;
-        const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / bytes_q1), 1, 64));
-        std::vector<int32_t> indptr(size_t(R) + 1), last(static_cast<size_t>(R)), idx(size_t(rot) * R * n);
-        for (int r = 0; r < R; ++r) indptr[size_t(r) + 1] = indptr[size_t(r)] + n;
-        double union_pages = 0;
-        for (int rr = 0; rr < rot; ++rr)
-          for (int b = 0; b < B; ++b) {
-            std::vector<int32_t> base;  // the request's 15 history pages + its local page
-            while (int(base.size()) < n) {
-              const int32_t p = int32_t(g() % P);
-              if (std::find(base.begin(), base.end(), p) == base.end()) base.push_back(p);
+  std::vector<MqRecord> recs;
+  std::printf("\npaged_decode_mq: resident clusters at 2 / 4 / 8 splits: %d / %d / %d\n",
+              m3::cuda::PagedDecodeMq::max_active_clusters(2), m3::cuda::PagedDecodeMq::max_active_clusters(4),
+              m3::cuda::PagedDecodeMq::max_active_clusters(8));
+  std::printf("\n| ctx | selection | B | Q | union pages / 16 | unique MB | per-row µs | union µs | union GB/s on unique "
+              "(%% of copy) | union × Q=1 | per-row × Q=1 | union / per-row | bytes × Q=1 | splits |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int ctx : {16384, 65536})
+    for (int overlap : {1, 0})
+      for (int B : {8, 32, 64}) {
+        double t1 = 0, u1 = 0;
+        for (int Q : {1, 4, 8}) {
+          const int T = B * Q, R = T * kHkv, local = (ctx - 1) / kBlock;
+          const double bytes_q1 = double(B) * kHkv * n * kBlock * kD * 2 * 2;
+          const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / bytes_q1), 1, 64));
+          std::vector<int32_t> indptr(size_t(R) + 1), last(static_cast<size_t>(R)), idx(size_t(rot) * R * n);
+          std::vector<int32_t> req(size_t(B) + 1);
+          for (int r = 0; r < R; ++r) indptr[size_t(r) + 1] = indptr[size_t(r)] + n;
+          for (int b = 0; b <= B; ++b) req[size_t(b)] = b * Q;
+          double union_pages = 0;
+          auto draw = [&](std::vector<int32_t>& row, int k) {  // k more distinct history blocks
+            for (int i = 0; i < k; ++i) {
+              int32_t p;
+              do p = int32_t(g() % local);
+              while (std::find(row.begin(), row.end(), p) != row.end());
+              row.push_back(p);
             }
-            std::vector<int32_t> seen;
-            for (int q = 0; q < Q; ++q) {
-              std::vector<int32_t> row = base;
-              for (int d = 0; d < drift * std::min(q, 1); ++d) {  // row 0 keeps the base; later rows drift
-                int32_t p;
-                do p = int32_t(g() % P);
-                while (std::find(row.begin(), row.end(), p) != row.end());
-                row[size_t(g() % (n - 1))] = p;  // never the local page (last)
+          };
+          for (int rr = 0; rr < rot; ++rr)
+            for (int b = 0; b < B; ++b) {
+              const uint32_t mul = uint32_t(g() | 1), add = uint32_t(g());
+              auto phys = [&](int32_t blk) { return int32_t((uint32_t(blk) * mul + add) % uint32_t(P)); };
+              std::vector<int32_t> base;
+              draw(base, n - 1);
+              std::vector<int32_t> seen;
+              for (int q = 0; q < Q; ++q) {
+                std::vector<int32_t> row;
+                if (overlap) {
+                  row = base;
+                  if (q > 0) {
+                    const size_t at = g() % (n - 1);
+                    std::vector<int32_t> extra = row;
+                    draw(extra, 1);
+                    row[at] = extra.back();
+                  }
+                } else {
+                  draw(row, n - 1);
+                }
+                std::sort(row.begin(), row.end());
+                row.push_back(local);
+                for (int32_t p : row)
+                  if (std::find(seen.begin(), seen.end(), p) == seen.end()) seen.push_back(p);
+                for (int h = 0; h < kHkv; ++h) {
+                  const int r = (b * Q + q) * kHkv + h;
+                  last[size_t(r)] = (ctx - Q + q) % kBlock + 1;
+                  for (int s2 = 0; s2 < n; ++s2) idx[(size_t(rr) * R + r) * n + s2] = phys(row[size_t(s2)]) * kHkv + h;
+                }
               }
-              std::sort(row.begin(), row.end() - 1);
-              for (int32_t p : row)
-                if (std::find(seen.begin(), seen.end(), p) == seen.end()) seen.push_back(p);
-              for (int h = 0; h < kHkv; ++h) {
-                const int r = (b * Q + q) * kHkv + h;
-                last[size_t(r)] = (ctx - Q + q) % kBlock + 1;
-                for (int s2 = 0; s2 < n; ++s2) idx[(size_t(rr) * R + r) * n + s2] = row[size_t(s2)] * kHkv + h;
-              }
+              if (rr == 0) union_pages += double(seen.size()) / double(B);
             }
-            if (rr == 0) union_pages += double(seen.size()) / double(B);
-          }
-        DevVec<int32_t> dind(indptr), dlast(last), didx(idx);
-        m3::cuda::DeviceBuffer<bf16> qb(size_t(rot) * R * kG * kD), out(size_t(rot) * R * kG * kD);
-        fill(qb.get(), size_t(rot) * R * kG * kD, 5);
-        m3::cuda::PagedDecodeTc op;
-        op.plan(R, kG, n, true);
-        const Timing t = time_graph(
-            [&](cudaStream_t s) {
-              for (int r = 0; r < rot; ++r) {
-                m3::cuda::PagedDecodeTcArgs<bf16> a;
-                a.q = qb.get() + size_t(r) * R * kG * kD, a.out = out.get() + size_t(r) * R * kG * kD;
-                a.k = kpool.get(), a.v = vpool.get(), a.stride_page = int64_t(kBlock) * kD, a.stride_tok = kD;
-                a.indptr = dind.get(), a.indices = didx.get() + size_t(r) * R * n, a.last_len = dlast.get();
-                a.R = R, a.G = kG, a.scale = 1.f / std::sqrt(float(kD));
-                op.run(a, s, false);
-              }
-            },
-            rot);
-        if (Q == 1) t1 = t.median_us;
-        std::printf("| paged_decode_tc | %d | %d | %d | %.1f / %d | %.1f | %.2f | %.2f |\n", B, Q, drift, union_pages, n,
-                    t.median_us, t.median_us / t1, union_pages / n);
+          DevVec<int32_t> dind(indptr), dlast(last), didx(idx), dreq(req);
+          m3::cuda::DeviceBuffer<bf16> qb(size_t(rot) * R * kG * kD), out(size_t(rot) * R * kG * kD);
+          fill(qb.get(), size_t(rot) * R * kG * kD, 5);
+          const float scale = 1.f / std::sqrt(float(kD));
+          m3::cuda::PagedDecodeTc rowwise;
+          rowwise.plan(R, kG, n, true);
+          const Timing tr = time_graph(
+              [&](cudaStream_t s) {
+                for (int r = 0; r < rot; ++r) {
+                  m3::cuda::PagedDecodeTcArgs<bf16> a;
+                  a.q = qb.get() + size_t(r) * R * kG * kD, a.out = out.get() + size_t(r) * R * kG * kD;
+                  a.k = kpool.get(), a.v = vpool.get(), a.stride_page = int64_t(kBlock) * kD, a.stride_tok = kD;
+                  a.indptr = dind.get(), a.indices = didx.get() + size_t(r) * R * n, a.last_len = dlast.get();
+                  a.R = R, a.G = kG, a.scale = scale;
+                  rowwise.run(a, s);
+                }
+              },
+              rot);
+          m3::cuda::PagedDecodeMq mq;
+          mq.plan(B, kHkv, kG, Q, n, true);
+          const Timing tm = time_graph(
+              [&](cudaStream_t s) {
+                for (int r = 0; r < rot; ++r) {
+                  m3::cuda::PagedDecodeMqArgs<bf16> a;
+                  a.q = qb.get() + size_t(r) * R * kG * kD, a.out = out.get() + size_t(r) * R * kG * kD;
+                  a.k = kpool.get(), a.v = vpool.get(), a.stride_page = int64_t(kBlock) * kD, a.stride_tok = kD;
+                  a.indptr = dind.get(), a.indices = didx.get() + size_t(r) * R * n, a.last_len = dlast.get();
+                  a.req_indptr = dreq.get(), a.N = B, a.Hkv = kHkv, a.G = kG, a.scale = scale;
+                  mq.run(a, s);
+                }
+              },
+              rot);
+          if (Q == 1) t1 = tr.median_us, u1 = union_pages;
+          const double ubytes = double(B) * kHkv * union_pages * kBlock * kD * 2 * 2;
+          const double gbps = ubytes / (tm.median_us * 1e3);
+          std::printf("| %dk | %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.0f (%.0f%%) | %.2f | %.2f | %.2f | %.2f | %d |\n",
+                      ctx / 1024, overlap ? "overlap" : "random", B, Q, union_pages, ubytes / 1e6, tr.median_us,
+                      tm.median_us, gbps, 100 * gbps / copy, tm.median_us / t1, tr.median_us / t1,
+                      tm.median_us / tr.median_us, union_pages / u1, mq.splits());
+          char shape[96];
+          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=%d %s", B, ctx / 1024, Q, overlap ? "overlap" : "random");
+          recs.push_back({"paged_decode_mq", shape, tm.median_us, gbps, tm.median_us / t1, tm.median_us / tr.median_us,
+                          union_pages / u1});
+          recs.push_back({"paged_decode_tc", shape, tr.median_us, ubytes / (tr.median_us * 1e3), tr.median_us / t1, 1.0,
+                          union_pages / u1});
+        }
       }
-    }
+  if (!json_path.empty()) {  // one record per line, the msa_latest.json format
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (!f) throw std::runtime_error("cannot write " + json_path);
+    for (const auto& r : recs)
+      std::fprintf(f,
+                   "  {\"op\": \"%s\", \"shape\": \"%s\", \"variant\": \"bf16 sm90a graph rotated, %s\", "
+                   "\"median_us\": %.2f, \"gbps\": %.0f, \"x_q1\": %.2f, \"x_rowwise\": %.2f, \"bytes_x_q1\": %.2f, "
+                   "\"commit\": \"%s\", \"gpu\": \"%s\"},\n",
+                   r.op.c_str(), r.shape.c_str(),
+                   r.op == "paged_decode_mq" ? "union of the rows' pages per (request, KV head)"
+                                             : "rows of a request as adjacent fake requests",
+                   r.us, r.gbps, r.x_q1, r.x_rowwise, r.bytes_x_q1, commit.c_str(), gpu);
+    std::fclose(f);
+  }
+  if (!scorer) return true;
   // The index scorer: Q rows per request, each scoring its whole history (the rows' histories are the same pages).
   const size_t ipages_max = size_t(8) << 30 >> 15;
   m3::cuda::DeviceBuffer<bf16> ipool(ipages_max * kBlock * kD);
@@ -490,9 +563,10 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
 
 int main(int argc, char** argv) {
   std::string json_path, commit = "unknown";
-  bool quick = false, multi_query = false, fp8 = false;
+  bool quick = false, multi_query = false, mq_scorer = false, fp8 = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--multi-query")) multi_query = true;
+    if (!std::strcmp(argv[i], "--mq-scorer")) mq_scorer = true;
     if (!std::strcmp(argv[i], "--fp8")) fp8 = true;
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--commit") && i + 1 < argc) commit = argv[++i];
@@ -516,23 +590,52 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 40; ++i) p.push_back(97 + 173 * i);
       return p;
     };
+    auto mq_many = [] {  // 40 requests × 4 KV heads > #SMs: no split, a second wave
+      std::vector<int32_t> p;
+      for (int i = 0; i < 40; ++i) p.push_back(2100 + 1733 * i);
+      return p;
+    };
+    auto mq_many_q = [] {
+      std::vector<int> q;
+      for (int i = 0; i < 40; ++i) q.push_back(i % 2 ? 8 : 4);
+      return q;
+    };
     struct Check {
       const char* name;
       Result r;
     };
-    std::vector<Check> checks = {
+    std::vector<Check> checks;
+    if (!fp8)  // --fp8: the e4m3 checks only (gpu_decode_test runs the others)
+      checks = {
         {"paged_decode_tc sparse G16 split", check_paged_decode(11, mixed, 4, 16, true, true)},
         {"paged_decode_tc sparse G16 nosplit", check_paged_decode(12, mixed, 4, 16, true, false)},
         {"paged_decode_tc sparse G8", check_paged_decode(13, mixed, 1, 8, true, true)},
         {"paged_decode_tc dense", check_paged_decode(14, {3, 300, 4000, 9000}, 4, 16, false, true)},
         {"paged_decode_tc sparse G16 wide", check_paged_decode(17, wide_rows(), 4, 16, true, true)},
+        {"paged_decode_mq overlap split",
+         check_paged_decode_mq(21, {3, 129, 130, 1000, 2050, 5000, 16383, 16385, 70000, 5121},
+                               {1, 2, 4, 8, 3, 1, 2, 4, 8, 3}, 4, 16, MqSelection::kOverlap, true)},
+        {"paged_decode_mq overlap nosplit",
+         check_paged_decode_mq(22, {3, 129, 130, 1000, 2050, 5000, 16383, 16385, 70000, 5121},
+                               {8, 4, 2, 1, 8, 4, 2, 1, 8, 4}, 4, 16, MqSelection::kOverlap, false)},
+        {"paged_decode_mq random G16 split",
+         check_paged_decode_mq(23, {3, 129, 130, 1000, 2050, 5000, 16383, 16385, 70000, 5121},
+                               {1, 2, 4, 8, 3, 1, 2, 4, 8, 3}, 4, 16, MqSelection::kRandom, true)},
+        {"paged_decode_mq random G8 Q8",
+         check_paged_decode_mq(24, {130, 2050, 70000}, {8, 8, 8}, 1, 8, MqSelection::kRandom, true)},
+        {"paged_decode_mq overlap 40 requests", check_paged_decode_mq(25, mq_many(), mq_many_q(), 4, 16,
+                                                                       MqSelection::kOverlap, true)},
+        {"paged_decode_mq dense Q8",
+         check_paged_decode_mq(26, {5, 200, 1000, 1900}, {8, 8, 2, 8}, 4, 16, MqSelection::kDense, true)},
+        {"paged_decode_mq dense Q4",
+         check_paged_decode_mq(27, {100, 3000, 4000}, {4, 4, 4}, 4, 16, MqSelection::kDense, false)},
         {"msa_decode_index H4", check_decode_index(15, mixed, 4)},
         {"msa_decode_index H1", check_decode_index(16, {2100, 40000, 130000}, 1, 16, 1)},
     };
     bool all_ok = true;
     for (auto& c : checks) {
-      std::printf("check %-36s max|err| %.3g / max|ref| %.3g  %s %s\n", c.name, c.r.max_err, c.r.max_ref,
-                  c.r.bad ? "FAIL" : "ok", c.r.what.c_str());
+      std::printf("check %-36s max|err| %.3g / max|ref| %.3g (vs per-row %.3g)  %s %s\n", c.name, c.r.max_err,
+                  c.r.max_ref, c.r.max_err_rowwise, c.r.bad ? "FAIL" : "ok", c.r.what.c_str());
       all_ok &= c.r.bad == 0;
     }
     all_ok &= fp8_checks();
@@ -540,7 +643,7 @@ int main(int argc, char** argv) {
     std::string copy_detail;
     const double copy = copy_ceiling_gbps(&copy_detail);
     std::printf("copy ceiling (read + write, best of): %.0f GB/s (%s)\n", copy, copy_detail.c_str());
-    if (multi_query) return run_multi_query(copy) && all_ok ? 0 : 1;
+    if (multi_query) return run_multi_query(copy, mq_scorer, json_path, commit, prop.name) && all_ok ? 0 : 1;
     if (fp8) {
       run_fp8(copy, json_path, commit, prop.name);
       return all_ok ? 0 : 1;

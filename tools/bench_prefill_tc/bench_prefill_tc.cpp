@@ -10,7 +10,7 @@
 // (run_dense) on the same chunk: useful FLOPs 4·D·Hq·Σ (p + 1), median of 10.
 // The prefill indexer (msa_indexer_tc.cuh): scores only, scores + msa_topk (two kernels) and the fused top-16
 // (serial and overlap pipelines), inputs L2-rotated, with the fused selections compared to msa_topk's.
-//   bench_prefill_tc [--kv N ...] [--indexer-only]
+//   bench_prefill_tc [--kv N ...] [--indexer-only | --attention-only]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,14 +63,16 @@ double union_efficiency(const std::vector<int32_t>& sel, int T) {
 
 int main(int argc, char** argv) {
   std::vector<int> kvs;
-  bool indexer_only = false;
+  bool indexer_only = false, attention_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--indexer-only")) {
       indexer_only = true;
+    } else if (!std::strcmp(argv[i], "--attention-only")) {  // sparse attention variants only
+      attention_only = true;
     } else if (!std::strcmp(argv[i], "--kv") && i + 1 < argc) {
       kvs.push_back(std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_prefill_tc [--kv N ...] [--indexer-only]\n");
+      std::fprintf(stderr, "usage: bench_prefill_tc [--kv N ...] [--indexer-only | --attention-only]\n");
       return 2;
     }
   }
@@ -136,6 +138,14 @@ int main(int argc, char** argv) {
                       "%.1f, \"eta\": %.3f}\n",
                       kv / 1024, name, med * 1e3, tf, eta);
         json += rec;
+        {  // A/B: the same kernel without the warpgroup ping-pong
+          attn.set_pingpong(false);
+          const std::vector<float> t0 = bench::time_sorted_ms(f, 3, 20);
+          attn.set_pingpong(true);
+          const float m0 = t0[t0.size() / 2];
+          std::printf("| %dk | %s, union without ping-pong | %.3f | %.3f–%.3f | %.0f | |\n", kv / 1024, name, m0,
+                      t0.front(), t0.back(), useful / (m0 * 1e-3) / 1e12);
+        }
 
         // KV-block-major on the same selection: the same output up to bf16 partials.
         cuda::MsaPrefillKvMajor kvm;
@@ -159,6 +169,24 @@ int main(int argc, char** argv) {
         const double tfk = useful / (medk * 1e-3) / 1e12;
         std::printf("| %dk | %s, KV-block-major | %.3f | %.3f–%.3f | %.0f | 1 (max|Δ| vs union %.2g of %.2g; workspace %.2f GB) |\n",
                     kv / 1024, name, medk, tk.front(), tk.back(), tfk, maxdiff, maxref, kvm.workspace_bytes() / 1e9);
+        {  // where the time goes: CSR build / attention / combine, medians of 9 profiled runs
+          kvm.profile_phases(true);
+          std::vector<float> ph[3];
+          for (int r = 0; r < 9; ++r) {
+            fk();
+            float ms[3];
+            kvm.phase_ms(ms);
+            for (int i = 0; i < 3; ++i) ph[i].push_back(ms[i]);
+          }
+          kvm.profile_phases(false);
+          kvm.set_interleave(false);  // A/B: contiguous tile ranges per CTA
+          const std::vector<float> tc = bench::time_sorted_ms(fk, 2, 10);
+          kvm.set_interleave(true);
+          std::printf("|  | contiguous tile ranges instead of interleaved: %.3f ms | | | | |\n", tc[tc.size() / 2]);
+          for (auto& v : ph) std::sort(v.begin(), v.end());
+          std::printf("|  | phases: CSR build %.3f ms, attention %.3f ms, combine %.3f ms | | | | |\n", ph[0][4],
+                      ph[1][4], ph[2][4]);
+        }
         std::snprintf(rec, sizeof rec,
                       "{\"op\": \"msa_prefill_attention\", \"shape\": \"T16384 KV%dk 64q/4kv D128 B128 top16\", "
                       "\"variant\": \"kv-block-major tc bf16, %s selection\", \"median_us\": %.1f, \"useful_tflops\": "
@@ -189,7 +217,7 @@ int main(int argc, char** argv) {
                       kv / 1024, name, medr * 1e3, tfr);
         json += rec;
       }
-      {  // dense causal mode (run_dense): every row reads blocks 0..local; useful = 4·D·Hq·Σ (p + 1)
+      if (!attention_only) {  // dense causal mode (run_dense): every row reads blocks 0..local; useful = 4·D·Hq·Σ (p + 1)
         double dense_useful = 0;
         for (int p : pos) dense_useful += double(p + 1);
         dense_useful *= 4.0 * kD * kHq;
@@ -214,7 +242,7 @@ int main(int argc, char** argv) {
         json += rec;
       }
       }
-      {  // prefill indexer: tensor-core block scores (4 index heads × 128) + top-16, two kernels and fused
+      if (!attention_only) {  // prefill indexer: tensor-core block scores (4 index heads × 128) + top-16, two kernels and fused
         // L2 rotated: `sets` copies of (index-K pool, iq) with sets × set bytes ≥ 2.5 × L2; each timed call reads the
         // next copy, so no call finds its inputs in L2 (the two-kernel variant's score matrix is written each call).
         constexpr int kHi = 4, kDi = 128;

@@ -11,10 +11,12 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
 #include "backend/cuda/warp_mma.cuh"
+#include "base/counter_hash.h"
 
 namespace m3::cuda {
 
@@ -621,6 +623,17 @@ __global__ void quant_act_kernel(const void* __restrict__ x, int64_t T, int64_t 
 
 unsigned blocks_for_warps(int64_t warps) { return unsigned(ceil_div(warps, 8)); }
 
+// Dummy FP8 weights: element i is counter_uniform(key, i, scale) (the bf16 dummy fill's value) quantised with the one
+// power-of-two scale 2^S of the whole tensor: q = rne_e4m3(u · 2^−S) (the product is exact).
+__global__ void fill_counter_e4m3_kernel(uint8_t* __restrict__ q, int64_t n, uint64_t key, float scale, float inv) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    q[i] = e4m3_rne_dev(__fmul_rn(counter_uniform(key, uint64_t(i), scale), inv));
+}
+__global__ void fill_u8_kernel(uint8_t* p, int64_t n, uint8_t v) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
 // The operand arrangements tried, in order, when a plan is made (cuBLASLt documents its block-scaled FP8 support by
 // example — 1×128 scales on A with 128×128 on B — so the first arrangement it accepts is used and recorded):
 //   WX  A = W (K×N, transposed), B = x (K×T): D = yᵀ column-major [N, T] = y row-major; no copy.
@@ -689,6 +702,23 @@ void fp8_quantize_act_1x128(const void* x, bool x_bf16, int64_t T, int64_t T_pad
     quant_act_kernel<true><<<blocks, 256, 0, st>>>(x, T, T_pad, K, q, s, ld_s);
   else
     quant_act_kernel<false><<<blocks, 256, 0, st>>>(x, T, T_pad, K, q, s, ld_s);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void fp8_fill_counter_uniform(uint8_t* q, void* scales, Fp8Scale fmt, int64_t N, int64_t K, uint64_t key, float scale,
+                              cudaStream_t s) {
+  if (N <= 0 || K <= 0) return;
+  const int S = fp8_dummy_exponent(scale);
+  M3_CUDA_REQUIRE(S >= -127 && S <= 127, "fp8_fill_counter_uniform: scale %g out of range", double(scale));
+  const int64_t n = N * K, count = fp8_scale_count(fmt, N, K);
+  const unsigned grid = unsigned(std::min<int64_t>(ceil_div(n, 256), 4096));
+  fill_counter_e4m3_kernel<<<grid, 256, 0, s>>>(q, n, key, scale, std::ldexp(1.0f, -S));
+  M3_CUDA_LAUNCH_CHECK();
+  const unsigned sgrid = unsigned(std::min<int64_t>(ceil_div(count, 256), 1024));
+  if (fmt == Fp8Scale::G32)
+    fill_u8_kernel<<<sgrid, 256, 0, s>>>(static_cast<uint8_t*>(scales), count, uint8_t(S + 127));
+  else
+    fill_f32_kernel<<<sgrid, 256, 0, s>>>(static_cast<float*>(scales), count, std::ldexp(1.0f, S));
   M3_CUDA_LAUNCH_CHECK();
 }
 
@@ -862,6 +892,21 @@ void Fp8Gemm::blockscaled(const void* x, bool x_bf16, int64_t T, const Fp8Weight
   xs_.grow(size_t(Tp * (W.K / 128)));
   fp8_quantize_act_1x128(x, x_bf16, T, Tp, W.K, xq_.get(), xs_.get(), Tp, s);
   blockscaled_q(xq_.get(), xs_.get(), T, W, y, out, accumulate, s);
+}
+
+void Fp8Gemm::proj(const uint16_t* xb, int64_t T, const Fp8Weight& W, void* y, GemmOut out, bool accumulate,
+                   int64_t lt_min_rows, cudaStream_t s) {
+  switch (fp8_pick_path(T, W.N, W.K, lt_min_rows)) {
+    case Fp8Path::W8Lines: return w8a16(xb, T, W, y, out, accumulate, s, 0, W8Kernel::Lines128);
+    case Fp8Path::W8Chunk: return w8a16(xb, T, W, y, out, accumulate, s, 0, W8Kernel::Chunk64);
+    case Fp8Path::Lt: return blockscaled(xb, true, T, W, y, out, accumulate, s);
+  }
+}
+
+void Fp8Gemm::reserve(int64_t T, int64_t K) {
+  const int64_t Tp = round_up(T, 4);
+  xq_.grow(size_t(Tp * K));
+  xs_.grow(size_t(Tp * ceil_div(K, 128)));
 }
 
 }  // namespace m3::cuda

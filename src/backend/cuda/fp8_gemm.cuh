@@ -46,6 +46,12 @@ void fp8_requant_from_mx(const uint8_t* q, const uint8_t* ue8m0, int64_t N, int6
 void fp8_quantize_act_1x128(const void* x, bool x_bf16, int64_t T, int64_t T_pad, int64_t K, uint8_t* q, float* s,
                             int64_t ld_s, cudaStream_t st);
 
+// Dummy FP8 weights (`--load-format dummy --dtype fp8`): q [N, K] = rne_e4m3(u · 2^−S) with u = counter_uniform(key,
+// i, scale) (base/counter_hash.h: the bf16 dummy fill's values) and S the smallest exponent with scale ≤ 448·2^S
+// (base/fp8_format.h fp8_dummy_exponent); every scale of `fmt` is 2^S (UE8M0 byte S + 127 for G32).
+void fp8_fill_counter_uniform(uint8_t* q, void* scales, Fp8Scale fmt, int64_t N, int64_t K, uint64_t key, float scale,
+                              cudaStream_t s);
+
 // W8A16 kernel variants (Fp8Gemm::w8a16).
 enum class W8Kernel : uint8_t { Auto, Chunk64, Lines128 };
 
@@ -71,6 +77,14 @@ class Fp8Gemm {
   // The GEMM alone on activations already quantised (xq [T_pad, K], xs [K/128][T_pad], T_pad = round_up(T, 4)).
   void blockscaled_q(const uint8_t* xq, const float* xs, int64_t T, const Fp8Weight& W, void* y, GemmOut out,
                      bool accumulate, cudaStream_t s);
+  // One projection of the executor's `--dtype fp8` (bf16 activations xb [T, K]): the kernel fp8_pick_path chooses
+  // for T rows (W8A16 below lt_min_rows, cuBLASLt FP8×FP8 from there; lt_min_rows ≤ 0: W8A16 only). W in Blk128 or
+  // Row128. No allocation once the buffers have grown for the largest T (reserve), so it can be captured.
+  void proj(const uint16_t* xb, int64_t T, const Fp8Weight& W, void* y, GemmOut out, bool accumulate,
+            int64_t lt_min_rows, cudaStream_t s);
+  // Grows the activation-quantisation buffers for T rows of K (the largest projection input), so a graph capture
+  // never allocates there.
+  void reserve(int64_t T, int64_t K);
   // The operand arrangement cuBLASLt accepted for this call's plan ("none" before the first call).
   const char* lt_arrangement(int64_t T, const Fp8Weight& W, GemmOut out, bool accumulate) const;
 

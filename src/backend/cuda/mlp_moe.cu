@@ -116,9 +116,26 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
 }
 
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
-             bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb) {
+             bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb, Fp8Gemm* f8,
+             int64_t lt_min_rows) {
   if (T <= 0) return;
   scr.gu.grow(size_t(T * 2 * m.I));
+  if (m.fp8()) {  // either matrix may be FP8, the other bf16 (a K that no FP8 kernel takes stays bf16)
+    M3_CUDA_REQUIRE(xb && f8 && m.wt == WType::BF16, "run_mlp: FP8 weights need bf16 activations and an Fp8Gemm");
+    if (m.gate_up8.q)
+      f8->proj(xb, T, m.gate_up8, scr.gu.get(), GemmOut::F32, false, lt_min_rows, s);
+    else
+      g.nt_bf16(xb, T, H, m.gate_up, 2 * m.I, scr.gu.get(), false, s);
+    scr.act_b.grow(size_t(T * m.I));
+    swiglu_kernel<__nv_bfloat16><<<grid_for(T * m.I, 256), 256, 0, s>>>(scr.gu.get(), T, m.I, alpha, limit,
+                                                              reinterpret_cast<__nv_bfloat16*>(scr.act_b.get()));
+    M3_CUDA_LAUNCH_CHECK();
+    if (m.down8.q)
+      f8->proj(scr.act_b.get(), T, m.down8, y, GemmOut::F32, accumulate, lt_min_rows, s);
+    else
+      g.nt_bf16(scr.act_b.get(), T, m.I, m.down, H, y, accumulate, s);
+    return;
+  }
   if (m.wt == WType::BF16) {  // bf16 activations: x given as bf16 (or rounded by the GEMM), act written as bf16
     if (xb)
       g.nt_bf16(xb, T, H, m.gate_up, 2 * m.I, scr.gu.get(), false, s);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8_gemm.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/moe_grouped.cuh"
 
@@ -25,11 +26,15 @@ void moe_route(const float* logits, int64_t T, int64_t E, const float* bias, int
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s);
 
 // One SwiGLU-OAI MLP's device weights: gate_up [2·I, H] (gate rows then up rows), down [H, I].
+// FP8 (`--dtype fp8`, docs/FP8.md §6): gate_up8 / down8 set (q non-null) replace gate_up / down (each on its own:
+// a matrix whose K no FP8 kernel takes stays bf16); run by Fp8Gemm::proj.
 struct MlpDev {
   const void* gate_up = nullptr;
   const void* down = nullptr;
   WType wt = WType::BF16;
   int64_t I = 0;
+  Fp8Weight gate_up8{}, down8{};
+  bool fp8() const { return gate_up8.q != nullptr || down8.q != nullptr; }
 };
 
 // Scratch for run_mlp / MoeGrouped (grown on demand, reused across layers).
@@ -43,8 +48,11 @@ struct FfnScratch {
 // y[T, H] = MLP(x) (or y += MLP(x) when accumulate). With bf16 weights the SwiGLU output goes to the down GEMM as
 // bf16 (no fp32 round trip), and xb — x already rounded to bf16 (rms_norm_gemma_bf16), when given — replaces x as
 // the gate/up input; results are bit-identical to rounding inside the GEMMs.
+// FP8 weights (m.fp8()) need xb and f8; both projections go through f8->proj with lt_min_rows (bf16 in, fp32 out,
+// the SwiGLU output in bf16 between them as for bf16 weights).
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
-             bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb = nullptr);
+             bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb = nullptr, Fp8Gemm* f8 = nullptr,
+             int64_t lt_min_rows = 0);
 
 // Routed experts + shared expert, added to the residual: x[t] += Σ_k w[t,k]·expert_{id[t,k]}(xn[t]) + shared(xn[t]).
 // Two implementations, both summing per token in slot order (a token's result does not depend on the batch, like

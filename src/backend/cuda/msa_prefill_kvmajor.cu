@@ -4,17 +4,22 @@
 //   2. pack + exclusive scan (CUB) of (cnt[r], tiles[r] = ⌈cnt[r] / 8⌉) packed in one 64-bit word: row offsets
 //      and tile offsets in one pass (the low half never carries: Σ cnt < 2^32).
 //   3. scatter: csr[off[r] + rank] = t | slot << 24;  tile emit: tiles[toff[r] + j] = (r, j); n_tiles on device.
-//   4. attention: persistent grid (one CTA per SM, 3 warpgroups). Producer (warp 0): resolves the metadata of 4
-//      tiles at once (lane = tile · 8 + entry), then per tile K and V of the page [128 keys, 128] (two 64-channel
-//      128B-swizzled TMA boxes each) and the Q rows [16 heads, 128] of each of the ≤ 8 queries (one TMA box pair
-//      per query, issued by the query's lane: the gather) into a 2-stage ring, with (t, slot, visible, h) of the
-//      8 entries in shared memory beside the stage.
+//   4. attention: persistent grid (one CTA per SM, 3 warpgroups); CTA c owns the contiguous tile range
+//      [n·c/grid, n·(c+1)/grid), so consecutive tiles of a CTA mostly share their page and its K and V stay in
+//      shared memory across them (only Q is gathered per tile: 32 KiB instead of 96 KiB of L2 → SM traffic).
+//      Producer (warp 0): resolves the metadata of 4 tiles at once (lane = tile · 8 + entry); when a tile's row
+//      (KV head, page) differs from the previous one it loads the page's K and V [128 keys, 128] (two 64-channel
+//      128B-swizzled TMA boxes each) into the next slot of a 2-slot K/V ring; per tile it gathers the Q rows
+//      [16 heads, 128] of each of the ≤ 8 queries (one TMA box pair per query, issued by the query's lane) into a
+//      3-stage Q ring, with (t, slot, visible, h | K/V slot, first / last use of the slot) in shared memory.
 //      Consumers (warpgroups 1, 2 = queries 0–3, 4–7 of the tile; warp = one query, its 16 heads = 16 MMA rows):
 //      S = Q·Kᵀ (8 × wgmma m64n128k16), keys ≥ the query's visible count masked (its local page: p % 128 + 1),
 //      single-pass softmax in the log2 domain, O = P·V (8 × wgmma, P from registers, V read N-major), then
 //      O / l as bf16 staged in the warp's dead Q rows and stored as one contiguous 4 KiB block to
-//      o_part[slot, t, h·16 .. +15], m + log2 l to lse_part[slot, t, head].
-//   5. combine: one warp per (t, head): M = max over valid slots of LSE, w = 2^(LSE − M), out = Σ w·O / Σ w.
+//      o_part[slot, t, h·16 .. +15], m + log2 l to lse_part[slot, t, head]. The K/V slot is released after the
+//      last tile that uses it.
+//   5. combine: one warp per (t, head): M = max over valid slots of LSE, w = 2^(LSE − M), out = Σ w·O / Σ w; the
+//      ≤ 16 partial loads of a warp are all issued before the first is used (bytes in flight, not latency, bound it).
 // Rows of the CSR are keyed by physical page, so queries of different sequences that share a cached prefix page
 // are served by one load of it. Tiles are ordered by row: CTAs that run at the same time mostly share pages in L2.
 #include "backend/cuda/msa_prefill_kvmajor.cuh"
@@ -34,12 +39,28 @@ namespace {
 
 using namespace hopper;
 
-constexpr int kTok = 8, kG = 16, kD = 128, kB = 128, kStages = 2, kThreads = 384;
-constexpr uint32_t kAtom = 128 * 128;        // [128 rows, 64 bf16] 128B-swizzled: 16 KiB
-constexpr uint32_t kQTokBytes = kG * 128;    // one query's [16 heads, 64 channels] box: 2 KiB
-constexpr uint32_t kStageBytes = 6 * kAtom;  // Q (2 boxes of 8 queries) + K (2) + V (2)
-constexpr size_t kSmem = 1024 + kStages * kStageBytes + 2 * kStages * 8 + kStages * kTok * 16;
+constexpr int kTok = 8, kG = 16, kD = 128, kB = 128, kQStages = 3, kKvStages = 2, kThreads = 384;
+constexpr uint32_t kAtom = 128 * 128;          // [128 rows, 64 bf16] 128B-swizzled: 16 KiB
+constexpr uint32_t kQTokBytes = kG * 128;      // one query's [16 heads, 64 channels] box: 2 KiB
+constexpr uint32_t kQStageBytes = 2 * kAtom;   // Q of 8 queries, 2 channel boxes
+constexpr uint32_t kKvStageBytes = 4 * kAtom;  // K (2 boxes) + V (2 boxes) of one page
+// Tile metadata is resolved by kMetaWarps warps of warpgroup 0, one group of 4 tiles each in turn, into a ring of
+// kMetaWarps groups (warp w always fills slot w − 1): (t | slot << 24 or −1, visible) per entry and (n, h, page, row)
+// per tile, plus the row of the tile after the group.
+constexpr int kMetaWarps = 3;
+struct MetaGroup {
+  int2 e[4][kTok];
+  int4 info[4];
+  int after;
+  int pad[3];
+};
+constexpr size_t kSmem = 1024 + kQStages * kQStageBytes + kKvStages * kKvStageBytes +
+                         2 * (kQStages + kKvStages + kMetaWarps) * 8 + kQStages * kTok * 16 +
+                         kMetaWarps * sizeof(MetaGroup);
 static_assert(kSmem <= 232448, "shared memory over the sm_90 per-block limit");
+// Bits of the meta .w word above the KV head: the tile's K/V slot, and whether the tile is the first / last one
+// that uses the page loaded into that slot.
+constexpr int kMetaSlotShift = 16, kMetaFirst = 1 << 20, kMetaLast = 1 << 21;
 
 // ---- CSR build --------------------------------------------------------------------------------------------------
 
@@ -54,13 +75,14 @@ struct EdgeParams {
   int* edge_row;  // [E]
   int* error;
   const uint8_t* route;  // [⌈T / 8⌉, Hkv]: 0 = the union-tile kernel serves this tile (no edges here); or null
+  const int* routed;     // tiles routed here (0: nothing to do), or null
   int64_t E;
   int T, K, P, Hkv;
 };
 
 __global__ void kvm_count_kernel(const EdgeParams p) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= p.E) return;
+  if (e >= p.E || (p.routed && *p.routed == 0)) return;
   const int b = p.selection[e];
   int rank = -1;
   if (b >= 0) {
@@ -81,16 +103,16 @@ __global__ void kvm_count_kernel(const EdgeParams p) {
   p.rank[e] = rank;
 }
 
-__global__ void kvm_pack_kernel(const int* cnt, unsigned long long* packed, int64_t rows) {
+__global__ void kvm_pack_kernel(const int* cnt, unsigned long long* packed, int64_t rows, const int* routed) {
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
+  if (r >= rows || (routed && *routed == 0)) return;  // the scan then reads stale words; nothing uses its result
   const unsigned c = unsigned(cnt[r]);
   packed[r] = (unsigned long long)c | ((unsigned long long)((c + kTok - 1) / kTok) << 32);
 }
 
 __global__ void kvm_scatter_kernel(const EdgeParams p, const unsigned long long* off, int* csr) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= p.E) return;
+  if (e >= p.E || (p.routed && *p.routed == 0)) return;
   const int rank = p.rank[e];
   if (rank < 0) return;
   const int64_t ht = e / p.K;
@@ -99,9 +121,13 @@ __global__ void kvm_scatter_kernel(const EdgeParams p, const unsigned long long*
 }
 
 __global__ void kvm_tiles_kernel(const int* cnt, const unsigned long long* off, int64_t rows, int2* tiles,
-                                 int* n_tiles) {
+                                 int* n_tiles, const int* routed) {
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
+  if (routed && *routed == 0) {  // no tile: the attention kernel must see 0, not the previous run's count
+    if (r == 0) *n_tiles = 0;
+    return;
+  }
   const int c = cnt[r], nt = (c + kTok - 1) / kTok;
   const int toff = int(off[r] >> 32);
   for (int j = 0; j < nt; ++j) tiles[toff + j] = make_int2(int(r), j);
@@ -122,6 +148,7 @@ struct Params {
   float* lse_part;        // [K, T, Hq] (log2 domain)
   int T, Hkv, K, P;
   float scale_log2;
+  int interleave;  // tile order per CTA (see the kernel)
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -134,10 +161,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                                const __grid_constant__ CUtensorMap map_v, const Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* stages = smem;  // [kStages][Q box 0, Q box 1, K box 0, K box 1, V box 0, V box 1]
-  uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
-  uint64_t* empty = full + kStages;
-  int4* meta = reinterpret_cast<int4*>(empty + kStages);  // [kStages][kTok]: (t or −1, slot, visible keys, h)
+  uint8_t* q_ring = smem;                                   // [kQStages][Q box 0, Q box 1]
+  uint8_t* kv_ring = q_ring + kQStages * kQStageBytes;      // [kKvStages][K box 0, K box 1, V box 0, V box 1]
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(kv_ring + kKvStages * kKvStageBytes);
+  uint64_t* q_empty = q_full + kQStages;
+  uint64_t* kv_full = q_empty + kQStages;
+  uint64_t* kv_empty = kv_full + kKvStages;
+  uint64_t* meta_full = kv_empty + kKvStages;
+  uint64_t* meta_empty = meta_full + kMetaWarps;
+  int4* meta = reinterpret_cast<int4*>(meta_empty + kMetaWarps);  // [kQStages][kTok]: (t or −1, slot, visible, h|bits)
+  MetaGroup* groups = reinterpret_cast<MetaGroup*>(meta + kQStages * kTok);  // [kMetaWarps]
 
   const int wg = warpgroup_index();
   const int lane = threadIdx.x % 32;
@@ -145,71 +178,124 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_prefetch_map(&map_q);
     tma_prefetch_map(&map_k);
     tma_prefetch_map(&map_v);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);  // lane 0 of each consumer warp
+    for (int s = 0; s < kQStages; ++s) {
+      mbar_init(&q_full[s], 1);
+      mbar_init(&q_empty[s], 8);  // lane 0 of each consumer warp
+    }
+    for (int s = 0; s < kKvStages; ++s) {
+      mbar_init(&kv_full[s], 1);
+      mbar_init(&kv_empty[s], 8);
+    }
+    for (int s = 0; s < kMetaWarps; ++s) {
+      mbar_init(&meta_full[s], 1);
+      mbar_init(&meta_empty[s], 1);
     }
     fence_barrier_init();
   }
   __syncthreads();
   pdl_grid_dependency_wait();
   const int n_tiles = *p.n_tiles;
+  // This CTA's tiles, j = 0 .. n_my − 1: a contiguous range (consecutive tiles mostly share their page, whose K and
+  // V then stay in shared memory), or every gridDim.x-th tile (p.interleave: the CTAs work on neighbouring tiles at
+  // the same time, so a page is read from HBM about once and served to the others from L2).
+  const int begin = int(int64_t(n_tiles) * blockIdx.x / gridDim.x);
+  const int n_my = p.interleave ? (n_tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x)
+                                : int(int64_t(n_tiles) * (blockIdx.x + 1) / gridDim.x) - begin;
+  auto tile_of = [&](int j) { return p.interleave ? int(blockIdx.x) + j * int(gridDim.x) : begin + j; };
 
   if (wg == 0) {
     setmaxnreg_dec<40>();
-    if (threadIdx.x < 32) {
-      // Producer warp. The metadata of a tile is a chain of dependent loads (tile → row offset/count → CSR entry →
-      // selection/position); the warp resolves 4 tiles at once (lane = 8·k + entry) so the chain is paid once per
-      // 4 tiles, then hands each tile's (t, slot, visible, h) to the consumers through shared memory with the stage.
-      PipeState<kStages> ps;
-      const int k = lane / kTok, i = lane % kTok;
-      for (int base = blockIdx.x; base < n_tiles; base += 4 * gridDim.x) {
-        const int tile = base + k * gridDim.x;
-        int n = 0, h = 0, page = 0, t = -1, slot = 0, visible = 0;
-        if (tile < n_tiles) {
+    const int warp0 = threadIdx.x / 32;
+    if (warp0 >= 1 && warp0 <= kMetaWarps) {
+      // Metadata warps. A tile's metadata is a chain of dependent loads (tile → row offset/count → CSR entry →
+      // selection/position); a warp resolves 4 tiles at once (lane = 8·k + entry), and kMetaWarps warps work on
+      // consecutive groups at the same time, so the chain's latency is hidden from the TMA warp.
+      const int ms = warp0 - 1, k = lane / kTok, i = lane % kTok;
+      MetaGroup* g = &groups[ms];
+      uint32_t parity = 1u;  // a fresh barrier counts as a completed previous phase
+      for (int jb = 4 * ms; jb < n_my; jb += 4 * kMetaWarps) {
+        const bool mine = jb + k < n_my;
+        const int tile = mine ? tile_of(jb + k) : 0;
+        int n = 0, h = 0, page = 0, row = -1, packed = -1, visible = 0;
+        if (mine) {
           const int2 tj = p.tiles[tile];
+          row = tj.x;
           h = tj.x / p.P;
           page = tj.x % p.P;
           n = min(kTok, p.cnt[tj.x] - tj.y * kTok);
           if (i < n) {
             const int e = p.csr[int(uint32_t(p.off[tj.x])) + tj.y * kTok + i];
-            t = e & 0xFFFFFF;
-            slot = e >> 24;
+            const int t = e & 0xFFFFFF, slot = e >> 24;
             const int b = p.selection[(int64_t(h) * p.T + t) * p.K + slot];
             const int pos = p.pos[t];
             visible = b == pos / kB ? pos % kB + 1 : kB;
+            packed = e;
           }
         }
+        const int after = lane == 0 && jb + 4 < n_my ? p.tiles[tile_of(jb + 4)].x : -1;
+        if (lane == 0) mbar_wait(&meta_empty[ms], parity);
+        parity ^= 1u;
+        __syncwarp();
+        if (mine) {
+          g->e[k][i] = make_int2(packed, visible);
+          if (i == 0) g->info[k] = make_int4(n, h, page, row);
+        }
+        if (lane == 0) g->after = after;
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&meta_full[ms]);
+      }
+    } else if (warp0 == 0) {
+      // TMA warp: per tile, the page's K and V when the row changes, and the Q gather, from the resolved groups.
+      PipeState<kQStages> qs;
+      PipeState<kKvStages> ks;
+      int cur_row = -1, kv_slot = 0;
+      for (int jb = 0, j = 0; jb < n_my; jb += 4, ++j) {
+        const int ms = j % kMetaWarps;
+        mbar_wait(&meta_full[ms], uint32_t(j / kMetaWarps) & 1u);
+        const MetaGroup* g = &groups[ms];
         for (int kk = 0; kk < 4; ++kk) {
-          if (base + kk * gridDim.x >= n_tiles) break;  // warp-uniform
-          const int nk = __shfl_sync(0xffffffffu, n, kk * kTok);
-          const int hk = __shfl_sync(0xffffffffu, h, kk * kTok);
-          const int pk = __shfl_sync(0xffffffffu, page, kk * kTok);
-          uint8_t* st = stages + ps.stage * kStageBytes;
-          if (lane == 0) mbar_wait(&empty[ps.stage], ps.phase ^ 1u);
-          __syncwarp();
-          // (Few registers here: warpgroup 0 runs under setmaxnreg 40, so entries go through lane 0 one by one.)
-#pragma unroll 1
-          for (int j = 0; j < kTok; ++j) {
-            const int tj = __shfl_sync(0xffffffffu, t, kk * kTok + j);
-            const int sj = __shfl_sync(0xffffffffu, slot, kk * kTok + j);
-            const int vj = __shfl_sync(0xffffffffu, visible, kk * kTok + j);
-            if (lane == 0) meta[ps.stage * kTok + j] = make_int4(tj, sj, vj, hk);
-          }
-          if (lane == 0) {
-            mbar_arrive_expect_tx(&full[ps.stage], 4 * kAtom + uint32_t(nk) * 2 * kQTokBytes);
-            for (int b = 0; b < 2; ++b) {
-              tma_load_3d(st + (2 + b) * kAtom, &map_k, &full[ps.stage], 64 * b, hk * kB, pk);
-              tma_load_3d(st + (4 + b) * kAtom, &map_v, &full[ps.stage], 64 * b, hk * kB, pk);
+          if (jb + kk >= n_my) break;  // warp-uniform
+          const int4 info = g->info[kk];
+          const int nk = info.x, hk = info.y, pk = info.z, rk = info.w;
+          const int next_row = kk < 3 ? (jb + kk + 1 < n_my ? g->info[kk + 1].w : -1) : g->after;
+          int bits = 0;
+          if (rk != cur_row) {  // a new page: its K and V into the next slot of the K/V ring
+            kv_slot = ks.stage;
+            if (lane == 0) {
+              mbar_wait(&kv_empty[ks.stage], ks.phase ^ 1u);
+              mbar_arrive_expect_tx(&kv_full[ks.stage], 4 * kAtom);
+              uint8_t* kvs = kv_ring + ks.stage * kKvStageBytes;
+              for (int b = 0; b < 2; ++b) {
+                tma_load_3d(kvs + b * kAtom, &map_k, &kv_full[ks.stage], 64 * b, hk * kB, pk);
+                tma_load_3d(kvs + (2 + b) * kAtom, &map_v, &kv_full[ks.stage], 64 * b, hk * kB, pk);
+              }
             }
+            ks.advance();
+            cur_row = rk;
+            bits |= kMetaFirst;
+          }
+          if (next_row != rk) bits |= kMetaLast;
+          const int hw = hk | (kv_slot << kMetaSlotShift) | bits;
+          uint8_t* st = q_ring + qs.stage * kQStageBytes;
+          if (lane == 0) mbar_wait(&q_empty[qs.stage], qs.phase ^ 1u);
+          __syncwarp();
+          int t = -1;
+          if (lane < kTok) {
+            const int2 e = g->e[kk][lane];
+            t = e.x < 0 ? -1 : e.x & 0xFFFFFF;
+            meta[qs.stage * kTok + lane] = make_int4(t, e.x < 0 ? 0 : e.x >> 24, e.y, hw);
           }
           __syncwarp();
-          // The Q gather: each of the tile's lanes loads its own query's [16 heads, 128] (two boxes).
-          if (k == kk && i < nk)
+          if (lane == 0) mbar_arrive_expect_tx(&q_full[qs.stage], uint32_t(nk) * 2 * kQTokBytes);
+          __syncwarp();
+          // The Q gather: lane i loads query i's [16 heads, 128] (two boxes).
+          if (lane < nk)
             for (int b = 0; b < 2; ++b)
-              tma_load_3d(st + b * kAtom + i * kQTokBytes, &map_q, &full[ps.stage], 64 * b, hk * kG, t);
-          ps.advance();
+              tma_load_3d(st + b * kAtom + lane * kQTokBytes, &map_q, &q_full[qs.stage], 64 * b, hk * kG, t);
+          qs.advance();
         }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&meta_empty[ms]);
       }
     }
     pdl_launch_dependents();
@@ -217,23 +303,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<232>();
     const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32;
     const int Hq = p.Hkv * kG;
-    PipeState<kStages> ps;
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-      mbar_wait(&full[ps.stage], ps.phase);
-      const int4 mine = meta[ps.stage * kTok + 4 * c + warp];  // this warp's query: (t, slot, visible, h)
-      const bool active = meta[ps.stage * kTok + 4 * c].x >= 0;  // warpgroup-uniform: entries are a prefix
-      uint8_t* st = stages + ps.stage * kStageBytes;
+    PipeState<kQStages> qs;
+    PipeState<kKvStages> ks;
+    // Ping-pong (as in msa_prefill_tc.cu): named barrier 2 + c is warpgroup c's turn to issue MMAs; the two
+    // consumers alternate S₀ S₁ PV₀ PV₁ … so one's softmax and partial store run under the other's MMAs. Every tile
+    // costs each warpgroup two turns, also when it has no query in the tile.
+    const int last_turn = 2 * n_my - 1;
+    int turn = 0;
+    auto take_turn = [&] { named_barrier_sync(2 + c, 256); };
+    auto pass_turn = [&] {
+      if (!(c == 1 && turn == last_turn)) named_barrier_arrive(3 - c, 256);
+      ++turn;
+    };
+    if (c == 1 && n_my > 0) named_barrier_arrive(2, 256);
+    for (int j = 0; j < n_my; ++j) {
+      mbar_wait(&q_full[qs.stage], qs.phase);
+      const int4 mine = meta[qs.stage * kTok + 4 * c + warp];  // this warp's query: (t, slot, visible, h | bits)
+      const int4 lead = meta[qs.stage * kTok + 4 * c];          // warpgroup-uniform: entries are a prefix
+      const bool active = lead.x >= 0;
+      const int kv_slot = (lead.w >> kMetaSlotShift) & 0xF;
+      if (lead.w & kMetaFirst) {
+        mbar_wait(&kv_full[ks.stage], ks.phase);
+        ks.advance();
+      }
+      uint8_t* st = q_ring + qs.stage * kQStageBytes;
+      uint8_t* kvs = kv_ring + kv_slot * kKvStageBytes;
       if (active) {
         const int visible = mine.z;
         const uint64_t dq = smem_desc_sw128(st + c * (64 * 128));
-        const uint64_t dk = smem_desc_sw128(st + 2 * kAtom);
+        const uint64_t dk = smem_desc_sw128(kvs);
         float s[64];
+        take_turn();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
           Wgmma<bf16_t, 128>::mma_ss(s, desc_advance(dq, (kk / 4) * kAtom + (kk % 4) * 32),
                                      desc_advance(dk, (kk / 4) * kAtom + (kk % 4) * 32), kk > 0);
         wgmma_commit();
+        pass_turn();
         wgmma_wait<0>();
         fence_regs(s);
 
@@ -268,11 +375,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         float o[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) o[i] = 0.f;
-        const uint64_t dv = smem_desc_sw128_mn(st + 4 * kAtom, kAtom);
+        const uint64_t dv = smem_desc_sw128_mn(kvs + 2 * kAtom, kAtom);
+        take_turn();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) Wgmma<bf16_t, 128>::mma_rs_nmajor(o, pa[kk], desc_advance(dv, kk * 2048));
         wgmma_commit();
+        pass_turn();
         wgmma_wait<0>();
         fence_regs(o);
 
@@ -297,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<uint32_t*>(box + r1 * 128 + ((ch ^ (r1 % 8)) * 16) + 4 * (lane % 4)) =
                 pack_bf16(o[4 * j + 2] * i1, o[4 * j + 3] * i1);
           }
-          const int64_t row = (int64_t(mine.y) * p.T + mine.x) * Hq + mine.w * kG;
+          const int64_t row = (int64_t(mine.y) * p.T + mine.x) * Hq + (mine.w & 0xFFFF) * kG;
           if (lane % 4 == 0) {
             p.lse_part[row + r0] = m0 + log2f(l0);
             p.lse_part[row + r1] = m1 + log2f(l1);
@@ -313,9 +422,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         __syncwarp();
         fence_proxy_async_smem();  // generic writes to the stage before the next TMA fill of it
+      } else {  // no query of this warpgroup in the tile: its two turns are passed on
+        take_turn();
+        pass_turn();
+        take_turn();
+        pass_turn();
       }
-      if (lane == 0) mbar_arrive(&empty[ps.stage]);
-      ps.advance();
+      if (lane == 0) {
+        mbar_arrive(&q_empty[qs.stage]);
+        if (lead.w & kMetaLast) mbar_arrive(&kv_empty[kv_slot]);
+      }
+      qs.advance();
     }
   }
 }
@@ -327,46 +444,99 @@ struct CombineParams {
   const int32_t* pos;
   const __nv_bfloat16* o_part;
   const float* lse_part;
-  float* out;  // [T, Hq, D]
+  float* out;                 // [T, Hq, D] fp32, or null when out_bf16 is given
+  __nv_bfloat16* out_bf16;    // [T, Hq, D] bf16 (what the O projection reads), or null
   const uint8_t* route;
   int T, Hq, K;
 };
 
-// One warp per (t, head m); lane l owns channels 4l .. 4l + 3. Slots that are not edges (−1, or after the local
-// block: reported by the count kernel) are skipped; a row with none gets O = 0.
-__global__ void kvm_combine_kernel(const CombineParams p) {
+// One CTA (256 threads) per (tile of 8 rows, KV head h) — the router's unit, so a routed-away tile costs one byte
+// read. (1) validity of each (row, slot): a selected block at or before the row's local block; (2) per (row, head)
+// the slot weights w = 2^(LSE − max) in shared memory (0 for slots that are not edges) and 1 / Σ w; (3) per row,
+// thread i owns channels 8i .. 8i + 7 of the row's 16 heads × 128 (head i / 16) and requests all of its ≤ 16
+// partial pieces (16 bytes each) before it uses the first: 64 KiB in flight per CTA, so the kernel runs at the
+// memory system's rate instead of one round trip per slot. A row with no edge gets O = 0.
+__global__ void __launch_bounds__(256) kvm_combine_kernel(const CombineParams p) {
+  __shared__ float w_s[kTok][kG][16];  // [row][head][slot]
+  __shared__ float inv_s[kTok][kG];
+  __shared__ uint32_t valid_s[kTok];
   pdl_grid_dependency_wait();
-  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (w >= int64_t(p.T) * p.Hq) return;
-  const int t = int(w / p.Hq), m = int(w % p.Hq), h = m / kG;
-  if (p.route && !p.route[(t / kTok) * (p.Hq / kG) + h]) return;  // the union-tile kernel wrote this row
-  const int local = p.pos[t] / kB;
-  int b = -1;
-  if (lane < p.K) b = p.selection[(int64_t(h) * p.T + t) * p.K + lane];
-  const bool valid = b >= 0 && b <= local;
-  const uint32_t mask = __ballot_sync(0xffffffffu, valid);
-  const float lse = valid ? p.lse_part[(int64_t(lane) * p.T + t) * p.Hq + m] : -INFINITY;
-  float mx = lse;
-#pragma unroll
-  for (int x = 16; x >= 1; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-  const float wl = valid ? exp2f(lse - mx) : 0.f;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f}, den = 0.f;
-  for (uint32_t bits = mask; bits; bits &= bits - 1) {
-    const int sl = __ffs(bits) - 1;
-    const float ws = __shfl_sync(0xffffffffu, wl, sl);
-    const uint2 raw = *reinterpret_cast<const uint2*>(p.o_part + ((int64_t(sl) * p.T + t) * p.Hq + m) * kD + 4 * lane);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 c = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    acc[0] += ws * a.x;
-    acc[1] += ws * a.y;
-    acc[2] += ws * c.x;
-    acc[3] += ws * c.y;
-    den += ws;
+  const int tile = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const int Hkv = p.Hq / kG;
+  if (p.route && !p.route[tile * Hkv + h]) return;  // the union-tile kernel wrote these rows
+  if (tid < kTok * 16) {  // thread = (row tid / 16, slot tid % 16); a warp covers two rows
+    const int rl = tid / 16, sl = tid % 16, t = tile * kTok + rl;
+    bool v = false;
+    if (t < p.T && sl < p.K) {
+      const int b = p.selection[(int64_t(h) * p.T + t) * p.K + sl];
+      v = b >= 0 && b <= p.pos[t] / kB;
+    }
+    const uint32_t m = __ballot_sync(0xffffffffu, v);
+    if (sl == 0) valid_s[rl] = (m >> (16 * (rl % 2))) & 0xFFFFu;
   }
-  const float inv = den > 0.f ? 1.f / den : 0.f;
-  *reinterpret_cast<float4*>(p.out + (int64_t(t) * p.Hq + m) * kD + 4 * lane) =
-      make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+  __syncthreads();
+  {  // thread = (row tid / 32, head (tid % 32) / 2, slots 8·(tid % 2) .. +7)
+    const int rl = tid / 32, g = (tid % 32) / 2, half = tid % 2, t = tile * kTok + rl;
+    const uint32_t valid = valid_s[rl];
+    float lse[8], mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int sl = 8 * half + j;
+      lse[j] = valid >> sl & 1u ? __ldcs(p.lse_part + (int64_t(sl) * p.T + t) * p.Hq + h * kG + g) : -INFINITY;
+      mx = fmaxf(mx, lse[j]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    float den = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float w = valid >> (8 * half + j) & 1u ? exp2f(lse[j] - mx) : 0.f;
+      w_s[rl][g][8 * half + j] = w;
+      den += w;
+    }
+    den += __shfl_xor_sync(0xffffffffu, den, 1);
+    if (half == 0) inv_s[rl][g] = den > 0.f ? 1.f / den : 0.f;
+  }
+  __syncthreads();
+  const int g = tid / 16;  // this thread's head; channels 8·(tid % 16) .. +7 of it
+  for (int rl = 0; rl < kTok; ++rl) {
+    const int t = tile * kTok + rl;
+    if (t >= p.T) break;
+    const uint32_t valid = valid_s[rl];
+    const int64_t col = (int64_t(h) * kG) * kD + 8 * tid;  // element offset of this thread's piece in a row
+    uint4 raw[16];
+#pragma unroll
+    for (int sl = 0; sl < 16; ++sl) {
+      raw[sl] = make_uint4(0u, 0u, 0u, 0u);
+      if (valid >> sl & 1u)
+        raw[sl] = __ldcs(reinterpret_cast<const uint4*>(p.o_part + (int64_t(sl) * p.T + t) * p.Hq * kD + col));
+    }
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int sl = 0; sl < 16; ++sl) {
+      if (!(valid >> sl & 1u)) continue;
+      const float w = w_s[rl][g][sl];
+      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&raw[sl]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(v2[j]);
+        acc[2 * j] += w * f.x;
+        acc[2 * j + 1] += w * f.y;
+      }
+    }
+    const float inv = inv_s[rl][g];
+    const int64_t o = int64_t(t) * p.Hq * kD + col;
+    if (p.out_bf16) {
+      uint4 packed;
+      uint32_t* pw = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pw[j] = pack_bf16(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+      *reinterpret_cast<uint4*>(p.out_bf16 + o) = packed;
+    } else {
+      float4* dst = reinterpret_cast<float4*>(p.out + o);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+    }
+  }
 }
 
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
@@ -422,7 +592,8 @@ size_t MsaPrefillKvMajor::workspace_bytes() const {
 }
 
 void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows,
-                            const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s, const uint8_t* route) {
+                            const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s, const uint8_t* route,
+                            const int* routed, uint16_t* out_bf16) {
   M3_CUDA_REQUIRE(rows.T == T_, "MsaPrefillKvMajor::run: %d rows, planned for %lld", rows.T, (long long)T_);
   M3_CUDA_REQUIRE(kv.num_kv_heads == Hkv_ && kv.head_dim == kD && kv.block_size == kB && kv.num_pages == P_,
                   "MsaPrefillKvMajor::run: cache shape does not match the plan");
@@ -437,14 +608,15 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   const int64_t nrows = int64_t(Hkv_) * P_, E = int64_t(Hkv_) * T_ * K_;
   const int Hq = Hkv_ * G_;
 
+  if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[0], s));
   // 1–3: the block → queries CSR and the tile list.
   M3_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(nrows) * 4, s));
   const EdgeParams ep{selection,   rows.pos,        rows.row_seq, rows.pt_indptr, rows.pt_pages, cnt_.get(),
-                      rank_.get(), edge_row_.get(), error_.get(), route,          E,             int(T_),
+                      rank_.get(), edge_row_.get(), error_.get(), route,          routed, E,             int(T_),
                       K_,          int(P_),         Hkv_};
   kvm_count_kernel<<<blocks_for(E, 256), 256, 0, s>>>(ep);
   M3_CUDA_LAUNCH_CHECK();
-  kvm_pack_kernel<<<blocks_for(nrows, 256), 256, 0, s>>>(cnt_.get(), packed_.get(), nrows);
+  kvm_pack_kernel<<<blocks_for(nrows, 256), 256, 0, s>>>(cnt_.get(), packed_.get(), nrows, routed);
   M3_CUDA_LAUNCH_CHECK();
   size_t tmp = scan_tmp_bytes_;
   M3_CUDA_CHECK(
@@ -452,9 +624,10 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   kvm_scatter_kernel<<<blocks_for(E, 256), 256, 0, s>>>(ep, packed_off_.get(), csr_.get());
   M3_CUDA_LAUNCH_CHECK();
   kvm_tiles_kernel<<<blocks_for(nrows, 256), 256, 0, s>>>(cnt_.get(), packed_off_.get(), nrows, tiles_.get(),
-                                                          n_tiles_.get());
+                                                          n_tiles_.get(), routed);
   M3_CUDA_LAUNCH_CHECK();
 
+  if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[1], s));
   // 4: attention over the tiles.
   const uint64_t qdims[3] = {uint64_t(kD), uint64_t(Hq), uint64_t(T_)}, qstr[2] = {uint64_t(kD), uint64_t(Hq) * kD};
   const uint32_t qbox[3] = {64, uint32_t(kG), 1};
@@ -467,15 +640,17 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   const Params p{selection,       rows.pos,           cnt_.get(),        packed_off_.get(),
                  csr_.get(),      tiles_.get(),       n_tiles_.get(),    reinterpret_cast<__nv_bfloat16*>(o_part_.get()),
                  lse_part_.get(), int(T_),            Hkv_,              K_,
-                 int(P_),         float(scale * 1.4426950408889634)};
+                 int(P_),         float(scale * 1.4426950408889634), interleave_ ? 1 : 0};
   msa_prefill_kvmajor_kernel<<<unsigned(sms_), kThreads, kSmem, s>>>(mq, mk, mv, p);
   M3_CUDA_LAUNCH_CHECK();
+  if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[2], s));
 
   // 5: combine, chained by programmatic dependent launch (its prologue overlaps the attention's tail).
   const CombineParams cp{selection, rows.pos, reinterpret_cast<const __nv_bfloat16*>(o_part_.get()),
-                         lse_part_.get(), out, route, int(T_), Hq, K_};
+                         lse_part_.get(), out_bf16 ? nullptr : out, reinterpret_cast<__nv_bfloat16*>(out_bf16), route,
+                         int(T_), Hq, K_};
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks_for(T_ * Hq * 32, 256));
+  cfg.gridDim = dim3(unsigned((T_ + kTok - 1) / kTok), unsigned(Hkv_));
   cfg.blockDim = dim3(256);
   cfg.stream = s;
   cudaLaunchAttribute attr{};
@@ -484,7 +659,21 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kvm_combine_kernel, cp));
+  if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[3], s));
 }
+
+void MsaPrefillKvMajor::profile_phases(bool on) {
+  if (on && !ev_.e[0])
+    for (cudaEvent_t& e : ev_.e) M3_CUDA_CHECK(cudaEventCreate(&e));
+  profile_ = on;
+}
+
+void MsaPrefillKvMajor::phase_ms(float ms[3]) {
+  M3_CUDA_REQUIRE(profile_, "MsaPrefillKvMajor::phase_ms: profiling is off");
+  M3_CUDA_CHECK(cudaEventSynchronize(ev_.e[3]));
+  for (int i = 0; i < 3; ++i) M3_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev_.e[i], ev_.e[i + 1]));
+}
+
 
 void MsaPrefillKvMajor::check(cudaStream_t s) {
   if (error_.size() == 0) return;

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/msa_prefill_tc.cuh"
@@ -28,12 +29,23 @@ class MsaPrefillKvMajor {
   // [T, Hq, D] fp32. Device-only: CSR build (count, one scan, scatter, tile emit), the attention kernel, the
   // combine; no host synchronisation. kv.num_pages must equal the plan's. route (optional, [⌈T / 8⌉, Hkv] bytes):
   // only the tiles of 8 rows marked 1 are served, the others' rows are left untouched (msa_prefill_sparse.cuh).
+  // routed (optional, one device int): the number of tiles the router gave this kernel; when it is 0 the CSR build
+  // and the attention do no work (a step whose tiles all went to the union-tile kernel pays only the launches).
+  // out_bf16 (optional): write the output as bf16 [T, Hq, D] there instead of fp32 to `out`.
   void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
-           float scale, float* out, cudaStream_t s, const uint8_t* route = nullptr);
+           float scale, float* out, cudaStream_t s, const uint8_t* route = nullptr, const int* routed = nullptr,
+           uint16_t* out_bf16 = nullptr);
   // Throws m3::Error when a run() since the last check saw a selected block after the row's local block.
   void check(cudaStream_t s);
   // Bytes of device workspace the plan holds (partials dominate: 16 · T · Hq · 260 B at top-16).
   size_t workspace_bytes() const;
+  // Benchmarks: with profiling on, run() records events between its phases; phase_ms() synchronises and returns
+  // the last run's CSR build, attention and combine times in ms. Off by default (not capture-safe).
+  void profile_phases(bool on);
+  void phase_ms(float ms[3]);
+  // Tile order per CTA of the attention kernel: every gridDim.x-th tile (true) or a contiguous range (false); the
+  // A/B hook of the benchmark.
+  void set_interleave(bool on) { interleave_ = on; }
 
  private:
   int64_t T_ = 0, P_ = 0;
@@ -45,6 +57,24 @@ class MsaPrefillKvMajor {
   DeviceBuffer<float> lse_part_;
   DeviceBuffer<uint8_t> scan_tmp_;
   size_t scan_tmp_bytes_ = 0;
+  // Owns the four phase events (created on the first profile_phases(true)); movable, not copyable.
+  struct PhaseEvents {
+    cudaEvent_t e[4] = {nullptr, nullptr, nullptr, nullptr};
+    PhaseEvents() = default;
+    PhaseEvents(const PhaseEvents&) = delete;
+    PhaseEvents& operator=(const PhaseEvents&) = delete;
+    PhaseEvents(PhaseEvents&& o) noexcept { std::swap(e, o.e); }
+    PhaseEvents& operator=(PhaseEvents&& o) noexcept {
+      std::swap(e, o.e);
+      return *this;
+    }
+    ~PhaseEvents() {
+      for (cudaEvent_t x : e)
+        if (x) cudaEventDestroy(x);
+    }
+  } ev_;
+  bool profile_ = false;
+  bool interleave_ = true;
 };
 
 }  // namespace m3::cuda

@@ -12,7 +12,7 @@ constexpr int kTok = 8, kB = 128;
 // tile's selections. |U| = entries whose physical page has no earlier equal entry; E = valid entries.
 __global__ void msa_route_kernel(const int32_t* selection, const int32_t* pos, const int32_t* row_seq,
                                  const int32_t* pt_indptr, const int32_t* pt_pages, int T, int Hkv, int top_k,
-                                 int threshold_pct, uint8_t* route) {
+                                 int threshold_pct, uint8_t* route, int* routed) {
   __shared__ int32_t key[kTok * 16];
   __shared__ int counts[2];
   const int tile = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
@@ -30,7 +30,11 @@ __global__ void msa_route_kernel(const int32_t* selection, const int32_t* pos, c
   if (page >= 0) atomicAdd(&counts[1], 1);
   if (first) atomicAdd(&counts[0], 1);
   __syncthreads();
-  if (i == 0) route[tile * Hkv + h] = uint8_t(int64_t(counts[0]) * 100 > int64_t(counts[1]) * threshold_pct);
+  if (i == 0) {
+    const bool kv_major = int64_t(counts[0]) * 100 > int64_t(counts[1]) * threshold_pct;
+    route[tile * Hkv + h] = uint8_t(kv_major);
+    if (kv_major) atomicAdd(routed, 1);
+  }
 }
 
 }  // namespace
@@ -44,19 +48,21 @@ void MsaPrefillSparse::plan(int64_t T, int num_kv_heads, int group, int head_dim
   Hkv_ = num_kv_heads;
   K_ = top_k;
   route_.grow(size_t(std::max<int64_t>((T + kTok - 1) / kTok * num_kv_heads, 1)));
+  routed_.grow(1);
 }
 
 void MsaPrefillSparse::run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows,
-                           const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s) {
+                           const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s, uint16_t* out_bf16) {
   if (T_ == 0) return;
-  if (mode_ == Mode::Union) return union_.run(q, selection, rows, kv, scale, out, s);
-  if (mode_ == Mode::KvMajor) return kvmajor_.run(q, selection, rows, kv, scale, out, s);
+  if (mode_ == Mode::Union) return union_.run(q, selection, rows, kv, scale, out, s, nullptr, out_bf16);
+  if (mode_ == Mode::KvMajor) return kvmajor_.run(q, selection, rows, kv, scale, out, s, nullptr, nullptr, out_bf16);
   const dim3 grid(unsigned((T_ + kTok - 1) / kTok), unsigned(Hkv_));
+  M3_CUDA_CHECK(cudaMemsetAsync(routed_.get(), 0, sizeof(int), s));
   msa_route_kernel<<<grid, kTok * 16, 0, s>>>(selection, rows.pos, rows.row_seq, rows.pt_indptr, rows.pt_pages,
-                                               int(T_), Hkv_, K_, threshold_pct_, route_.get());
+                                               int(T_), Hkv_, K_, threshold_pct_, route_.get(), routed_.get());
   M3_CUDA_LAUNCH_CHECK();
-  union_.run(q, selection, rows, kv, scale, out, s, route_.get());
-  kvmajor_.run(q, selection, rows, kv, scale, out, s, route_.get());
+  union_.run(q, selection, rows, kv, scale, out, s, route_.get(), out_bf16);
+  kvmajor_.run(q, selection, rows, kv, scale, out, s, route_.get(), routed_.get(), out_bf16);
 }
 
 void MsaPrefillSparse::check(cudaStream_t s) {

@@ -25,10 +25,10 @@ class MsaPrefillSparse {
   // As MsaPrefillKvMajor::plan (the same limits); the KV-block-major workspace is sized unless mode is Union.
   void plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k, int64_t num_pages,
             Mode mode = Mode::Auto);
-  // q: [T, Hq, D] bf16; selection [Hkv, T, top_k]; out [T, Hq, D] fp32. Capture-safe apart from the TMA maps,
-  // which are rebuilt per call (as in both kernels).
+  // q: [T, Hq, D] bf16; selection [Hkv, T, top_k]; out [T, Hq, D] fp32, or bf16 into out_bf16 when given.
+  // Capture-safe apart from the TMA maps, which are rebuilt per call (as in both kernels).
   void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
-           float scale, float* out, cudaStream_t s);
+           float scale, float* out, cudaStream_t s, uint16_t* out_bf16 = nullptr);
   void check(cudaStream_t s);
   // Routing threshold in percent (|U| · 100 > E · pct → KV-block-major); tests set 0 / huge to force a kernel.
   void set_threshold_pct(int pct) { threshold_pct_ = pct; }
@@ -39,6 +39,7 @@ class MsaPrefillSparse {
   MsaPrefillUnion union_;
   MsaPrefillKvMajor kvmajor_;
   DeviceBuffer<uint8_t> route_;
+  DeviceBuffer<int> routed_;  // [1]: tiles the last route kernel gave the KV-block-major kernel
   Mode mode_ = Mode::Auto;
   int64_t T_ = 0;
   int Hkv_ = 0, K_ = 0, threshold_pct_ = 26;

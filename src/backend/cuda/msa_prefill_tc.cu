@@ -40,11 +40,13 @@ struct Params {
   const int32_t* row_seq;
   const int32_t* pt_indptr;
   const int32_t* pt_pages;
-  float* out;  // [T, Hq, D]
+  float* out;                // [T, Hq, D] fp32, or null when out_bf16 is given
+  __nv_bfloat16* out_bf16;   // [T, Hq, D] bf16, or null
   int* error;
   const uint8_t* route;  // [⌈T / 8⌉, Hkv]: 1 = this tile is served by the KV-block-major kernel, skip it; or null
   int T, Hkv, top_k;
   float scale_log2;
+  int pingpong;  // 1: the two consumer warpgroups take turns issuing their MMAs (below)
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -197,6 +199,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     int si = 0, blk = 0;
     mbar_wait(q_full, 0);
+    // Ping-pong (FlashAttention-3's warpgroup scheduling): named barrier 2 + c is warpgroup c's turn to issue MMAs.
+    // The two consumers alternate S₀ S₁ PV₀ PV₁ …, so one's softmax runs while the other's MMAs keep the tensor
+    // cores busy. Every page costs each warpgroup two turns, issued or not (a skipped page still passes the turn on),
+    // so the alternation never deadlocks; warpgroup 1 hands the first turn to warpgroup 0 and takes none back at
+    // the end (no arrival is left pending on a barrier when the CTA exits).
+    const bool pp = p.pingpong != 0;
+    const int last_turn = 2 * n_union - 1;
+    int turn = 0;
+    auto take_turn = [&] {
+      if (pp) named_barrier_sync(2 + c, 256);
+    };
+    auto pass_turn = [&] {
+      if (pp && !(c == 1 && turn == last_turn)) named_barrier_arrive(3 - c, 256);
+      ++turn;
+    };
+    if (pp && c == 1 && n_union > 0) named_barrier_arrive(2, 256);
     PipeState<kStages> ps;
     for (int u = 0; u < n_union; ++u) {
       mbar_wait(&full[ps.stage], ps.phase);
@@ -213,16 +231,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         lim4 = reinterpret_cast<const uint32_t*>(lim)[u * 2 + c];
       }
-      if (lim4 != 0u) {  // warpgroup-uniform: some token of this warpgroup selected page u
-        const uint8_t* st = stages + ps.stage * kStageBytes;
-        const uint64_t dk = smem_desc_sw128(st);
+      const bool work = lim4 != 0u;  // warpgroup-uniform: some token of this warpgroup selected page u
+      const uint8_t* st = stages + ps.stage * kStageBytes;
+      if (work) {
         float s[64];
+        take_turn();
+        const uint64_t dk = smem_desc_sw128(st);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
           Wgmma<bf16_t, 128>::mma_ss(s, desc_advance(dq, (kk / 4) * kAtom + (kk % 4) * 32),
                                      desc_advance(dk, (kk / 4) * kAtom + (kk % 4) * 32), kk > 0);
         wgmma_commit();
+        pass_turn();
         wgmma_wait<0>();
         fence_regs(s);
 
@@ -264,13 +285,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 64; ++i) o[i] *= ((i / 2) % 2 == 0) ? a0 : a1;
 
+        take_turn();
         const uint64_t dv = smem_desc_sw128_mn(st + 2 * kAtom, kAtom);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) Wgmma<bf16_t, 128>::mma_rs_nmajor(o, pa[kk], desc_advance(dv, kk * 2048));
         wgmma_commit();
+        pass_turn();
         wgmma_wait<0>();
         fence_regs(o);
+      } else {  // a skipped page still passes both of its turns on
+        take_turn();
+        pass_turn();
+        take_turn();
+        pass_turn();
       }
       if (lane == 0) mbar_arrive(&empty[ps.stage]);
       ps.advance();
@@ -284,12 +312,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t < p.T) {
       const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
       const int Hq = p.Hkv * kG;
-      float* row0 = p.out + (int64_t(t) * Hq + h * kG + lane / 4) * kD + 2 * (lane % 4);
-      float* row1 = row0 + 8 * kD;
+      const int64_t e0 = (int64_t(t) * Hq + h * kG + lane / 4) * kD + 2 * (lane % 4), e1 = e0 + 8 * kD;
+      if (p.out_bf16) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        *reinterpret_cast<float2*>(row0 + 8 * j) = make_float2(o[4 * j] * i0, o[4 * j + 1] * i0);
-        *reinterpret_cast<float2*>(row1 + 8 * j) = make_float2(o[4 * j + 2] * i1, o[4 * j + 3] * i1);
+        for (int j = 0; j < 16; ++j) {
+          *reinterpret_cast<uint32_t*>(p.out_bf16 + e0 + 8 * j) = pack_bf16(o[4 * j] * i0, o[4 * j + 1] * i0);
+          *reinterpret_cast<uint32_t*>(p.out_bf16 + e1 + 8 * j) = pack_bf16(o[4 * j + 2] * i1, o[4 * j + 3] * i1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          *reinterpret_cast<float2*>(p.out + e0 + 8 * j) = make_float2(o[4 * j] * i0, o[4 * j + 1] * i0);
+          *reinterpret_cast<float2*>(p.out + e1 + 8 * j) = make_float2(o[4 * j + 2] * i1, o[4 * j + 3] * i1);
+        }
       }
     }
   }
@@ -315,7 +350,8 @@ void MsaPrefillUnion::plan(int64_t T, int num_kv_heads, int group, int head_dim,
 }
 
 void MsaPrefillUnion::run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows,
-                          const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s, const uint8_t* route) {
+                          const DevPagedKVBf16& kv, float scale, float* out, cudaStream_t s, const uint8_t* route,
+                          uint16_t* out_bf16) {
   M3_CUDA_REQUIRE(rows.T == T_, "MsaPrefillUnion::run: %d rows, planned for %lld", rows.T, (long long)T_);
   M3_CUDA_REQUIRE(kv.num_kv_heads == Hkv_ && kv.head_dim == kD && kv.block_size == kB && kv.num_pages > 0,
                   "MsaPrefillUnion::run: cache shape does not match the plan");
@@ -337,8 +373,20 @@ void MsaPrefillUnion::run(const uint16_t* q, const int32_t* selection, const Dev
   const uint32_t kbox[3] = {64, uint32_t(kB), 1};
   const CUtensorMap mk = make_tma_map_3d(kv.k, TmaDtype::BF16, kdims, kstr, kbox, TmaSwizzle::B128);
   const CUtensorMap mv = make_tma_map_3d(kv.v, TmaDtype::BF16, kdims, kstr, kbox, TmaSwizzle::B128);
-  Params p{selection, rows.pos,     rows.row_seq, rows.pt_indptr, rows.pt_pages, out,
-           error_.get(), route, int(T_),      Hkv_,           K_,            float(scale * 1.4426950408889634)};
+  Params p{selection,
+           rows.pos,
+           rows.row_seq,
+           rows.pt_indptr,
+           rows.pt_pages,
+           out_bf16 ? nullptr : out,
+           reinterpret_cast<__nv_bfloat16*>(out_bf16),
+           error_.get(),
+           route,
+           int(T_),
+           Hkv_,
+           K_,
+           float(scale * 1.4426950408889634),
+           pingpong_ ? 1 : 0};
   const dim3 grid(unsigned((T_ + kTok - 1) / kTok), unsigned(Hkv_));
   if (selection)
     msa_prefill_union_kernel<false><<<grid, kThreads, kSmem, s>>>(mq, mk, mv, p);
@@ -348,8 +396,8 @@ void MsaPrefillUnion::run(const uint16_t* q, const int32_t* selection, const Dev
 }
 
 void MsaPrefillUnion::run_dense(const uint16_t* q, const DevStepRows& rows, const DevPagedKVBf16& kv, float scale,
-                                float* out, cudaStream_t s) {
-  run(q, nullptr, rows, kv, scale, out, s);
+                                float* out, cudaStream_t s, uint16_t* out_bf16) {
+  run(q, nullptr, rows, kv, scale, out, s, nullptr, out_bf16);
 }
 
 void MsaPrefillUnion::check(cudaStream_t s) {

@@ -33,19 +33,24 @@ class MsaPrefillUnion {
   // step's positions and page tables; out: [T, Hq, D] fp32. Allocates nothing after the first call.
   // route (optional, [⌈T / 8⌉, Hkv] bytes): tiles marked 1 are skipped and their rows left untouched (the
   // KV-block-major kernel writes them; msa_prefill_sparse.cuh).
+  // out_bf16 (optional): the output as bf16 [T, Hq, D] there instead of fp32 to `out` (what the O projection reads).
   void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
-           float scale, float* out, cudaStream_t s, const uint8_t* route = nullptr);
+           float scale, float* out, cudaStream_t s, const uint8_t* route = nullptr, uint16_t* out_bf16 = nullptr);
   // Dense causal attention with the same kernel (issue 10: tensor-core dense prefill): no selection, every row
   // reads blocks 0..local of its sequence (the tile walks the pages of the sequences its rows belong to). plan()
   // as above; its top_k is ignored here.
   void run_dense(const uint16_t* q, const DevStepRows& rows, const DevPagedKVBf16& kv, float scale, float* out,
-                 cudaStream_t s);
+                 cudaStream_t s, uint16_t* out_bf16 = nullptr);
   // Throws m3::Error when a run() since the last check saw a selected block after the row's local block.
   void check(cudaStream_t s);
+  // The consumer warpgroups take turns issuing their MMAs (FlashAttention-3's ping-pong); on by default, off for
+  // the A/B benchmark.
+  void set_pingpong(bool on) { pingpong_ = on; }
 
  private:
   int64_t T_ = 0;
   int Hkv_ = 0, G_ = 0, K_ = 0;
+  bool pingpong_ = true;
   DeviceBuffer<int> error_;
 };
 

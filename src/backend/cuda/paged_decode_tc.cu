@@ -1,6 +1,7 @@
 #include "backend/cuda/paged_decode_tc.cuh"
 
 #include <algorithm>
+#include <limits>
 
 #include <cooperative_groups.h>
 
@@ -36,9 +37,11 @@ static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff &&
                   kPartOff + (16 * D + 16) * 4 <= Pipe<__nv_bfloat16>::q_off(Pipe<__nv_bfloat16>::kWideStages) &&
                   kPartOff + (16 * D + 16) * 4 <= Pipe<e4m3_t>::q_off(Pipe<e4m3_t>::kWideStages),
               "the cross-warp and split merges reuse the ring");
-static_assert(Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kDeepStages) <= 227 * 1024 &&
-                  2 * (Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kWideStages) + 1024) <= 228 * 1024,
-              "e4m3 pipelines fit the SM");
+static_assert(Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kDeepStages) <=
+                      Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kDeepStages) &&
+                  Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kWideStages) <=
+                      Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kWideStages),
+              "e4m3 pipelines fit wherever the bf16 ones do (max_active_clusters measures the bf16 kernel)");
 
 // grid (R, splits), 128 threads. The 16 query rows of request r (rows ≥ G are zero) are the M of every mma; a chunk
 // of 64 tokens is split over the 4 warps (16 tokens each): S = Q·Kᵀ (2 n-tiles × 8 k-steps), online softmax in
@@ -322,6 +325,37 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
   cluster.sync();  // no CTA leaves while its partial may still be read
 }
 
+// How many clusters of `size` CTAs (a request's splits) can be resident at once. A cluster must fit inside one GPC,
+// so this is below (slots / size) when the GPCs' SM counts do not divide evenly: on an H200, 32 requests × 8 splits
+// at 2 CTAs per SM asks for 32 clusters of 8 when fewer fit, and the last ones run as a second wave (about twice the
+// latency of the step). Measured once per (pipeline, size) with the bf16 kernel: the e4m3 pipelines use the same
+// (deep) or less (wide: 84 vs 100 KiB) shared memory, so the count holds for them too; an error (or no cluster
+// support) leaves the limit open.
+int max_active_clusters(int size, bool deep) {
+  static int cache[2][kMaxSplits + 1] = {};
+  int& c = cache[deep ? 1 : 0][size];
+  if (c != 0) return c;
+  using P = Pipe<__nv_bfloat16>;
+  const void* fn = deep ? reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, true>)
+                        : reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, false>);
+  const int smem = P::smem_bytes(deep ? P::kDeepStages : P::kWideStages);
+  int n = 0;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, unsigned(size));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = unsigned(size), attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr, cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess) n = 0;
+  }
+  (void)cudaGetLastError();
+  c = n > 0 ? n : std::numeric_limits<int>::max();
+  return c;
+}
+
 }  // namespace
 
 void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split, bool dynamic) {
@@ -337,6 +371,7 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split, bool dyn
   const int slots = (deep_ ? 1 : 2) * sm_count();
   int want = 1;
   if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kMaxSplits));
+  while (want > 1 && R > max_active_clusters(want, deep_)) --want;  // all clusters in one wave
   chunks_per_split_ = (chunks + want - 1) / want;
   splits_ = (chunks + chunks_per_split_ - 1) / chunks_per_split_;
   if (dynamic) chunks_per_split_ = 0;  // the kernel cuts each request's chunks over the splits (see the kernel)

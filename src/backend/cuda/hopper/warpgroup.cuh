@@ -29,6 +29,12 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Counts this thread's arrival at named barrier `id` without waiting (the producer side of a hand-off: the
+// threads that bar.sync on it proceed once `threads` arrivals, theirs included, have come in).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // PDL: the dependent grid may start its prologue once every CTA called launch_dependents (or exited);
 // grid_dependency_wait blocks until the preceding grid has completed and its memory is visible.
 // Both are no-ops when the kernel was launched without the programmatic-serialization attribute.
