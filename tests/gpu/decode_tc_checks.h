@@ -43,7 +43,7 @@ Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, 
 
 // FP8 (e4m3) caches (issue 15 item 4): the same random inputs (every 7th value ×2^−8, so small and subnormal codes
 // occur) quantised by cuda::kv_quantize_e4m3 with per-tensor scales amax/448 (checked byte for byte against
-// cpu::kv_quantize_e4m3), the kernels' e4m3 instantiations against the CPU twins on the dequantised values with
+// cpu::kv_quantize_e4m3, sampled past the first 2^22 codes), the kernels' e4m3 instantiations against the CPU twins on the dequantised values with
 // the bf16 checks' strictness (scores: 1e-5·max(1, |cpu|)). acc (optional) gets the accuracy cost against the bf16
 // cache on the same data.
 struct Fp8Accuracy {
