@@ -158,6 +158,38 @@ TEST(Fp8, GemmTwinsAreDequantiseThenFp32Gemm) {
   EXPECT_GT(num, 0.0);
 }
 
+// FP8 K/V / index-K caches (issue 15 item 4): every finite code survives dequantise → quantise at a per-tensor
+// scale that is not a power of two (the rounding error of x / s is far below half an e4m3 step), values beyond
+// 448·s saturate, and the error of a quantised value is at most half a step: 2^−4 relative for normals.
+TEST(Fp8, KvCacheQuantisationRoundTripsEveryCodeAndSaturates) {
+  const float s = 0.0123f;
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN codes
+    const uint8_t q = uint8_t(c);
+    float x;
+    kv_dequantize_e4m3(&q, 1, s, &x);
+    EXPECT_EQ(x, e4m3_to_f32(q) * s);
+    uint8_t back;
+    kv_quantize_e4m3(&x, 1, s, &back);
+    EXPECT_EQ(back, q) << "code " << c;
+  }
+  const float big[2] = {1000.f * s, -449.f * s};
+  uint8_t q[2];
+  kv_quantize_e4m3(big, 2, s, q);
+  EXPECT_EQ(q[0], 0x7e);
+  EXPECT_EQ(q[1], 0xfe);
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  for (int i = 0; i < 1000; ++i) {
+    const float x = u(g);
+    uint8_t c;
+    float y;
+    kv_quantize_e4m3(&x, 1, s, &c);
+    kv_dequantize_e4m3(&c, 1, s, &y);
+    EXPECT_LE(std::fabs(y - x), std::max(std::fabs(x) * 0.0625f, 0x1p-10f * s)) << x;
+  }
+}
+
 // The executor's `--dtype fp8` policy (base/fp8_format.h): W8A16 whole lines up to 8 rows, the 64-wide chunk kernel
 // up to the cuBLASLt threshold and whenever K or N is not a multiple of 128, cuBLASLt FP8 from the threshold on (never
 // when it is ≤ 0).

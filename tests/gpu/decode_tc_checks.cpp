@@ -11,6 +11,8 @@
 #include <random>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/fp8.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/msa_decode_index.cuh"
 #include "backend/cuda/paged_decode_mq.cuh"
 #include "backend/cuda/paged_decode_tc.cuh"
@@ -37,13 +39,19 @@ std::vector<T> to_host(const T* d, size_t n) {
   return h;
 }
 
-// n random bf16 values in ±[0.05, 1] (never zero) and their exact fp32 values.
+// n random bf16 values in ±[0.05, 1] (never zero) and their exact fp32 values. One draw from g seeds a splitmix64
+// stream (sign and a 24-bit fraction from one 64-bit value): the pools hold up to ~10^9 values (the wide case), which
+// mt19937_64 with uniform_real_distribution took over a minute to fill on the device host.
 void rand_bf16(std::mt19937_64& g, size_t n, std::vector<bf16>& b, std::vector<float>& f) {
-  std::uniform_real_distribution<float> u(0.05f, 1.f);
+  uint64_t z = g();
   b.resize(n), f.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const float x = (g() & 1) ? u(g) : -u(g);
-    b[i] = __float2bfloat16(x);
+    uint64_t x = (z += 0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    const float u = 0.05f + 0.95f * float(x & 0xFFFFFF) * 0x1p-24f;
+    b[i] = __float2bfloat16((x >> 63) ? -u : u);
     f[i] = __bfloat162float(b[i]);
   }
 }
@@ -67,85 +75,200 @@ struct Rows {
 
 }  // namespace
 
-Result check_paged_decode(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
-                          bool allow_split, int top_k) {
-  constexpr int D = 128, Bk = 128;
-  std::mt19937_64 g(seed);
-  Rows rows(g, positions, Bk);
-  const int T = int(positions.size()), Hq = Hkv * G, R = T * Hkv;
-  const int64_t page_elems = int64_t(Hkv) * Bk * D;
+namespace {
+
+// One attention case: rows, random bf16 K/V/Q pools (and their fp32 values), the page lists.
+struct AttnCase {
+  static constexpr int D = 128, Bk = 128;
+  int T = 0, Hkv = 0, G = 0, Hq = 0, R = 0, top_k = 0, max_pages = 0;
+  bool sparse = false;
+  int64_t page_elems = 0;
+  Rows rows;
   std::vector<bf16> kb, vb, qb;
   std::vector<float> kf, vf, qf;
-  rand_bf16(g, size_t(rows.num_pages) * page_elems, kb, kf);
-  rand_bf16(g, size_t(rows.num_pages) * page_elems, vb, vf);
-  rand_bf16(g, size_t(T) * Hq * D, qb, qf);
-  std::vector<int32_t> sel(size_t(Hkv) * T * top_k, -1), indptr(R + 1, 0), indices, last(R);
-  int max_pages = 0;
-  for (int t = 0; t < T; ++t) {
-    const int local = positions[t] / Bk;
-    for (int h = 0; h < Hkv; ++h) {
-      std::vector<int32_t> blocks;
-      if (sparse) {
-        const int n = std::min(top_k, local + 1);
-        std::vector<int32_t> hist(local);
-        std::iota(hist.begin(), hist.end(), 0);
-        std::shuffle(hist.begin(), hist.end(), g);
-        blocks.assign(hist.begin(), hist.begin() + (n - 1));
-        blocks.push_back(local);
-        std::copy(blocks.begin(), blocks.end(), sel.begin() + (int64_t(h) * T + t) * top_k);
-      } else {
-        for (int b = 0; b <= local; ++b) blocks.push_back(b);
+  std::vector<int32_t> sel, indptr, indices, last;
+  AttnCase(std::mt19937_64& g, const std::vector<int32_t>& positions, int hkv, int gq, bool sp, int k)
+      : T(int(positions.size())), Hkv(hkv), G(gq), Hq(hkv * gq), R(T * hkv), top_k(k), sparse(sp),
+        page_elems(int64_t(hkv) * Bk * D), rows(g, positions, Bk) {
+    rand_bf16(g, size_t(rows.num_pages) * page_elems, kb, kf);
+    rand_bf16(g, size_t(rows.num_pages) * page_elems, vb, vf);
+    rand_bf16(g, size_t(T) * Hq * D, qb, qf);
+    sel.assign(size_t(Hkv) * T * top_k, -1), indptr.assign(R + 1, 0), last.resize(R);
+    for (int t = 0; t < T; ++t) {
+      const int local = positions[t] / Bk;
+      for (int h = 0; h < Hkv; ++h) {
+        std::vector<int32_t> blocks;
+        if (sparse) {
+          const int n = std::min(top_k, local + 1);
+          std::vector<int32_t> hist(local);
+          std::iota(hist.begin(), hist.end(), 0);
+          std::shuffle(hist.begin(), hist.end(), g);
+          blocks.assign(hist.begin(), hist.begin() + (n - 1));
+          blocks.push_back(local);
+          std::copy(blocks.begin(), blocks.end(), sel.begin() + (int64_t(h) * T + t) * top_k);
+        } else {
+          for (int b = 0; b <= local; ++b) blocks.push_back(b);
+        }
+        const int r = t * Hkv + h;
+        for (int b : blocks) indices.push_back(rows.pt_pages[rows.pt_indptr[t] + b] * Hkv + h);
+        indptr[r + 1] = int32_t(indices.size());
+        last[r] = positions[t] % Bk + 1;
+        max_pages = std::max(max_pages, int(blocks.size()));
       }
-      const int r = t * Hkv + h;
-      for (int b : blocks) indices.push_back(rows.pt_pages[rows.pt_indptr[t] + b] * Hkv + h);
-      indptr[r + 1] = int32_t(indices.size());
-      last[r] = positions[t] % Bk + 1;
-      max_pages = std::max(max_pages, int(blocks.size()));
     }
   }
-  DevVec<bf16> dk(kb), dv(vb), dq(qb);
-  DevVec<int32_t> dind(indptr), didx(indices), dlast(last);
-  cuda::DeviceBuffer<bf16> dout(size_t(T) * Hq * D);
-  M3_CUDA_CHECK(cudaMemset(dout.get(), 0xFF, size_t(T) * Hq * D * sizeof(bf16)));  // NaN poison
-  const float scale = 1.f / std::sqrt(float(D));
-  cuda::PagedDecodeTc op;
-  op.plan(R, G, max_pages, allow_split);
-  cuda::PagedDecodeTcArgs<bf16> a;
-  a.q = dq.get(), a.out = dout.get(), a.k = dk.get(), a.v = dv.get();
-  a.stride_page = int64_t(Bk) * D, a.stride_tok = D;
-  a.indptr = dind.get(), a.indices = didx.get(), a.last_len = dlast.get();
-  a.R = R, a.G = G, a.scale = scale;
-  for (int rep = 0; rep < 2; ++rep) op.run(a, nullptr, rep == 1);  // second run with PDL
-  M3_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<bf16> out = to_host(dout.get(), size_t(T) * Hq * D);
+  float scale() const { return 1.f / std::sqrt(float(D)); }
 
-  cpu::PagedKV kv{kf.data(), vf.data(), page_elems, Hkv, Bk, D};
-  std::vector<float> ref(size_t(T) * Hq * D);
-  for (int t = 0; t < T; ++t) {
-    const int32_t* pt = rows.pt_pages.data() + rows.pt_indptr[t];
-    if (sparse) {
-      std::vector<int32_t> srow(size_t(Hkv) * top_k);
-      for (int h = 0; h < Hkv; ++h)
-        std::copy_n(sel.begin() + (int64_t(h) * T + t) * top_k, top_k, srow.begin() + h * top_k);
-      cpu::attention_sparse(qf.data() + size_t(t) * Hq * D, 1, Hq, &positions[t], kv, pt, srow.data(), top_k, scale,
-                            ref.data() + size_t(t) * Hq * D);
-    } else {
-      cpu::attention_dense_causal(qf.data() + size_t(t) * Hq * D, 1, Hq, &positions[t], kv, pt, scale,
-                                  ref.data() + size_t(t) * Hq * D);
+  // PagedDecodeTc over the given device pools (run twice, the second with PDL); the bf16 output.
+  template <typename KvT>
+  std::vector<bf16> run_gpu(const KvT* dk, const KvT* dv, float k_scale, float v_scale, bool allow_split) const {
+    DevVec<bf16> dq(qb);
+    DevVec<int32_t> dind(indptr), didx(indices), dlast(last);
+    cuda::DeviceBuffer<bf16> dout(size_t(T) * Hq * D);
+    M3_CUDA_CHECK(cudaMemset(dout.get(), 0xFF, size_t(T) * Hq * D * sizeof(bf16)));  // NaN poison
+    cuda::PagedDecodeTc op;
+    op.plan(R, G, max_pages, allow_split);
+    cuda::PagedDecodeTcArgs<KvT> a;
+    a.q = dq.get(), a.out = dout.get(), a.k = dk, a.v = dv;
+    a.stride_page = int64_t(Bk) * D, a.stride_tok = D;
+    a.indptr = dind.get(), a.indices = didx.get(), a.last_len = dlast.get();
+    a.R = R, a.G = G, a.scale = scale(), a.k_scale = k_scale, a.v_scale = v_scale;
+    for (int rep = 0; rep < 2; ++rep) op.run(a, nullptr, rep == 1);  // second run with PDL
+    M3_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(dout.get(), size_t(T) * Hq * D);
+  }
+
+  // The CPU twin on fp32 pools k, v.
+  std::vector<float> cpu_ref(const std::vector<float>& k, const std::vector<float>& v) const {
+    cpu::PagedKV kv{k.data(), v.data(), page_elems, Hkv, Bk, D};
+    std::vector<float> ref(size_t(T) * Hq * D);
+    for (int t = 0; t < T; ++t) {
+      const int32_t* pt = rows.pt_pages.data() + rows.pt_indptr[t];
+      if (sparse) {
+        std::vector<int32_t> srow(size_t(Hkv) * top_k);
+        for (int h = 0; h < Hkv; ++h)
+          std::copy_n(sel.begin() + (int64_t(h) * T + t) * top_k, top_k, srow.begin() + h * top_k);
+        cpu::attention_sparse(qf.data() + size_t(t) * Hq * D, 1, Hq, &rows.pos[t], kv, pt, srow.data(), top_k,
+                              scale(), ref.data() + size_t(t) * Hq * D);
+      } else {
+        cpu::attention_dense_causal(qf.data() + size_t(t) * Hq * D, 1, Hq, &rows.pos[t], kv, pt, scale(),
+                                    ref.data() + size_t(t) * Hq * D);
+      }
+    }
+    return ref;
+  }
+
+  // Element-wise against the reference: |gpu − cpu| ≤ 2e-2·max|cpu| + 1e-3 (bf16 P and output rounding).
+  Result compare(const std::vector<bf16>& out, const std::vector<float>& ref) const {
+    Result res;
+    for (float x : ref) res.max_ref = std::max(res.max_ref, double(std::fabs(x)));
+    const double tol = 2e-2 * res.max_ref + 1e-3;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const float o = __bfloat162float(out[i]);
+      const double err = std::isfinite(o) ? std::fabs(double(o) - ref[i]) : INFINITY;
+      res.max_err = std::max(res.max_err, err);
+      if (!(err <= tol)) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "out[%zu] (row %zu, head %zu, d %zu) = %g, cpu %g", i, i / (Hq * D),
+                      i / D % Hq, i % D, double(o), double(ref[i]));
+        res.fail(buf);
+      }
+    }
+    return res;
+  }
+};
+
+// ‖a − ref‖ / ‖ref‖.
+double rel_l2(const std::vector<bf16>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = double(__bfloat162float(a[i])) - ref[i];
+    num += d * d, den += double(ref[i]) * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : 0;
+}
+
+// FP8 inputs: every 7th value ×2^−8, so that with the per-tensor scale amax/448 the small e4m3 codes (subnormals
+// included) occur too. bf16 values stay exact (power-of-two factor).
+void spread_small(std::vector<bf16>& b, std::vector<float>& f) {
+  for (size_t i = 0; i < b.size(); i += 7) {
+    f[i] = std::ldexp(f[i], -8);
+    b[i] = __float2bfloat16(f[i]);
+  }
+}
+float amax_scale(const std::vector<float>& f) {
+  float m = 0.f;
+  for (float x : f) m = std::max(m, std::fabs(x));
+  return m > 0.f ? m / 448.f : 1.f;
+}
+
+// The device quantiser into a new e4m3 buffer, checked byte for byte against its CPU twin (every element of the
+// first 2^22, then every 97th: the twin costs ~10 ns per value and the pools hold up to ~10^8), and the values the
+// device codes stand for (the CPU reference's input).
+cuda::DeviceBuffer<uint8_t> quantise_checked(const bf16* dsrc, const std::vector<float>& f, float scale,
+                                             std::vector<float>& deq, Result& res, const char* what) {
+  const int64_t n = int64_t(f.size());
+  cuda::DeviceBuffer<uint8_t> q(size_t(n) + 16);
+  cuda::kv_quantize_e4m3(dsrc, n, scale, reinterpret_cast<cuda::e4m3_t*>(q.get()), nullptr);
+  M3_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> got = to_host(q.get(), size_t(n));
+  for (int64_t i = 0; i < n; i += i < (int64_t(1) << 22) ? 1 : 97) {
+    uint8_t want;
+    cpu::kv_quantize_e4m3(&f[size_t(i)], 1, scale, &want);
+    if (got[size_t(i)] != want) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "kv_quantize_e4m3 (%s) [%lld] = 0x%02x, cpu 0x%02x", what, (long long)i,
+                    got[size_t(i)], want);
+      res.fail(buf);
+      break;
     }
   }
-  Result res;
-  for (float x : ref) res.max_ref = std::max(res.max_ref, double(std::fabs(x)));
-  const double tol = 2e-2 * res.max_ref + 1e-3;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const float o = __bfloat162float(out[i]);
-    const double err = std::isfinite(o) ? std::fabs(double(o) - ref[i]) : INFINITY;
-    res.max_err = std::max(res.max_err, err);
-    if (!(err <= tol)) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "out[%zu] (row %zu, head %zu, d %zu) = %g, cpu %g", i, i / (Hq * D),
-                    i / D % Hq, i % D, double(o), double(ref[i]));
-      res.fail(buf);
+  deq.resize(size_t(n));
+  cpu::kv_dequantize_e4m3(got.data(), n, scale, deq.data());
+  return q;
+}
+
+}  // namespace
+
+Result check_paged_decode(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
+                          bool allow_split, int top_k) {
+  std::mt19937_64 g(seed);
+  const AttnCase c(g, positions, Hkv, G, sparse, top_k);
+  DevVec<bf16> dk(c.kb), dv(c.vb);
+  return c.compare(c.run_gpu(dk.get(), dv.get(), 1.f, 1.f, allow_split), c.cpu_ref(c.kf, c.vf));
+}
+
+Result check_paged_decode_fp8(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
+                              bool allow_split, Fp8Accuracy* acc, int top_k) {
+  std::mt19937_64 g(seed);
+  AttnCase c(g, positions, Hkv, G, sparse, top_k);
+  spread_small(c.kb, c.kf);
+  spread_small(c.vb, c.vf);
+  const float ks = amax_scale(c.kf), vs = amax_scale(c.vf);
+  DevVec<bf16> dk(c.kb), dv(c.vb);
+  Result quant;
+  std::vector<float> kdq, vdq;
+  const auto k8 = quantise_checked(dk.get(), c.kf, ks, kdq, quant, "K");
+  const auto v8 = quantise_checked(dv.get(), c.vf, vs, vdq, quant, "V");
+  const auto out8 = c.run_gpu(reinterpret_cast<const cuda::e4m3_t*>(k8.get()),
+                              reinterpret_cast<const cuda::e4m3_t*>(v8.get()), ks, vs, allow_split);
+  const auto ref8 = c.cpu_ref(kdq, vdq);
+  Result res = c.compare(out8, ref8);
+  if (quant.bad) res.fail(quant.what);
+  if (acc) {  // the accuracy cost: both caches against the fp32 attention over the bf16 values
+    const auto ref = c.cpu_ref(c.kf, c.vf);
+    const auto out16 = c.run_gpu(dk.get(), dv.get(), 1.f, 1.f, allow_split);
+    acc->attn_rel_l2_vs_twin = rel_l2(out8, ref8);
+    acc->attn_rel_l2_fp8 = rel_l2(out8, ref);
+    acc->attn_rel_l2_bf16 = rel_l2(out16, ref);
+    acc->attn_rel_l2_fp8_vs_bf16 = 0;
+    {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < out8.size(); ++i) {
+        const double a = __bfloat162float(out8[i]), b = __bfloat162float(out16[i]);
+        num += (a - b) * (a - b), den += b * b;
+      }
+      acc->attn_rel_l2_fp8_vs_bf16 = den > 0 ? std::sqrt(num / den) : 0;
     }
   }
   return res;
@@ -279,97 +402,164 @@ Result check_paged_decode_mq(uint64_t seed, const std::vector<int32_t>& last_pos
   return res;
 }
 
-Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, int H, int top_k, int64_t ppu) {
-  constexpr int Di = 128, Bk = 128;
-  std::mt19937_64 g(seed);
-  Rows rows(g, positions, Bk);
-  const int T = int(positions.size());
-  const int64_t page_elems = int64_t(Bk) * Di;
+namespace {
+
+// One scorer case: rows and random bf16 index keys / queries.
+struct IndexCase {
+  static constexpr int Di = 128, Bk = 128;
+  int T = 0, H = 0, top_k = 0;
+  int64_t ppu = 1, page_elems = int64_t(Bk) * Di;
+  Rows rows;
   std::vector<bf16> kb, qb;
   std::vector<float> kf, qf;
-  rand_bf16(g, size_t(rows.num_pages) * page_elems, kb, kf);
-  rand_bf16(g, size_t(T) * H * Di, qb, qf);
-  DevVec<bf16> dk(kb), dq(qb);
-  DevVec<int32_t> dpos(rows.pos), dseq(rows.row_seq), dpti(rows.pt_indptr), dptp(rows.pt_pages);
-  cuda::DevStepRows drows{dpos.get(), dseq.get(), dpti.get(), dptp.get(), T};
-  cuda::MsaDecodeIndex op;
-  op.plan(positions, drows, H, top_k, ppu, nullptr);
-  const int64_t cols = op.max_cols();
-  M3_CUDA_CHECK(cudaMemset(const_cast<float*>(op.scores()), 0xFF, size_t(H) * T * cols * sizeof(float)));
-  M3_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(op.selection()), 0x7F, size_t(H) * T * top_k * sizeof(int32_t)));
-  M3_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(op.attn_indices()), 0x7F, size_t(H) * T * top_k * sizeof(int32_t)));
-  cuda::DevPagedIndexKT<bf16> cache{dk.get(), page_elems};
-  for (int rep = 0; rep < 2; ++rep) op.run(dq.get(), cache, drows, nullptr, rep == 1);  // twice (tickets reset), PDL
-  M3_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto scores = to_host(op.scores(), size_t(H) * T * cols);
-  const auto sel = to_host(op.selection(), size_t(H) * T * top_k);
-  const auto indptr = to_host(op.attn_indptr(), size_t(T) * H + 1);
-  const auto last = to_host(op.attn_last_len(), size_t(T) * H);
-  const auto indices = to_host(op.attn_indices(), size_t(T) * H * top_k);
+  IndexCase(std::mt19937_64& g, const std::vector<int32_t>& positions, int h, int k, int64_t p)
+      : T(int(positions.size())), H(h), top_k(k), ppu(p), rows(g, positions, Bk) {
+    rand_bf16(g, size_t(rows.num_pages) * page_elems, kb, kf);
+    rand_bf16(g, size_t(T) * H * Di, qb, qf);
+  }
+  struct Out {
+    int64_t cols = 0;
+    std::vector<float> scores;
+    std::vector<int32_t> sel, indptr, last, indices;
+  };
+  template <typename KT>
+  Out run_gpu(const KT* dk, float scale) const {
+    DevVec<bf16> dq(qb);
+    DevVec<int32_t> dpos(rows.pos), dseq(rows.row_seq), dpti(rows.pt_indptr), dptp(rows.pt_pages);
+    cuda::DevStepRows drows{dpos.get(), dseq.get(), dpti.get(), dptp.get(), T};
+    cuda::MsaDecodeIndex op;
+    op.plan(rows.pos, drows, H, top_k, ppu, nullptr);
+    Out o;
+    o.cols = op.max_cols();
+    M3_CUDA_CHECK(cudaMemset(const_cast<float*>(op.scores()), 0xFF, size_t(H) * T * o.cols * sizeof(float)));
+    M3_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(op.selection()), 0x7F, size_t(H) * T * top_k * sizeof(int32_t)));
+    M3_CUDA_CHECK(
+        cudaMemset(const_cast<int32_t*>(op.attn_indices()), 0x7F, size_t(H) * T * top_k * sizeof(int32_t)));
+    cuda::DevPagedIndexKT<KT> cache{dk, page_elems, scale};
+    for (int rep = 0; rep < 2; ++rep) op.run(dq.get(), cache, drows, nullptr, rep == 1);  // twice (tickets), PDL
+    M3_CUDA_CHECK(cudaDeviceSynchronize());
+    o.scores = to_host(op.scores(), size_t(H) * T * o.cols);
+    o.sel = to_host(op.selection(), size_t(H) * T * top_k);
+    o.indptr = to_host(op.attn_indptr(), size_t(T) * H + 1);
+    o.last = to_host(op.attn_last_len(), size_t(T) * H);
+    o.indices = to_host(op.attn_indices(), size_t(T) * H * top_k);
+    return o;
+  }
 
-  Result res;
-  cpu::PagedIndexK ck{kf.data(), page_elems, Bk, Di};
-  char buf[200];
-  int nv_sum = 0;
-  for (int t = 0; t < T; ++t) {
-    const int local = positions[t] / Bk, nb = local + 1, n = std::min(top_k, nb);
-    const int32_t* pt = rows.pt_pages.data() + rows.pt_indptr[t];
-    std::vector<float> cs(size_t(H) * nb), gs(size_t(H) * nb, -INFINITY);
-    cpu::msa_block_scores(qf.data() + size_t(t) * H * Di, 1, H, &positions[t], ck, pt, nb, cs.data());
-    const bool ranked = nb > top_k;
-    for (int h = 0; h < H; ++h)
-      for (int b = 0; ranked && b < local; ++b) {
-        const float x = scores[(int64_t(h) * T + t) * cols + b], c = cs[size_t(h) * nb + b];
-        gs[size_t(h) * nb + b] = x;
-        res.max_ref = std::max(res.max_ref, double(std::fabs(c)));
-        const double err = std::isfinite(x) ? std::fabs(double(x) - c) : INFINITY;
-        res.max_err = std::max(res.max_err, err);
-        if (!(err <= 1e-3 * std::max(1.0, double(std::fabs(c))))) {
-          std::snprintf(buf, sizeof buf, "score[h %d, row %d, block %d] = %g, cpu %g", h, t, b, double(x), double(c));
+  // Scores within score_tol·max(1, |cpu|) of cpu::msa_block_scores on the keys kref; the selection equal to the
+  // CPU top-k of the GPU's own scores; against the CPU top-k of the CPU scores only near-tie swaps; the page list.
+  Result check(const Out& o, const std::vector<float>& kref, double score_tol) const {
+    const int64_t cols = o.cols;
+    Result res;
+    cpu::PagedIndexK ck{kref.data(), page_elems, Bk, Di};
+    char buf[200];
+    int nv_sum = 0;
+    for (int t = 0; t < T; ++t) {
+      const int pos = rows.pos[t], local = pos / Bk, nb = local + 1, n = std::min(top_k, nb);
+      const int32_t* pt = rows.pt_pages.data() + rows.pt_indptr[t];
+      std::vector<float> cs(size_t(H) * nb), gs(size_t(H) * nb, -INFINITY);
+      cpu::msa_block_scores(qf.data() + size_t(t) * H * Di, 1, H, &pos, ck, pt, nb, cs.data());
+      const bool ranked = nb > top_k;
+      for (int h = 0; h < H; ++h)
+        for (int b = 0; ranked && b < local; ++b) {
+          const float x = o.scores[(int64_t(h) * T + t) * cols + b], c = cs[size_t(h) * nb + b];
+          gs[size_t(h) * nb + b] = x;
+          res.max_ref = std::max(res.max_ref, double(std::fabs(c)));
+          const double err = std::isfinite(x) ? std::fabs(double(x) - c) : INFINITY;
+          res.max_err = std::max(res.max_err, err);
+          if (!(err <= score_tol * std::max(1.0, double(std::fabs(c))))) {
+            std::snprintf(buf, sizeof buf, "score[h %d, row %d, block %d] = %g, cpu %g", h, t, b, double(x),
+                          double(c));
+            res.fail(buf);
+          }
+        }
+      std::vector<int32_t> sel_own(size_t(H) * top_k), sel_cpu(size_t(H) * top_k);
+      cpu::msa_topk(gs.data(), 1, H, &pos, Bk, nb, top_k, sel_own.data());
+      cpu::msa_topk(cs.data(), 1, H, &pos, Bk, nb, top_k, sel_cpu.data());
+      for (int h = 0; h < H; ++h) {
+        const int32_t* gsel = o.sel.data() + (int64_t(h) * T + t) * top_k;
+        const int r = t * H + h;
+        if (o.indptr[r] != H * nv_sum + h * n || o.last[r] != pos % Bk + 1) {
+          std::snprintf(buf, sizeof buf, "page list header of request %d: indptr %d last %d", r, o.indptr[r],
+                        o.last[r]);
           res.fail(buf);
+          continue;
+        }
+        for (int s = 0; s < top_k; ++s) {
+          if (gsel[s] != sel_own[h * top_k + s]) {
+            std::snprintf(buf, sizeof buf, "selection[h %d, row %d, slot %d] = %d, cpu top-k of gpu scores %d", h, t,
+                          s, gsel[s], sel_own[h * top_k + s]);
+            res.fail(buf);
+          }
+          if (s < n && o.indices[o.indptr[r] + s] != int32_t(pt[std::clamp(gsel[s], 0, local)] * ppu + h)) {
+            std::snprintf(buf, sizeof buf, "page list[r %d, slot %d] = %d", r, s, o.indices[o.indptr[r] + s]);
+            res.fail(buf);
+          }
+        }
+        if (!ranked) continue;
+        // Near ties against the CPU's own scores: the K−1-th best CPU score bounds every allowed swap.
+        std::vector<float> hist(cs.begin() + size_t(h) * nb, cs.begin() + size_t(h) * nb + local);
+        std::nth_element(hist.begin(), hist.begin() + (top_k - 2), hist.end(), std::greater<float>());
+        const float kth = hist[top_k - 2];
+        for (int s = 0; s + 1 < top_k; ++s) {
+          const int b = gsel[s];
+          if (std::find(sel_cpu.begin() + h * top_k, sel_cpu.begin() + (h + 1) * top_k, b) ==
+                  sel_cpu.begin() + (h + 1) * top_k &&
+              !(b >= 0 && b < local &&
+                std::fabs(cs[size_t(h) * nb + b] - kth) <= 1e-3 * std::max(1.f, std::fabs(kth)))) {
+            std::snprintf(buf, sizeof buf, "row %d head %d picks block %d (cpu score %g), not a near tie of %g", t,
+                          h, b, b >= 0 && b < local ? double(cs[size_t(h) * nb + b]) : 0.0, double(kth));
+            res.fail(buf);
+          }
         }
       }
-    std::vector<int32_t> sel_own(size_t(H) * top_k), sel_cpu(size_t(H) * top_k);
-    cpu::msa_topk(gs.data(), 1, H, &positions[t], Bk, nb, top_k, sel_own.data());
-    cpu::msa_topk(cs.data(), 1, H, &positions[t], Bk, nb, top_k, sel_cpu.data());
-    for (int h = 0; h < H; ++h) {
-      const int32_t* gsel = sel.data() + (int64_t(h) * T + t) * top_k;
-      const int r = t * H + h;
-      if (indptr[r] != H * nv_sum + h * n || last[r] != positions[t] % Bk + 1) {
-        std::snprintf(buf, sizeof buf, "page list header of request %d: indptr %d last %d", r, indptr[r], last[r]);
-        res.fail(buf);
-        continue;
-      }
-      for (int s = 0; s < top_k; ++s) {
-        if (gsel[s] != sel_own[h * top_k + s]) {
-          std::snprintf(buf, sizeof buf, "selection[h %d, row %d, slot %d] = %d, cpu top-k of gpu scores %d", h, t, s,
-                        gsel[s], sel_own[h * top_k + s]);
-          res.fail(buf);
-        }
-        if (s < n && indices[indptr[r] + s] != int32_t(pt[std::clamp(gsel[s], 0, local)] * ppu + h)) {
-          std::snprintf(buf, sizeof buf, "page list[r %d, slot %d] = %d", r, s, indices[indptr[r] + s]);
-          res.fail(buf);
-        }
-      }
-      if (!ranked) continue;
-      // Near ties against the CPU's own scores: the K−1-th best CPU score bounds every allowed swap.
-      std::vector<float> hist(cs.begin() + size_t(h) * nb, cs.begin() + size_t(h) * nb + local);
-      std::nth_element(hist.begin(), hist.begin() + (top_k - 2), hist.end(), std::greater<float>());
-      const float kth = hist[top_k - 2];
-      for (int s = 0; s + 1 < top_k; ++s) {
-        const int b = gsel[s];
-        if (std::find(sel_cpu.begin() + h * top_k, sel_cpu.begin() + (h + 1) * top_k, b) ==
-                sel_cpu.begin() + (h + 1) * top_k &&
-            !(b >= 0 && b < local && std::fabs(cs[size_t(h) * nb + b] - kth) <= 1e-3 * std::max(1.f, std::fabs(kth)))) {
-          std::snprintf(buf, sizeof buf, "row %d head %d picks block %d (cpu score %g), not a near tie of %g", t, h, b,
-                        b >= 0 && b < local ? double(cs[size_t(h) * nb + b]) : 0.0, double(kth));
-          res.fail(buf);
-        }
+      nv_sum += n;
+    }
+    if (o.indptr[size_t(T) * H] != H * nv_sum) res.fail("page list total");
+    return res;
+  }
+};
+
+}  // namespace
+
+Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, int H, int top_k, int64_t ppu) {
+  std::mt19937_64 g(seed);
+  const IndexCase c(g, positions, H, top_k, ppu);
+  DevVec<bf16> dk(c.kb);
+  return c.check(c.run_gpu(dk.get(), 1.f), c.kf, 1e-3);
+}
+
+Result check_decode_index_fp8(uint64_t seed, const std::vector<int32_t>& positions, int H, Fp8Accuracy* acc,
+                              float scale, int top_k, int64_t ppu) {
+  std::mt19937_64 g(seed);
+  IndexCase c(g, positions, H, top_k, ppu);
+  spread_small(c.kb, c.kf);
+  if (scale <= 0.f) scale = amax_scale(c.kf);
+  DevVec<bf16> dk(c.kb);
+  Result quant;
+  std::vector<float> kdq;
+  const auto k8 = quantise_checked(dk.get(), c.kf, scale, kdq, quant, "index-K");
+  const auto o8 = c.run_gpu(reinterpret_cast<const cuda::e4m3_t*>(k8.get()), scale);
+  Result res = c.check(o8, kdq, 1e-5);
+  if (quant.bad) res.fail(quant.what);
+  if (acc) {  // selections of the e4m3 cache vs the bf16 cache on the same keys, per ranked (row, head)
+    const auto o16 = c.run_gpu(dk.get(), 1.f);
+    int64_t same = 0, n = 0, blocks_same = 0, blocks = 0;
+    for (int t = 0; t < c.T; ++t) {
+      if (c.rows.pos[t] / c.Bk + 1 <= top_k) continue;
+      for (int h = 0; h < H; ++h) {
+        const int32_t* a = o8.sel.data() + (int64_t(h) * c.T + t) * top_k;
+        const int32_t* b = o16.sel.data() + (int64_t(h) * c.T + t) * top_k;
+        const std::vector<int32_t> sa(a, a + top_k), sb(b, b + top_k);  // both ascending ids, local last
+        same += sa == sb, ++n;
+        for (int32_t x : sa) blocks_same += std::find(sb.begin(), sb.end(), x) != sb.end();
+        blocks += top_k;
       }
     }
-    nv_sum += n;
+    acc->sel_rows = n;
+    acc->sel_identical = n ? double(same) / double(n) : 1.0;
+    acc->sel_blocks_shared = blocks ? double(blocks_same) / double(blocks) : 1.0;
   }
-  if (indptr[size_t(T) * H] != H * nv_sum) res.fail("page list total");
   return res;
 }
 

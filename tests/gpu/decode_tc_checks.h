@@ -1,4 +1,4 @@
-// Correctness checks of the bf16 decode kernels (PagedDecodeTc, MsaDecodeIndex) against their CPU twins, shared by
+// Correctness checks of the bf16 and e4m3 decode kernels (PagedDecodeTc, MsaDecodeIndex) against their CPU twins, shared by
 // gpu_decode_test (gtest) and tools/bench_decode (which checks before it times). Implemented in a .cpp (C++20 for
 // backend/cpu/cpu_ops.h) so that CUDA sources including this header stay C++17. Inputs: random bf16 values (never
 // zero), a random non-contiguous page table per row, ragged positions; outputs poisoned before each run.
@@ -40,5 +40,24 @@ Result check_paged_decode_mq(uint64_t seed, const std::vector<int32_t>& last_pos
 // as a near tie. Page list: CSR of n_valid, v = pt[sel]·ppu + h, last-page fill.
 Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, int H, int top_k = 16,
                           int64_t ppu = 4);
+
+// FP8 (e4m3) caches (issue 15 item 4): the same random inputs (every 7th value ×2^−8, so small and subnormal codes
+// occur) quantised by cuda::kv_quantize_e4m3 with per-tensor scales amax/448 (checked byte for byte against
+// cpu::kv_quantize_e4m3, sampled past the first 2^22 codes), the kernels' e4m3 instantiations against the CPU twins on the dequantised values with
+// the bf16 checks' strictness (scores: 1e-5·max(1, |cpu|)). acc (optional) gets the accuracy cost against the bf16
+// cache on the same data.
+struct Fp8Accuracy {
+  // attention: ‖out − ref‖ / ‖ref‖, ref = fp32 attention over the bf16 values (what a bf16 cache stores)
+  double attn_rel_l2_fp8 = 0, attn_rel_l2_bf16 = 0, attn_rel_l2_fp8_vs_bf16 = 0;
+  double attn_rel_l2_vs_twin = 0;  // e4m3 kernel vs its CPU twin on the dequantised values
+  // scorer: ranked (row, head) pairs, share whose selection equals the bf16 cache's, share of selected blocks shared
+  int64_t sel_rows = 0;
+  double sel_identical = 0, sel_blocks_shared = 0;
+};
+Result check_paged_decode_fp8(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
+                              bool allow_split, Fp8Accuracy* acc = nullptr, int top_k = 16);
+// scale ≤ 0: amax/448 of the keys; 1: MSA's unscaled e4m3 keys.
+Result check_decode_index_fp8(uint64_t seed, const std::vector<int32_t>& positions, int H, Fp8Accuracy* acc = nullptr,
+                              float scale = 0.f, int top_k = 16, int64_t ppu = 4);
 
 }  // namespace m3::decode_check

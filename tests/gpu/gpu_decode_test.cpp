@@ -1,4 +1,4 @@
-// The bf16 tensor-core decode kernels (issue 11) against their CPU twins: paged decode attention (sparse and dense
+// The bf16 and e4m3 tensor-core decode kernels (issues 11, 15) against their CPU twins: paged decode attention (sparse and dense
 // page lists, G 16 and 8, with and without split-K, ragged and mixed contexts) and the decode index scorer fused with
 // top-k and the page-list emit, and the multi-query decode (PagedDecodeMq: Q rows of a request over the union of their
 // pages) against the CPU twin and the per-row kernel. Checks live in decode_tc_checks.h (tools/bench_decode runs them too).
@@ -35,8 +35,10 @@ TEST(GpuDecode, PagedDecodeSparseG16MatchesCpuWithoutSplits) {
 
 TEST(GpuDecode, PagedDecodeWidePipelineMatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
-  std::vector<int32_t> pos;  // 40 rows × 4 KV heads = 160 requests > #SMs: the 3-stage, 2-CTA-per-SM pipeline
-  for (int i = 0; i < 40; ++i) pos.push_back(97 + 1733 * i);
+  // 40 rows × 4 KV heads = 160 requests > #SMs: the wide pipeline. Histories ≤ 6.8k tokens (1,100 pages): the CPU side
+  // draws every page of every row, and 67k-token rows (1.4·10^9 values) outran a device time limit.
+  std::vector<int32_t> pos;
+  for (int i = 0; i < 40; ++i) pos.push_back(97 + 173 * i);
   expect_ok(decode_check::check_paged_decode(seed(), pos, 4, 16, true, true), "paged_decode_tc sparse G16 wide");
 }
 
@@ -107,6 +109,40 @@ TEST(GpuDecode, DecodeIndexScoresTopkAndPageListMatchCpu) {
 TEST(GpuDecode, DecodeIndexOneHeadMatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
   expect_ok(decode_check::check_decode_index(seed(), {2100, 40000, 130000}, 1, 16, 1), "msa_decode_index H1");
+}
+
+// FP8 (e4m3) caches (issue 15 item 4): the quantiser bit for bit against its CPU twin, the kernels' e4m3
+// instantiations against the CPU twins on the dequantised values, and the accuracy cost against the bf16 cache.
+TEST(GpuDecode, PagedDecodeFp8MatchesCpuOnDequantisedValues) {
+  M3_SKIP_WITHOUT_GPU();
+  for (bool split : {true, false}) {
+    decode_check::Fp8Accuracy acc;
+    expect_ok(decode_check::check_paged_decode_fp8(seed(), kMixed, 4, 16, true, split, &acc),
+              split ? "paged_decode_tc e4m3 sparse G16 split" : "paged_decode_tc e4m3 sparse G16 nosplit");
+    std::printf("[gpu-op] e4m3 attention rel. L2 vs fp32 over bf16 values: %.3g (bf16 cache %.3g); vs bf16 cache "
+                "output %.3g; vs own twin %.3g\n",
+                acc.attn_rel_l2_fp8, acc.attn_rel_l2_bf16, acc.attn_rel_l2_fp8_vs_bf16, acc.attn_rel_l2_vs_twin);
+    EXPECT_LT(acc.attn_rel_l2_fp8_vs_bf16, 0.1);  // e4m3 rounding: ≈ 2^−4 per value at worst, averaged
+  }
+  expect_ok(decode_check::check_paged_decode_fp8(seed(), kMixed, 1, 8, true, true), "paged_decode_tc e4m3 G8");
+  expect_ok(decode_check::check_paged_decode_fp8(seed(), {3, 300, 4000, 9000}, 4, 16, false, true),
+            "paged_decode_tc e4m3 dense");
+  std::vector<int32_t> wide;  // 160 requests > #SMs: the wide pipeline
+  for (int i = 0; i < 40; ++i) wide.push_back(97 + 173 * i);
+  expect_ok(decode_check::check_paged_decode_fp8(seed(), wide, 4, 16, true, true), "paged_decode_tc e4m3 wide");
+}
+
+TEST(GpuDecode, DecodeIndexFp8MatchesCpuOnDequantisedValues) {
+  M3_SKIP_WITHOUT_GPU();
+  decode_check::Fp8Accuracy acc;
+  expect_ok(decode_check::check_decode_index_fp8(seed(), kMixed, 4, &acc), "msa_decode_index e4m3 H4");
+  std::printf("[gpu-op] e4m3 index-K: %.1f %% of %lld ranked (row, head) selections identical to bf16's, %.1f %% of "
+              "blocks shared\n",
+              100 * acc.sel_identical, (long long)acc.sel_rows, 100 * acc.sel_blocks_shared);
+  expect_ok(decode_check::check_decode_index_fp8(seed(), {2100, 40000, 130000}, 1, nullptr, 0.f, 16, 1),
+            "msa_decode_index e4m3 H1");
+  expect_ok(decode_check::check_decode_index_fp8(seed(), {3000, 9000}, 4, nullptr, 1.f),
+            "msa_decode_index e4m3 unscaled");
 }
 
 }  // namespace

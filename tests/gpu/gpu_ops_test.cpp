@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/fp8.h"
 #include "backend/cuda/attention_dense.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/mlp_moe.cuh"
@@ -34,6 +35,26 @@ std::vector<float> bf16_floats(const std::vector<uint16_t>& b) {
   std::vector<float> f(b.size());
   for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_f32(b[i]);
   return f;
+}
+
+// An e4m3 page unit written by heads_norm_rope against the CPU twin's quantisation of the fp32 kernel's own values
+// (ref: the fp32 cache after the same call, NaN where nothing was written): bit for bit, with the scale of the
+// region (K [0, v_off), V [v_off, 2·v_off), index-K after), and the poison kept where nothing was written.
+void expect_e4m3_cache(const char* what, const std::vector<uint8_t>& got, const std::vector<float>& ref, int64_t unit,
+                       int64_t v_off, float ks, float vs, float is) {
+  int64_t bad = 0, written = 0;
+  std::string first;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const int64_t off = int64_t(i) % unit;
+    const float sc = off < v_off ? ks : off < 2 * v_off ? vs : is;
+    uint8_t want = 0xFF;
+    if (!std::isnan(ref[i])) cpu::kv_quantize_e4m3(&ref[i], 1, sc, &want), ++written;
+    if (got[i] != want && bad++ == 0)
+      first = "element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " + std::to_string(want);
+  }
+  std::printf("[gpu-op] %s: %lld codes written, %lld mismatches\n", what, (long long)written, (long long)bad);
+  EXPECT_EQ(bad, 0) << what << ": " << first;
+  EXPECT_GT(written, 0) << what;
 }
 
 std::string fmt_shape(std::initializer_list<std::pair<const char*, int64_t>> kv) {
@@ -228,6 +249,16 @@ TEST(GpuOps, FusedQkNormRopeAndCacheWriteMatchCpu) {
       cuda::heads_norm_rope(ab, nullptr);
       expect_close("qk_norm_rope k/v cache bf16", shape, bf16_floats(dcb.get()), cache, 8e-3);
     }
+    {  // e4m3 pools (issue 15 item 4): K and V with their own per-tensor scales.
+      const std::vector<float> got32 = dcache.get();
+      Dev<uint8_t> d8(cache.size());
+      d8.poison();
+      cuda::HeadsNormRopeArgs a8 = a;
+      a8.k_cache = d8.p(), a8.v_cache = d8.p() + v_off, a8.cache_type = cuda::KvType::E4M3;
+      a8.k_scale = 0.02f, a8.v_scale = 0.01f;
+      cuda::heads_norm_rope(a8, nullptr);
+      expect_e4m3_cache("qk_norm_rope k/v cache e4m3", d8.get(), got32, unit, v_off, 0.02f, 0.01f, 1.f);
+    }
 
     // Index branch: Hidx query heads + the one shared index key (head stride 0, [B, Di] pages).
     const int Hi = c.Hkv, Di = c.D, iw = (Hi + 1) * Di;
@@ -259,6 +290,15 @@ TEST(GpuOps, FusedQkNormRopeAndCacheWriteMatchCpu) {
       bb.k_cache = dcb.p() + 2 * v_off, bb.cache_type = cuda::KvType::BF16;
       cuda::heads_norm_rope(bb, nullptr);
       expect_close("index_norm_rope index-K bf16", shape, bf16_floats(dcb.get()), icache, 8e-3);
+    }
+    {  // e4m3 index-K: the k scale is the index-K's (MSA stores it unscaled: 1; a scale exercises the division).
+      const std::vector<float> got32 = dcache.get();
+      Dev<uint8_t> d8(icache.size());
+      d8.poison();
+      cuda::HeadsNormRopeArgs b8 = b;
+      b8.k_cache = d8.p() + 2 * v_off, b8.cache_type = cuda::KvType::E4M3, b8.k_scale = 0.015f;
+      cuda::heads_norm_rope(b8, nullptr);
+      expect_e4m3_cache("index_norm_rope index-K e4m3", d8.get(), got32, unit, v_off, 1.f, 1.f, 0.015f);
     }
   }
 }

@@ -7,7 +7,10 @@
 // working set of one replay exceeds 2× L2), 5 warm-up + 25 timed replays, median per call and CV. GB/s by the MSA byte
 // model (attention: K+V of the selected tokens; scorer: every index key of the batch), % of a device copy ceiling
 // measured in the same run.
-//   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query [--mq-scorer]]
+//   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query [--mq-scorer]] [--fp8]
+// --fp8: only the FP8 (e4m3) cache section (issue 15 item 4): e4m3 K/V and index-K next to bf16 on the same
+// shapes, B ∈ {8, 32, 64, 128} × ctx ∈ {16k, 64k, 128k}; GB/s on the bytes each variant reads (e4m3: half).
+// The e4m3 checks (and their accuracy against the bf16 cache) run with the other checks in every mode.
 // --multi-query: only the Q > 1 section (speculative verify / MTP rows): Q rows per request at consecutive positions,
 // overlapping (each later row swaps one of the request's 15 history blocks) or independent random selections, timed
 // with the per-row kernel (PagedDecodeTc, the rows as adjacent fake requests) and the union kernel (PagedDecodeMq, one
@@ -23,8 +26,10 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/msa_decode_index.cuh"
 #include "backend/cuda/paged_decode_mq.cuh"
 #include "backend/cuda/paged_decode_tc.cuh"
@@ -356,18 +361,221 @@ bool run_multi_query(double copy, bool scorer, const std::string& json_path, con
   return true;
 }
 
+// ---- FP8 (e4m3) caches (issue 15 item 4) -------------------------------------------------------------------------
+// Random e4m3 codes of values ±[0.05, 1] at scale 1/448 (the pools the quantiser would write for such data).
+__global__ void fill_e4m3_kernel(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 27;
+    const float u = 448.f * (0.05f + 0.95f * float(z & 0xFFFFFF) / float(0x1000000));
+    p[i] = uint8_t(__nv_cvt_float_to_fp8((z >> 40) & 1 ? u : -u, __NV_SATFINITE, __NV_E4M3));
+  }
+}
+void fill_e4m3(m3::cuda::e4m3_t* p, size_t n, uint64_t seed) {
+  fill_e4m3_kernel<<<2048, 256>>>(reinterpret_cast<uint8_t*>(p), n, seed);
+  M3_CUDA_CHECK(cudaGetLastError());
+}
+
+// The e4m3 checks against the CPU twins, with the accuracy cost against the bf16 cache on the same data.
+bool fp8_checks() {
+  using namespace m3::decode_check;
+  const std::vector<int32_t> mixed = {0, 5, 127, 128, 1000, 2047, 2048, 5000, 16383, 70000};
+  std::vector<int32_t> wide;  // 160 requests > #SMs (the wide pipeline), shorter histories than the bf16 case
+  for (int i = 0; i < 40; ++i) wide.push_back(97 + 173 * i);
+  std::vector<int32_t> acc_rows;  // 32 rows at 4k…63k tokens: 128 ranked (row, head) selections for the accuracy
+  for (int i = 0; i < 32; ++i) acc_rows.push_back(4096 + 1900 * i);
+  Fp8Accuracy aa, ai;
+  struct Check {
+    const char* name;
+    Result r;
+  };
+  std::vector<Check> checks = {
+      {"paged_decode_tc e4m3 sparse G16 split", check_paged_decode_fp8(21, mixed, 4, 16, true, true, &aa)},
+      {"paged_decode_tc e4m3 sparse G16 nosplit", check_paged_decode_fp8(22, mixed, 4, 16, true, false)},
+      {"paged_decode_tc e4m3 sparse G8", check_paged_decode_fp8(23, mixed, 1, 8, true, true)},
+      {"paged_decode_tc e4m3 dense", check_paged_decode_fp8(24, {3, 300, 4000, 9000}, 4, 16, false, true)},
+      {"paged_decode_tc e4m3 sparse G16 wide", check_paged_decode_fp8(27, wide, 4, 16, true, true)},
+      {"msa_decode_index e4m3 H4", check_decode_index_fp8(25, mixed, 4)},
+      {"msa_decode_index e4m3 H4 32 rows", check_decode_index_fp8(29, acc_rows, 4, &ai)},
+      {"msa_decode_index e4m3 H1", check_decode_index_fp8(26, {2100, 40000, 130000}, 1, nullptr, 0.f, 16, 1)},
+      {"msa_decode_index e4m3 unscaled", check_decode_index_fp8(28, {3000, 9000, 70000}, 4, nullptr, 1.f)},
+  };
+  bool ok = true;
+  for (auto& c : checks) {
+    std::printf("check %-40s max|err| %.3g / max|ref| %.3g  %s %s\n", c.name, c.r.max_err, c.r.max_ref,
+                c.r.bad ? "FAIL" : "ok", c.r.what.c_str());
+    ok &= c.r.bad == 0;
+  }
+  std::printf("accuracy e4m3 attention (G16 split case): rel. L2 vs fp32 over the bf16 values %.3g (bf16 cache %.3g), "
+              "vs the bf16 cache's output %.3g, vs its CPU twin %.3g\n",
+              aa.attn_rel_l2_fp8, aa.attn_rel_l2_bf16, aa.attn_rel_l2_fp8_vs_bf16, aa.attn_rel_l2_vs_twin);
+  std::printf("accuracy e4m3 index-K (32 rows, H4): %.1f %% of %lld ranked (row, head) selections identical to bf16's, "
+              "%.1f %% of selected blocks shared\n",
+              100 * ai.sel_identical, (long long)ai.sel_rows, 100 * ai.sel_blocks_shared);
+  return ok;
+}
+
+// bf16 and e4m3 side by side: the index scorer (+ top-k + page list) and the paged decode attention.
+void run_fp8(double copy, const std::string& json_path, const std::string& commit, const char* gpu) {
+  using e4m3 = m3::cuda::e4m3_t;
+  const std::vector<int> batches = {8, 32, 64, 128}, ctxs = {16384, 65536, 131072};
+  struct Rec {
+    std::string op, shape, dtype, launch;
+    double us, gbps, pct, cv;
+  };
+  std::vector<Rec> recs;
+  std::mt19937_64 g(17);
+  // Index pools: enough pages for the largest rotated step.
+  size_t need = 0;
+  for (int B : batches)
+    for (int ctx : ctxs) {
+      const size_t pages = size_t(B) * (ctx / kBlock);
+      const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / (pages * 16384.0)), 1, 64));
+      need = std::max(need, pages * rot);
+    }
+  {
+    m3::cuda::DeviceBuffer<bf16> ip16(need * kBlock * kD);
+    m3::cuda::DeviceBuffer<e4m3> ip8(need * kBlock * kD);
+    fill(ip16.get(), need * kBlock * kD, 1);
+    fill_e4m3(ip8.get(), need * kBlock * kD, 1);
+    for (int B : batches)
+      for (int ctx : ctxs) {
+        const int npages = (ctx - 1) / kBlock + 1;
+        const size_t pages = size_t(B) * npages;
+        for (const bool f8 : {false, true}) {
+          const double page_bytes = f8 ? 16384.0 : 32768.0;
+          const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / (pages * page_bytes)), 1, 64));
+          std::vector<int32_t> pos(B, ctx - 1), seq(B), pti(B + 1);
+          for (int b = 0; b < B; ++b) seq[b] = b, pti[b + 1] = pti[b] + npages;
+          std::vector<int32_t> perm(pages * rot);
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), g);
+          DevVec<int32_t> dpos(pos), dseq(seq), dpti(pti), dperm(perm);
+          m3::cuda::DeviceBuffer<bf16> iq(size_t(rot) * B * kHidx * kD);
+          fill(iq.get(), size_t(rot) * B * kHidx * kD, 2);
+          std::vector<m3::cuda::DevStepRows> rows(rot);
+          for (int r = 0; r < rot; ++r) rows[r] = {dpos.get(), dseq.get(), dpti.get(), dperm.get() + size_t(r) * pages, B};
+          std::vector<m3::cuda::MsaDecodeIndex> ops(rot);
+          for (int r = 0; r < rot; ++r) ops[r].plan(pos, rows[r], kHidx, kTopK, kHkv, nullptr);
+          const m3::cuda::DevPagedIndexKT<bf16> c16{ip16.get(), int64_t(kBlock) * kD};
+          const m3::cuda::DevPagedIndexKT<e4m3> c8{ip8.get(), int64_t(kBlock) * kD, 1.f};
+          for (const bool pdl : {false, true}) {
+            const Timing t = time_graph(
+                [&](cudaStream_t s) {
+                  for (int r = 0; r < rot; ++r) {
+                    const bf16* q = iq.get() + size_t(r) * B * kHidx * kD;
+                    if (f8) ops[r].run(q, c8, rows[r], s, pdl);
+                    else ops[r].run(q, c16, rows[r], s, pdl);
+                  }
+                },
+                rot);
+            const double gbps = double(B) * ctx * kD * (f8 ? 1 : 2) / (t.median_us * 1e3);
+            char shape[64];
+            std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1", B, ctx / 1024);
+            recs.push_back({"msa_decode_index", shape, f8 ? "e4m3" : "bf16", pdl ? "graph+PDL" : "graph",
+                            t.median_us, gbps, 100 * gbps / copy, t.cv});
+          }
+        }
+      }
+  }
+  // Attention: K and V pools [P, 4, 128, 128] in both types.
+  const int P = 16384;
+  const size_t pool = size_t(P) * kHkv * kBlock * kD;
+  m3::cuda::DeviceBuffer<bf16> k16(pool), v16(pool);
+  m3::cuda::DeviceBuffer<e4m3> k8(pool), v8(pool);
+  fill(k16.get(), pool, 3), fill(v16.get(), pool, 4), fill_e4m3(k8.get(), pool, 3), fill_e4m3(v8.get(), pool, 4);
+  for (int B : batches)
+    for (int ctx : ctxs) {
+      const int local = (ctx - 1) / kBlock, n = std::min(kTopK, local + 1), R = B * kHkv;
+      const double tokens = double(R) * ((n - 1) * kBlock + (ctx - 1) % kBlock + 1);
+      for (const bool f8 : {false, true}) {
+        const double bytes = tokens * kD * (f8 ? 1 : 2) * 2;
+        const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / bytes), 1, 64));
+        std::vector<int32_t> indptr(R + 1), last(R, (ctx - 1) % kBlock + 1), idx(size_t(rot) * R * n);
+        for (int r = 0; r < R; ++r) indptr[r + 1] = indptr[r] + n;
+        for (int q = 0; q < rot; ++q)
+          for (int r = 0; r < R; ++r) {
+            int32_t* row = idx.data() + (size_t(q) * R + r) * n;
+            for (int s = 0; s < n; ++s) {
+              int32_t p;
+              do p = int32_t(g() % P);
+              while (std::find(row, row + s, p * kHkv + r % kHkv) != row + s);
+              row[s] = p * kHkv + r % kHkv;
+            }
+          }
+        DevVec<int32_t> dind(indptr), dlast(last), didx(idx);
+        m3::cuda::DeviceBuffer<bf16> q(size_t(rot) * R * kG * kD), out(size_t(rot) * R * kG * kD);
+        fill(q.get(), size_t(rot) * R * kG * kD, 5);
+        m3::cuda::PagedDecodeTc op;
+        op.plan(R, kG, n, true);
+        for (const bool pdl : {false, true}) {
+          auto args = [&](auto* kp, auto* vp, int r) {
+            m3::cuda::PagedDecodeTcArgs<std::remove_const_t<std::remove_pointer_t<decltype(kp)>>> a;
+            a.q = q.get() + size_t(r) * R * kG * kD, a.out = out.get() + size_t(r) * R * kG * kD;
+            a.k = kp, a.v = vp, a.stride_page = int64_t(kBlock) * kD, a.stride_tok = kD;
+            a.indptr = dind.get(), a.indices = didx.get() + size_t(r) * R * n, a.last_len = dlast.get();
+            a.R = R, a.G = kG, a.scale = 1.f / std::sqrt(float(kD)), a.k_scale = 1.f / 448, a.v_scale = 1.f / 448;
+            return a;
+          };
+          const Timing t = time_graph(
+              [&](cudaStream_t s) {
+                for (int r = 0; r < rot; ++r) {
+                  if (f8) op.run(args(k8.get(), v8.get(), r), s, pdl);
+                  else op.run(args(k16.get(), v16.get(), r), s, pdl);
+                }
+              },
+              rot);
+          const double gbps = bytes / (t.median_us * 1e3);
+          char shape[64];
+          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d %s", B, ctx / 1024, op.splits(),
+                        op.deep() ? "deep" : "wide");
+          recs.push_back({"paged_decode_tc", shape, f8 ? "e4m3" : "bf16", pdl ? "graph+PDL" : "graph", t.median_us,
+                          gbps, 100 * gbps / copy, t.cv});
+        }
+      }
+    }
+  std::printf("\n| op | shape | cache | launch | median µs | CV | GB/s (bytes read) | %% of copy | e4m3 / bf16 time |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const auto& r = recs[i];
+    char ratio[32] = "";
+    if (r.dtype == "e4m3")  // the bf16 record of the same shape and launch is two entries earlier
+      std::snprintf(ratio, sizeof ratio, "%.2f", r.us / recs[i - 2].us);
+    std::printf("| %s | %s | %s | %s | %.1f | %.1f%% | %.0f | %.0f%% | %s |\n", r.op.c_str(), r.shape.c_str(),
+                r.dtype.c_str(), r.launch.c_str(), r.us, 100 * r.cv, r.gbps, r.pct, ratio);
+  }
+  if (json_path.empty()) return;
+  FILE* f = std::fopen(json_path.c_str(), "w");
+  if (!f) throw std::runtime_error("cannot write " + json_path);
+  std::fprintf(f, "[\n");
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const auto& r = recs[i];
+    std::fprintf(f,
+                 "  {\"op\": \"%s\", \"shape\": \"%s\", \"variant\": \"%s sm90a %s rotated\", \"median_us\": %.2f, "
+                 "\"cv\": %.4f, \"gbps\": %.0f, \"pct_copy\": %.1f, \"copy_gbps\": %.0f, \"commit\": \"%s\", "
+                 "\"gpu\": \"%s\"}%s\n",
+                 r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.launch.c_str(), r.us, r.cv, r.gbps, r.pct, copy,
+                 commit.c_str(), gpu, i + 1 < recs.size() ? "," : "");
+  }
+  std::fprintf(f, "]\n");
+  std::fclose(f);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path, commit = "unknown";
-  bool quick = false, multi_query = false, mq_scorer = false;
+  bool quick = false, multi_query = false, mq_scorer = false, fp8 = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--multi-query")) multi_query = true;
     if (!std::strcmp(argv[i], "--mq-scorer")) mq_scorer = true;
+    if (!std::strcmp(argv[i], "--fp8")) fp8 = true;
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--commit") && i + 1 < argc) commit = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a tee'd log even if a time limit ends the run
   try {
     if (m3::cuda::device_count() == 0) {
       std::printf("bench_decode: no CUDA device\n");
@@ -382,7 +590,7 @@ int main(int argc, char** argv) {
     const std::vector<int32_t> mixed = {0, 5, 127, 128, 1000, 2047, 2048, 5000, 16383, 70000};
     auto wide_rows = [] {  // 40 rows × 4 KV heads > #SMs: the wide pipeline
       std::vector<int32_t> p;
-      for (int i = 0; i < 40; ++i) p.push_back(97 + 1733 * i);
+      for (int i = 0; i < 40; ++i) p.push_back(97 + 173 * i);
       return p;
     };
     auto mq_many = [] {  // 40 requests × 4 KV heads > #SMs: no split, a second wave
@@ -399,7 +607,9 @@ int main(int argc, char** argv) {
       const char* name;
       Result r;
     };
-    std::vector<Check> checks = {
+    std::vector<Check> checks;
+    if (!fp8)  // --fp8: the e4m3 checks only (gpu_decode_test runs the others)
+      checks = {
         {"paged_decode_tc sparse G16 split", check_paged_decode(11, mixed, 4, 16, true, true)},
         {"paged_decode_tc sparse G16 nosplit", check_paged_decode(12, mixed, 4, 16, true, false)},
         {"paged_decode_tc sparse G8", check_paged_decode(13, mixed, 1, 8, true, true)},
@@ -431,11 +641,16 @@ int main(int argc, char** argv) {
                   c.r.max_ref, c.r.max_err_rowwise, c.r.bad ? "FAIL" : "ok", c.r.what.c_str());
       all_ok &= c.r.bad == 0;
     }
+    all_ok &= fp8_checks();
 
     std::string copy_detail;
     const double copy = copy_ceiling_gbps(&copy_detail);
     std::printf("copy ceiling (read + write, best of): %.0f GB/s (%s)\n", copy, copy_detail.c_str());
     if (multi_query) return run_multi_query(copy, mq_scorer, json_path, commit, prop.name) && all_ok ? 0 : 1;
+    if (fp8) {
+      run_fp8(copy, json_path, commit, prop.name);
+      return all_ok ? 0 : 1;
+    }
 
     const std::vector<int> batches = quick ? std::vector<int>{8, 64} : std::vector<int>{1, 8, 32, 64, 128};
     const std::vector<int> ctxs =

@@ -119,4 +119,13 @@ void matmul_fp8_blockscaled(const uint8_t* xq, const float* xs, int64_t ld_s, in
   matmul_nt(X.data(), T, K, W.data(), N, y);
 }
 
+void kv_quantize_e4m3(const float* x, int64_t n, float scale, uint8_t* q) {
+  M3_CHECK(scale > 0.f, "kv_quantize_e4m3: scale must be > 0, got {}", scale);
+  for (int64_t i = 0; i < n; ++i) q[i] = e4m3_rne(x[i] / scale);
+}
+
+void kv_dequantize_e4m3(const uint8_t* q, int64_t n, float scale, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_f32(q[i]) * scale;
+}
+
 }  // namespace m3::cpu

@@ -50,4 +50,10 @@ void matmul_fp8_w8a16(const float* x, int64_t T, int64_t K, const uint8_t* q, co
 void matmul_fp8_blockscaled(const uint8_t* xq, const float* xs, int64_t ld_s, int64_t T, int64_t K, const uint8_t* q,
                             const float* scales, Fp8Scale fmt, int64_t N, float* y);
 
+// FP8 K/V and index-K caches (issue 15 item 4; docs/FP8.md §7): per-tensor fp32 scale, q = rne_e4m3(x / scale)
+// (fp32 division), value = e4m3(q) · scale. The twins of cuda::kv_quantize_e4m3 (bit for bit) and of the e4m3
+// decode kernels' loads (their CPU reference runs the fp32 ops on these dequantised values).
+void kv_quantize_e4m3(const float* x, int64_t n, float scale, uint8_t* q);
+void kv_dequantize_e4m3(const uint8_t* q, int64_t n, float scale, float* out);
+
 }  // namespace m3::cpu

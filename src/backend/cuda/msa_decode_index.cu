@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/warp_mma.cuh"
 
 namespace m3::cuda {
@@ -11,9 +12,15 @@ namespace {
 constexpr int B = MsaDecodeIndex::kBlock, Di = MsaDecodeIndex::kDim;
 constexpr int kHeads = MsaDecodeIndex::kMaxHeads, kList = MsaDecodeIndex::kMaxTopK - 1;
 constexpr int kWarps = B / 16, kThreads = 32 * kWarps;  // one 16-key M-tile per warp
-constexpr int kStages = 3, kCtasPerSm = 2;  // 2 × 2 pages (128 KiB) in flight per SM
-constexpr int kPageBytes = B * Di * 2;  // 32 KiB
-constexpr int kSmem = kStages * kPageBytes;
+constexpr int kCtasPerSm = 2;
+// The ring of one element type: bf16 pages are 32 KiB, 3 stages (2 × 2 pages = 128 KiB in flight per SM); e4m3
+// pages 16 KiB, 6 stages (2 × 5 pages = 160 KiB in flight; 2 × (96 + 9) KiB of shared memory per SM).
+template <typename KT>
+struct Ring {
+  static constexpr int kPageBytes = B * Di * int(sizeof(KT));
+  static constexpr int kStages = sizeof(KT) == 2 ? 3 : 6;
+  static constexpr int kSmem = kStages * kPageBytes;
+};
 constexpr int kPlanThreads = 1024;
 constexpr int kMaxRows = MsaDecodeIndex::kMaxRows;
 
@@ -89,6 +96,7 @@ struct ScoreArgs {
   const __nv_bfloat16* iq;
   const void* ik;
   int64_t ik_stride;
+  float ik_scale;  // e4m3: key = e4m3 · ik_scale (> 0), applied to the block max
   DevStepRows rows;
   int H, K, W;  // W: work items of the step
   int64_t ppu, max_cols;
@@ -159,9 +167,15 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int lane) {
 // Persistent CTA c scores work items [W·c/grid, W·(c+1)/grid) of the flattened (row, history page) list. Warp w
 // owns keys 16w..16w+15 of every page: S[16 keys, 8] = K_tile · Q_rowᵀ (heads ≥ H are zero columns), max over the
 // 16 keys by shuffles, then over the 8 warps in shared memory (red, double-buffered by item parity).
+// e4m3 keys (kFp8): pages land as [128, 128 B] (swz64); ldmatrix gives each lane 4 consecutive dims
+// 16·kk + 4·(lane%4) .. +3 of one key, converted exactly to bf16 in registers (kv_fp8.cuh): bytes 0–1 are the A
+// fragment's k pair 2c, 2c+1, bytes 2–3 the pair 2c+8, 2c+9 (the mma's k order is free), and the query's B fragment
+// is loaded in that same dim order. The per-tensor scale multiplies the block max (max commutes with s > 0).
 template <typename KT>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(ScoreArgs a) {
-  static_assert(sizeof(KT) == 2, "bf16 index keys");
+  static_assert(sizeof(KT) == 2 || sizeof(KT) == 1, "bf16 or e4m3 index keys");
+  constexpr bool kFp8 = sizeof(KT) == 1;
+  constexpr int kStages = Ring<KT>::kStages, kPageBytes = Ring<KT>::kPageBytes;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[2][kWarps][kHeads];
   __shared__ int s_last;
@@ -180,10 +194,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
   auto load = [&](int i, int stage) {
     const KT* src = ik + int64_t(a.work_pages[i]) * a.ik_stride;
     const uint32_t dst = sbase + stage * kPageBytes;
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int k = 0; k < B * 16 / kThreads; ++k) {
-      const int idx = tid + k * kThreads, row = idx >> 4, ch = idx & 15;
-      cp_async16_policy(dst + swz128(row, ch), src + row * Di + ch * 8, policy);
+      for (int k = 0; k < B * 8 / kThreads; ++k) {
+        const int idx = tid + k * kThreads, row = idx >> 3, ch = idx & 7;
+        cp_async16_policy(dst + swz64(row, ch), src + row * Di + ch * 16, policy);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < B * 16 / kThreads; ++k) {
+        const int idx = tid + k * kThreads, row = idx >> 4, ch = idx & 15;
+        cp_async16_policy(dst + swz128(row, ch), src + row * Di + ch * 8, policy);
+      }
     }
   };
 #pragma unroll
@@ -230,6 +252,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
       float v = red[i & 1][0][tid];
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) v = fmaxf(v, red[i & 1][w][tid]);
+      if constexpr (kFp8) v *= a.ik_scale;
       a.scores[(int64_t(tid) * T + ft) * a.max_cols + (i - fbeg)] = v;
     }
     ++fcount;
@@ -258,21 +281,46 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
     if (i >= cend) {
       ct = row_of(i), cend = s_wi[ct + 1];
       const int n = lane >> 2;
-      const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 2 * (lane & 3);
+      if constexpr (kFp8) {  // k-step kk: dims 16·kk + 4c + {0, 1} (b0) and + {2, 3} (b1)
+        const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 4 * (lane & 3);
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        qb[kk][0] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16) : 0u;
-        qb[kk][1] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16 + 8) : 0u;
+        for (int kk = 0; kk < 8; ++kk) {
+          const uint2 w = n < H ? *reinterpret_cast<const uint2*>(q + kk * 16) : make_uint2(0u, 0u);
+          qb[kk][0] = w.x, qb[kk][1] = w.y;
+        }
+      } else {
+        const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 2 * (lane & 3);
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          qb[kk][0] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16) : 0u;
+          qb[kk][1] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16 + 8) : 0u;
+        }
       }
     }
     const uint32_t st = sbase + ((i - i0) % kStages) * kPageBytes;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      uint32_t af[4];
-      ldmatrix_x4(st + swz128(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)), af[0], af[1],
-                  af[2], af[3]);
-      mma_bf16_16816(c, af, qb[kk][0], qb[kk][1]);
+      for (int h = 0; h < 4; ++h) {  // k-steps 2h, 2h + 1; matrices (keys 0–7 | 8–15) × chunk
+        uint32_t w[4];
+        ldmatrix_x4(st + swz64(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * h + (lane >> 4)), w[0], w[1],
+                    w[2], w[3]);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const uint32_t af[4] = {e4m3x2_to_bf16x2<kE4m3Bytes01>(w[2 * q]), e4m3x2_to_bf16x2<kE4m3Bytes01>(w[2 * q + 1]),
+                                  e4m3x2_to_bf16x2<kE4m3Bytes23>(w[2 * q]),
+                                  e4m3x2_to_bf16x2<kE4m3Bytes23>(w[2 * q + 1])};
+          mma_bf16_16816(c, af, qb[2 * h + q][0], qb[2 * h + q][1]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        uint32_t af[4];
+        ldmatrix_x4(st + swz128(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)), af[0], af[1],
+                    af[2], af[3]);
+        mma_bf16_16816(c, af, qb[kk][0], qb[kk][1]);
+      }
     }
     // c0, c1: key g = lane/4, heads 2·(lane%4) + {0, 1}; c2, c3: key g + 8.
     float h0 = fmaxf(c[0], c[2]), h1 = fmaxf(c[1], c[3]);
@@ -363,12 +411,15 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
   if (T_ == 0) return;
   M3_CUDA_REQUIRE(rows.T == T_, "msa decode index: %d rows, plan has %d", rows.T, T_);
   M3_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(iq) % 16 == 0 && reinterpret_cast<uintptr_t>(cache.ik) % 16 == 0 &&
-                      cache.page_stride % 8 == 0 && cache.page_stride >= int64_t(kBlock) * kDim,
-                  "msa decode index: iq / index-K must be 16-byte aligned with a page stride ≥ 128·128 elements");
+                      cache.page_stride % (16 / int64_t(sizeof(KT))) == 0 &&
+                      cache.page_stride >= int64_t(kBlock) * kDim && cache.scale > 0.f,
+                  "msa decode index: iq / index-K must be 16-byte aligned with a page stride ≥ 128·128 elements "
+                  "(a multiple of 16 bytes) and a scale > 0");
+  constexpr int kSmem = Ring<KT>::kSmem;
   static const cudaError_t attr =
       cudaFuncSetAttribute(decode_index_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   M3_CUDA_CHECK(attr);
-  ScoreArgs a{iq, cache.ik, cache.page_stride, rows, H_, K_, W_, ppu_, max_cols_, work_indptr_.get(),
+  ScoreArgs a{iq, cache.ik, cache.page_stride, cache.scale, rows, H_, K_, W_, ppu_, max_cols_, work_indptr_.get(),
               work_pages_.get(), attn_indptr_.get(), scores_.get(), selection_.get(), attn_indices_.get(),
               row_done_.get()};
   cudaLaunchConfig_t cfg = {};
@@ -385,5 +436,7 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
 
 template void MsaDecodeIndex::run<__nv_bfloat16>(const __nv_bfloat16*, const DevPagedIndexKT<__nv_bfloat16>&,
                                                  const DevStepRows&, cudaStream_t, bool);
+template void MsaDecodeIndex::run<e4m3_t>(const __nv_bfloat16*, const DevPagedIndexKT<e4m3_t>&, const DevStepRows&,
+                                          cudaStream_t, bool);
 
 }  // namespace m3::cuda

@@ -25,11 +25,13 @@
 
 namespace m3::cuda {
 
-// Index keys of one layer: page p holds keys [128, 128] at ik + p·page_stride (elements).
+// Index keys of one layer: page p holds keys [128, 128] at ik + p·page_stride (elements). KT: __nv_bfloat16, or
+// e4m3_t (kv_fp8.cuh) with key = e4m3 · scale (per-tensor, > 0; MSA stores unscaled e4m3 keys: 1; ignored for bf16).
 template <typename KT>
 struct DevPagedIndexKT {
   const KT* ik = nullptr;
   int64_t page_stride = 0;
+  float scale = 1.f;
 };
 
 class MsaDecodeIndex {

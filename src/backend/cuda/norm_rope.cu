@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kv_fp8.cuh"
 
 namespace m3::cuda {
 
@@ -43,6 +44,12 @@ __global__ void rms_norm_bf16_kernel(const float* x, int64_t D, const float* __r
 // grid (T, n_q + n_k + n_v), block kThreads, dynamic smem D floats. CT: the cache element type (q_out is fp32, or
 // bf16 into q_out_bf16 when that is set).
 template <typename CT>
+__device__ __forceinline__ void cache_store(CT* p, float v, float) { kv_store(p, v); }
+__device__ __forceinline__ void cache_store(e4m3_t* p, float v, float scale) {
+  *reinterpret_cast<uint8_t*>(p) = e4m3_quantize(v, scale);
+}
+
+template <typename CT>
 __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
   extern __shared__ float row[];
   const int t = blockIdx.x, hh = blockIdx.y, D = a.D;
@@ -70,7 +77,7 @@ __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
                      : static_cast<CT*>(a.v_cache) + base + head * a.v_head_stride;
   }
   if (kind == 2) {
-    for (int i = threadIdx.x; i < D; i += blockDim.x) kv_store(cdst + i, src[i]);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) cache_store(cdst + i, src[i], a.v_scale);
     return;
   }
   const float* w = kind == 0 ? a.q_w : a.k_w;
@@ -96,7 +103,7 @@ __global__ void heads_norm_rope_kernel(HeadsNormRopeArgs a) {
     else if (kind == 0)
       qdst[i] = v;
     else
-      kv_store(cdst + i, v);
+      cache_store(cdst + i, v, a.k_scale);
   }
 }
 
@@ -149,8 +156,12 @@ void heads_norm_rope(const HeadsNormRopeArgs& a, cudaStream_t s) {
                   "heads_norm_rope: rotary_dim %d must be even and ≤ head dim %d", a.rotary_dim, a.D);
   M3_CUDA_REQUIRE(heads <= 65535, "heads_norm_rope: %d heads per token is too many", heads);
   const dim3 grid(unsigned(a.T), unsigned(heads));
+  M3_CUDA_REQUIRE(a.cache_type != KvType::E4M3 || (a.k_scale > 0.f && a.v_scale > 0.f),
+                  "heads_norm_rope: e4m3 cache scales must be > 0");
   if (a.cache_type == KvType::BF16)
     heads_norm_rope_kernel<__nv_bfloat16><<<grid, kThreads, size_t(a.D) * sizeof(float), s>>>(a);
+  else if (a.cache_type == KvType::E4M3)
+    heads_norm_rope_kernel<e4m3_t><<<grid, kThreads, size_t(a.D) * sizeof(float), s>>>(a);
   else
     heads_norm_rope_kernel<float><<<grid, kThreads, size_t(a.D) * sizeof(float), s>>>(a);
   M3_CUDA_LAUNCH_CHECK();

@@ -46,6 +46,7 @@ struct HeadsNormRopeArgs {
   void* v_cache = nullptr;
   int64_t v_head_stride = 0;
   KvType cache_type = KvType::F32;
+  float k_scale = 1.f, v_scale = 1.f;  // E4M3 caches: code = rne_e4m3(value / scale) (kv_fp8.cuh), per tensor
   const int32_t* pos = nullptr;        // [T] absolute positions
   const int32_t* slot_page = nullptr;  // [T] physical page holding position pos[t] (unused when n_k = n_v = 0)
   int64_t page_stride = 0;             // elements per page (the K and V pools share it)

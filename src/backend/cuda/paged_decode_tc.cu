@@ -5,6 +5,7 @@
 
 #include <cooperative_groups.h>
 
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/warp_mma.cuh"
 
 namespace cg = cooperative_groups;
@@ -16,19 +17,31 @@ namespace {
 constexpr int D = PagedDecodeTc::kHeadDim, PAGE = PagedDecodeTc::kPage;
 constexpr int CH = 64;  // tokens per pipeline stage (half a page): 16 per warp
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kTileBytes = CH * D * 2;         // K or V of one chunk: [64, 128] bf16 = 16 KiB
-constexpr int kStageBytes = 2 * kTileBytes;    // K then V
-// Two pipeline shapes: wide (3 stages, 100 KiB, 2 CTAs per SM; 2 chunks in flight per CTA) and deep (6 stages,
-// 196 KiB, 1 CTA per SM; 5 chunks in flight), chosen in plan().
-constexpr int kWideStages = 3, kDeepStages = 6;
-// q [16, 128] bf16 sits after the ring.
-__host__ __device__ constexpr int q_off(int stages) { return stages * kStageBytes; }
-__host__ __device__ constexpr int smem_bytes(int stages) { return q_off(stages) + 16 * D * 2; }
+// The pipeline of one element type: a stage holds the K then the V tile of one chunk ([64, 128]: 16 KiB each in
+// bf16, 8 KiB in e4m3). Two shapes, chosen in plan(): wide (2 CTAs per SM) and deep (1 CTA per SM). bf16: 3 stages
+// (100 KiB, 2 chunks in flight per CTA) and 6 (196 KiB, 5 in flight). e4m3 keeps about the same bytes in flight
+// with twice the chunks: 5 stages (84 KiB, 4 in flight) and 12 (196 KiB, 11 in flight).
+template <typename KvT>
+struct Pipe {
+  static constexpr int kTileBytes = CH * D * int(sizeof(KvT));
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kWideStages = sizeof(KvT) == 2 ? 3 : 5, kDeepStages = sizeof(KvT) == 2 ? 6 : 12;
+  // q [16, 128] bf16 sits after the ring.
+  __host__ __device__ static constexpr int q_off(int stages) { return stages * kStageBytes; }
+  __host__ __device__ static constexpr int smem_bytes(int stages) { return q_off(stages) + 16 * D * 2; }
+};
 constexpr int kMaxSplits = 8;        // one portable cluster
 constexpr int kPartOff = 40 * 1024;  // the split partial, after the cross-warp merge area
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff && kPartOff + (16 * D + 16) * 4 <= q_off(kWideStages),
+static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff &&
+                  kPartOff + (16 * D + 16) * 4 <= Pipe<__nv_bfloat16>::q_off(Pipe<__nv_bfloat16>::kWideStages) &&
+                  kPartOff + (16 * D + 16) * 4 <= Pipe<e4m3_t>::q_off(Pipe<e4m3_t>::kWideStages),
               "the cross-warp and split merges reuse the ring");
+static_assert(Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kDeepStages) <=
+                      Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kDeepStages) &&
+                  Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kWideStages) <=
+                      Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kWideStages),
+              "e4m3 pipelines fit wherever the bf16 ones do (max_active_clusters measures the bf16 kernel)");
 
 // grid (R, splits), 128 threads. The 16 query rows of request r (rows ≥ G are zero) are the M of every mma; a chunk
 // of 64 tokens is split over the 4 warps (16 tokens each): S = Q·Kᵀ (2 n-tiles × 8 k-steps), online softmax in
@@ -36,11 +49,23 @@ static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff && kPartOff + (16 * D 
 // ldmatrix.trans). Each warp keeps its own (m, l, O[16, 128]); the warps are merged through shared memory at the end.
 // Split `split` owns chunks [split·per, split·per + per) of the request's token range; rows past the last valid
 // token are zero-filled by cp.async and masked to −inf.
-template <typename KvT, int kStages>
-__global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
+// e4m3 K/V (kFp8): the chunk lands as e4m3 (half the bytes) in 128-byte rows (swz64); the codes become exact bf16
+// in registers after ldmatrix (kv_fp8.cuh), so the mma.sync path is the bf16 one. The mma's k order is free, so
+//  - S: ldmatrix of K rows gives each lane 4 consecutive dims 16·kk + 4·(lane%4) .. +3 of one token (= the b0, b1
+//    pair of k-step kk), and Q's A fragment is read from shared memory in that same dim order;
+//  - O += P·V: ldmatrix.trans of V (16-bit words = dim pairs) gives each lane tokens (2·(lane%4), +1) × dims
+//    (2g, 2g+1) of a 16-dim chunk; bytes (0, 2) are the b operand of dim 2g, bytes (1, 3) of dim 2g + 1, so chunk
+//    ch feeds two n-tiles (even dims → o[2·ch], odd → o[2·ch + 1]) and the epilogue puts the dims back in order.
+// k_scale folds into the softmax scale, v_scale into the final normalisation.
+template <typename KvT, bool kDeep>
+__global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
     paged_decode_tc_kernel(PagedDecodeTcArgs<KvT> a, int splits, int per) {
-  constexpr int kQOff = q_off(kStages);
-  static_assert(sizeof(KvT) == 2, "16-bit K/V elements (bf16)");
+  using P = Pipe<KvT>;
+  constexpr bool kFp8 = sizeof(KvT) == 1;
+  constexpr int kStages = kDeep ? P::kDeepStages : P::kWideStages;
+  constexpr int kQOff = P::q_off(kStages);
+  constexpr int kStageBytes = P::kStageBytes, kTileBytes = P::kTileBytes;
+  static_assert(sizeof(KvT) == 2 || sizeof(KvT) == 1, "bf16 or e4m3 K/V elements");
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
   const int r = blockIdx.x, split = blockIdx.y;
@@ -58,13 +83,24 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
     const int64_t off = vp * a.stride_page + int64_t((c & 1) * CH) * a.stride_tok;
     const int valid = min(CH, ntok - c * CH);
     const uint32_t ks = sbase + stage * kStageBytes, vs = ks + kTileBytes;
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int i = 0; i < CH * 16 / kThreads; ++i) {
-      const int idx = tid + i * kThreads, row = idx >> 4, ch = idx & 15;
-      const bool ok = row < valid;
-      const int64_t src = off + int64_t(ok ? row : 0) * a.stride_tok + ch * 8;
-      cp_async16(ks + swz128(row, ch), a.k + src, ok ? 16 : 0);
-      cp_async16(vs + swz128(row, ch), a.v + src, ok ? 16 : 0);
+      for (int i = 0; i < CH * 8 / kThreads; ++i) {
+        const int idx = tid + i * kThreads, row = idx >> 3, ch = idx & 7;
+        const bool ok = row < valid;
+        const int64_t src = off + int64_t(ok ? row : 0) * a.stride_tok + ch * 16;
+        cp_async16(ks + swz64(row, ch), a.k + src, ok ? 16 : 0);
+        cp_async16(vs + swz64(row, ch), a.v + src, ok ? 16 : 0);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < CH * 16 / kThreads; ++i) {
+        const int idx = tid + i * kThreads, row = idx >> 4, ch = idx & 15;
+        const bool ok = row < valid;
+        const int64_t src = off + int64_t(ok ? row : 0) * a.stride_tok + ch * 8;
+        cp_async16(ks + swz128(row, ch), a.k + src, ok ? 16 : 0);
+        cp_async16(vs + swz128(row, ch), a.v + src, ok ? 16 : 0);
+      }
     }
   };
   // q [16, 128] joins the first commit group (rows ≥ G zero-filled), so the first loads are issued at once.
@@ -81,12 +117,27 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
   cp_async_wait<kStages - 2>();
   __syncthreads();  // q staged
   uint32_t qf[8][4];
+  if constexpr (kFp8) {
+    // k-step kk, lane (g, c = lane % 4): rows g / g + 8, dims 16·kk + 4c + {0, 1} (a0, a1) and + {2, 3} (a2, a3).
+    const int g = lane >> 2, c = lane & 3;
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
-    ldmatrix_x4(sbase + kQOff + swz128((lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)), qf[kk][0],
-                qf[kk][1], qf[kk][2], qf[kk][3]);
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t in_chunk = (c & 1) * 8;
+      const uint8_t* q0 = smem + kQOff + swz128(g, 2 * kk + (c >> 1)) + in_chunk;
+      const uint8_t* q1 = smem + kQOff + swz128(g + 8, 2 * kk + (c >> 1)) + in_chunk;
+      qf[kk][0] = *reinterpret_cast<const uint32_t*>(q0);
+      qf[kk][1] = *reinterpret_cast<const uint32_t*>(q1);
+      qf[kk][2] = *reinterpret_cast<const uint32_t*>(q0 + 4);
+      qf[kk][3] = *reinterpret_cast<const uint32_t*>(q1 + 4);
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      ldmatrix_x4(sbase + kQOff + swz128((lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)), qf[kk][0],
+                  qf[kk][1], qf[kk][2], qf[kk][3]);
+  }
 
-  const float sl2 = a.scale * kLog2e;
+  const float sl2 = kFp8 ? a.scale * a.k_scale * kLog2e : a.scale * kLog2e;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g = lane/4 and g + 8
   float o[16][4];
 #pragma unroll
@@ -100,13 +151,27 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
     const uint32_t ks = sbase + ((c - c0) % kStages) * kStageBytes, vs = ks + kTileBytes;
 
     float sc[2][4] = {};
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      uint32_t b0, b1, b2, b3;
-      ldmatrix_x4(ks + swz128(warp * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0, b1, b2,
-                  b3);
-      mma_bf16_16816(sc[0], qf[kk], b0, b1);
-      mma_bf16_16816(sc[1], qf[kk], b2, b3);
+      for (int j = 0; j < 2; ++j)  // n-tile j: tokens warp·16 + 8j + (0..7)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // chunks 4h..4h+3 = k-steps 4h..4h+3
+          uint32_t w[4];
+          ldmatrix_x4(ks + swz64(warp * 16 + 8 * j + (lane & 7), 4 * h + (lane >> 3)), w[0], w[1], w[2], w[3]);
+#pragma unroll
+          for (int m = 0; m < 4; ++m)
+            mma_bf16_16816(sc[j], qf[4 * h + m], e4m3x2_to_bf16x2<kE4m3Bytes01>(w[m]),
+                           e4m3x2_to_bf16x2<kE4m3Bytes23>(w[m]));
+        }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(ks + swz128(warp * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0, b1,
+                    b2, b3);
+        mma_bf16_16816(sc[0], qf[kk], b0, b1);
+        mma_bf16_16816(sc[1], qf[kk], b2, b3);
+      }
     }
     const int tbase = c * CH + warp * 16 + 2 * (lane & 3);
     float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -139,13 +204,30 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
     for (int n = 0; n < 16; ++n) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
     const uint32_t pa[4] = {pack_bf16x2(sc[0][0], sc[0][1]), pack_bf16x2(sc[0][2], sc[0][3]),
                             pack_bf16x2(sc[1][0], sc[1][1]), pack_bf16x2(sc[1][2], sc[1][3])};
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int nd = 0; nd < 8; ++nd) {
-      uint32_t v0, v1, v2, v3;
-      ldmatrix_x4_trans(vs + swz128(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * nd + (lane >> 4)), v0, v1,
-                        v2, v3);
-      mma_bf16_16816(o[2 * nd], pa, v0, v1);
-      mma_bf16_16816(o[2 * nd + 1], pa, v2, v3);
+      for (int i = 0; i < 4; ++i) {  // chunks 2i, 2i + 1; matrices (tokens 0–7 | 8–15) × chunk
+        uint32_t w[4];
+        ldmatrix_x4_trans(vs + swz64(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * i + (lane >> 4)), w[0],
+                          w[1], w[2], w[3]);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int ch = 2 * i + q;
+          mma_bf16_16816(o[2 * ch], pa, e4m3x2_to_bf16x2<kE4m3Bytes02>(w[2 * q]),
+                         e4m3x2_to_bf16x2<kE4m3Bytes02>(w[2 * q + 1]));
+          mma_bf16_16816(o[2 * ch + 1], pa, e4m3x2_to_bf16x2<kE4m3Bytes13>(w[2 * q]),
+                         e4m3x2_to_bf16x2<kE4m3Bytes13>(w[2 * q + 1]));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nd = 0; nd < 8; ++nd) {
+        uint32_t v0, v1, v2, v3;
+        ldmatrix_x4_trans(vs + swz128(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * nd + (lane >> 4)), v0,
+                          v1, v2, v3);
+        mma_bf16_16816(o[2 * nd], pa, v0, v1);
+        mma_bf16_16816(o[2 * nd + 1], pa, v2, v3);
+      }
     }
   }
   cp_async_wait<0>();
@@ -159,11 +241,22 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
   float* mw = ow + 4 * 16 * D;                 // [4][16]
   float* lw = mw + 4 * 16;                     // [4][16]
   const int g = lane >> 2;
+  if constexpr (kFp8) {  // o[2·ch + p] column 2c + e is dim 16·ch + 4c + 2e + p
 #pragma unroll
-  for (int n = 0; n < 16; ++n) {
-    const int d = n * 8 + 2 * (lane & 3);
-    *reinterpret_cast<float2*>(ow + (warp * 16 + g) * D + d) = make_float2(o[n][0], o[n][1]);
-    *reinterpret_cast<float2*>(ow + (warp * 16 + g + 8) * D + d) = make_float2(o[n][2], o[n][3]);
+    for (int ch = 0; ch < 8; ++ch) {
+      const int d = ch * 16 + 4 * (lane & 3);
+      *reinterpret_cast<float4*>(ow + (warp * 16 + g) * D + d) =
+          make_float4(o[2 * ch][0], o[2 * ch + 1][0], o[2 * ch][1], o[2 * ch + 1][1]);
+      *reinterpret_cast<float4*>(ow + (warp * 16 + g + 8) * D + d) =
+          make_float4(o[2 * ch][2], o[2 * ch + 1][2], o[2 * ch][3], o[2 * ch + 1][3]);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      const int d = n * 8 + 2 * (lane & 3);
+      *reinterpret_cast<float2*>(ow + (warp * 16 + g) * D + d) = make_float2(o[n][0], o[n][1]);
+      *reinterpret_cast<float2*>(ow + (warp * 16 + g + 8) * D + d) = make_float2(o[n][2], o[n][3]);
+    }
   }
   if ((lane & 3) == 0) {
     mw[warp * 16 + g] = m0, mw[warp * 16 + g + 8] = m1;
@@ -177,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
   float f[4], L = 0.f;
 #pragma unroll
   for (int w = 0; w < 4; ++w) f[w] = M == -INFINITY ? 0.f : exp2f(mw[w * 16 + row] - M), L += f[w] * lw[w * 16 + row];
-  const float inv = L > 0.f ? 1.f / L : 0.f;
+  const float inv = L > 0.f ? (kFp8 ? a.v_scale / L : 1.f / L) : 0.f;
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -235,15 +328,17 @@ __global__ void __launch_bounds__(kThreads, kStages == kWideStages ? 2 : 1)
 // How many clusters of `size` CTAs (a request's splits) can be resident at once. A cluster must fit inside one GPC,
 // so this is below (slots / size) when the GPCs' SM counts do not divide evenly: on an H200, 32 requests × 8 splits
 // at 2 CTAs per SM asks for 32 clusters of 8 when fewer fit, and the last ones run as a second wave (about twice the
-// latency of the step). Measured once per (pipeline, size) with the bf16 kernel, whose shared memory the e4m3 one
-// shares; an error (or no cluster support) leaves the limit open.
+// latency of the step). Measured once per (pipeline, size) with the bf16 kernel: the e4m3 pipelines use the same
+// (deep) or less (wide: 84 vs 100 KiB) shared memory, so the count holds for them too; an error (or no cluster
+// support) leaves the limit open.
 int max_active_clusters(int size, bool deep) {
   static int cache[2][kMaxSplits + 1] = {};
   int& c = cache[deep ? 1 : 0][size];
   if (c != 0) return c;
-  const void* fn = deep ? reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, kDeepStages>)
-                        : reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, kWideStages>);
-  const int smem = smem_bytes(deep ? kDeepStages : kWideStages);
+  using P = Pipe<__nv_bfloat16>;
+  const void* fn = deep ? reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, true>)
+                        : reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, false>);
+  const int smem = P::smem_bytes(deep ? P::kDeepStages : P::kWideStages);
   int n = 0;
   if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) {
     cudaLaunchConfig_t cfg = {};
@@ -287,22 +382,24 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
   if (a.R == 0) return;
   M3_CUDA_REQUIRE(a.R == R_ && a.G == G_, "paged decode (tc): run R %d G %d does not match the plan (%d, %d)", a.R,
                   a.G, R_, G_);
+  constexpr int64_t kVec = 16 / int64_t(sizeof(KvT));  // elements per 16 bytes
   M3_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0 &&
-                      a.stride_page % 8 == 0 && a.stride_tok % 8 == 0 && a.stride_tok >= D,
-                  "paged decode (tc): q/K/V/out must be 16-byte aligned, strides multiples of 8 elements");
+                      a.stride_page % kVec == 0 && a.stride_tok % kVec == 0 && a.stride_tok >= D,
+                  "paged decode (tc): q/K/V/out must be 16-byte aligned, strides multiples of 16 bytes");
+  using P = Pipe<KvT>;
   static const cudaError_t attr_wide =
-      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, kWideStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           smem_bytes(kWideStages));
+      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           P::smem_bytes(P::kWideStages));
   static const cudaError_t attr_deep =
-      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, kDeepStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           smem_bytes(kDeepStages));
+      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           P::smem_bytes(P::kDeepStages));
   M3_CUDA_CHECK(attr_wide);
   M3_CUDA_CHECK(attr_deep);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(a.R), unsigned(splits_));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem_bytes(deep_ ? kDeepStages : kWideStages);
+  cfg.dynamicSmemBytes = P::smem_bytes(deep_ ? P::kDeepStages : P::kWideStages);
   cfg.stream = s;
   cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeClusterDimension;
@@ -311,11 +408,12 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs, cfg.numAttrs = pdl ? 2 : 1;
   if (deep_)
-    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, kDeepStages>, a, splits_, chunks_per_split_));
+    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, true>, a, splits_, chunks_per_split_));
   else
-    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, kWideStages>, a, splits_, chunks_per_split_));
+    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, false>, a, splits_, chunks_per_split_));
 }
 
 template void PagedDecodeTc::run<__nv_bfloat16>(const PagedDecodeTcArgs<__nv_bfloat16>&, cudaStream_t, bool);
+template void PagedDecodeTc::run<e4m3_t>(const PagedDecodeTcArgs<e4m3_t>&, cudaStream_t, bool);
 
 }  // namespace m3::cuda

@@ -1,4 +1,4 @@
-// Tensor-core paged GQA decode over bf16 K/V (issue 11; design in docs/KERNELS.md §9). Same fake-request model as
+// Tensor-core paged GQA decode over bf16 or e4m3 K/V (issues 11, 15; design in docs/KERNELS.md §9). Same fake-request model as
 // paged_gqa_decode (attention_dense.cuh): request r has G query heads, one KV head and a CSR page list of virtual
 // pages (indptr / indices / last-page fill), so MSA decode (page list emitted by the decode indexer) and dense decode
 // (pages 0..p/B) both use it. Fixed shape: head dim 128, page 128 tokens, G ∈ {8, 16} (one mma M-tile of 16 rows).
@@ -17,7 +17,8 @@
 
 namespace m3::cuda {
 
-// KvT: element type of the K/V pools (bf16 today; e4m3 with the FP8 issue).
+// KvT: element type of the K/V pools: __nv_bfloat16, or e4m3_t (kv_fp8.cuh; --kv-cache-dtype fp8) whose values are
+// e4m3 · k_scale and e4m3 · v_scale (per-tensor fp32 scales; ignored for bf16).
 template <typename KvT>
 struct PagedDecodeTcArgs {
   const __nv_bfloat16* q = nullptr;  // [R, G, 128]
@@ -30,6 +31,7 @@ struct PagedDecodeTcArgs {
   const int32_t* last_len = nullptr;        // [R] tokens valid in the last page (1..128)
   int R = 0, G = 0;
   float scale = 1.f;
+  float k_scale = 1.f, v_scale = 1.f;  // e4m3 only
 };
 
 class PagedDecodeTc {

@@ -1,0 +1,52 @@
+// FP8 (e4m3) K/V and index-K caches (issue 15 item 4; docs/FP8.md §7): the element type, the quantiser that fills
+// an e4m3 pool, and the register conversion the decode kernels use on the way to the bf16 mma.sync.
+// Format: per-tensor fp32 scale s (vLLM's --kv-cache-dtype fp8 k_scale / v_scale; MSA stores index-K unscaled,
+// s = 1 — ../shared/docs/MSA_KERNELS.md §2.2): value = e4m3(q) · s, q = rne_e4m3(x / s) (fp32 division, saturating
+// to ±448). CPU twins: cpu::kv_quantize_e4m3 / kv_dequantize_e4m3 (backend/cpu/fp8.h), bit for bit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace m3::cuda {
+
+using e4m3_t = __nv_fp8_e4m3;  // one byte, the pools' element type for --kv-cache-dtype fp8
+
+// q[i] = rne_e4m3(x[i] / scale), n elements (any n; x and q need no alignment). Capture-safe, allocation-free.
+void kv_quantize_e4m3(const __nv_bfloat16* x, int64_t n, float scale, e4m3_t* q, cudaStream_t s);
+void kv_quantize_e4m3(const float* x, int64_t n, float scale, e4m3_t* q, cudaStream_t s);
+
+#ifdef __CUDACC__
+// The stored code of x: rne_e4m3(x / scale), fp32 division rounded to nearest (the CPU twin's x / scale), then
+// cvt.rn.satfinite (saturating to ±448; NaN → 0x7f, the CPU twin's e4m3_rne).
+__device__ __forceinline__ uint8_t e4m3_quantize(float x, float scale) {
+  return uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
+}
+
+// Two e4m3 codes → bf16x2 holding the exact values. Codes S.EEEE.MMM placed as bf16 S.0000EEEE.MMM0000 are
+// value·2^−120 (for E = 0 too: the bf16 subnormal (M/8)·2^−126), then one mul.bf16x2 by 2^120 (exact: every
+// product is an e4m3 value). v: the two codes in bytes 1 and 3 (others zero), low half first.
+__device__ __forceinline__ uint32_t e4m3_placed_to_bf16x2(uint32_t v) {
+  const uint32_t b = ((v >> 4) & 0x07F007F0u) | (v & 0x80008000u);
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(b), "r"(0x7B807B80u));  // 2^120 = bf16 0x7B80
+  return d;
+}
+// Bytes (i, j) of w → bf16x2 (lo = byte i, hi = byte j); the selector is 0x{j}4{i}4.
+template <int kSel>
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w) {
+  return e4m3_placed_to_bf16x2(__byte_perm(w, 0, kSel));
+}
+constexpr int kE4m3Bytes01 = 0x1404, kE4m3Bytes23 = 0x3424, kE4m3Bytes02 = 0x2404, kE4m3Bytes13 = 0x3414;
+
+// A [rows, 128] e4m3 tile in shared memory: a row is 128 bytes = 8 chunks of 16; chunk c of row r sits at chunk
+// c ^ (r & 7), so the 8 rows of one ldmatrix 8×8 (b16) matrix hit 8 distinct 16-byte bank groups.
+__device__ __forceinline__ uint32_t swz64(int row, int chunk) {
+  return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+#endif
+
+}  // namespace m3::cuda
