@@ -284,7 +284,8 @@ int64_t share_bytes(const std::vector<SlotShare>& plan, WeightBytes model) {
     const WeightSlot& s = ss.slot;
     if (!s.matrix || model == WeightBytes::Fp32) {
       b += ss.numel() * 4;
-    } else if (model == WeightBytes::Bf16 || s.kind == SlotKind::Embed || s.kind == SlotKind::LmHead) {
+    } else if (model == WeightBytes::Bf16 || s.kind == SlotKind::Embed || s.kind == SlotKind::LmHead ||
+               (model == WeightBytes::Fp8Bf16Experts && s.expert >= 0)) {
       b += ss.numel() * 2;
     } else {  // MXFP8: one e4m3 byte per element, one UE8M0 byte per 32 elements of a row
       for (const PieceBlock& pb : ss.blocks) b += pb.numel() + (pb.row1 - pb.row0) * ((pb.col1 - pb.col0 + 31) / 32);

@@ -216,8 +216,9 @@ TEST(ShardedLoadPlan, FullM3BytesPerRankAtEp8) {
   const Layout ls[] = {{"EP8 (attention, dense, shared, router, embedding, LM head replicated)", RankShare::ep(0, 8)},
                        {"EP8 + vocabulary-parallel embedding / LM head over 8", RankShare{0, 8, true, 1, 8}},
                        {"EP8 + TP4 over KV heads + vocabulary over 4", RankShare{0, 8, true, 4, 4}}};
-  for (const WeightBytes m : {WeightBytes::Bf16, WeightBytes::Fp8}) {
-    const char* mn = m == WeightBytes::Bf16 ? "bf16" : "fp8 ";
+  for (const WeightBytes m : {WeightBytes::Bf16, WeightBytes::Fp8Bf16Experts, WeightBytes::Fp8}) {
+    const char* mn = m == WeightBytes::Bf16 ? "bf16" : m == WeightBytes::Fp8 ? "fp8 (routed experts fp8)"
+                                                                               : "fp8 (routed experts bf16, today)";
     std::printf("whole model %s: %.1f GB\n", mn, gb(share_bytes(whole, m)));
     for (const Layout& l : ls) {
       int64_t mx = 0, sum = 0;
@@ -228,6 +229,14 @@ TEST(ShardedLoadPlan, FullM3BytesPerRankAtEp8) {
         mx = std::max(mx, b), sum += b;
       }
       std::printf("  %s: %.2f GB per rank (max), %.1f GB over 8 ranks\n", l.name, gb(mx), gb(sum));
+      // Replicated per rank: everything but the routed experts.
+      if (&l == &ls[0]) {
+        int64_t experts = 0;
+        for (const SlotShare& ss : whole)
+          if (ss.slot.expert >= 0) experts += share_bytes({ss}, m);
+        std::printf("    (replicated %.2f GB + routed experts %.2f GB per rank)\n", gb(share_bytes(whole, m) - experts),
+                    gb(experts / 8));
+      }
       EXPECT_LT(mx, share_bytes(whole, m) / 4);
     }
   }
