@@ -129,6 +129,8 @@ Engine::~Engine() {
   stop();
   for (Rank& rk : ranks_)
     for (auto& s : rk.sched->abort_all()) finish(*s);
+  // The executor passed in outlives the engine: it must not keep a communicator of the group that dies with it.
+  if (group_ && !ranks_[0].owned) static_cast<CpuExecutor*>(ranks_[0].exec)->set_expert_parallel(ExpertParallel{});
   for (auto& [req, sink] : inbox_) {
     EngineOutput o;
     o.finish = FinishReason::Abort;

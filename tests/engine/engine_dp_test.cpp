@@ -256,6 +256,13 @@ TEST_F(EngineDpTest, DataParallelOnABackendWithoutItIsAClearError) {
     EXPECT_NE(std::string(err.what()).find("needs the CPU backend"), std::string::npos) << err.what();
   }
   EXPECT_NO_THROW(Engine(other, EngineConfig{}));  // one rank: any executor
+  // A CpuExecutor passed in becomes rank 0 for the engine's lifetime only.
+  CpuExecutor cpu(*model_, 8);
+  {
+    Engine e(cpu, dp(2));
+    EXPECT_TRUE(cpu.expert_parallel());
+  }
+  EXPECT_FALSE(cpu.expert_parallel());
   EXPECT_THROW(Engine(*model_, EngineConfig{.num_pages = 8, .data_parallel_size = 0}), Error);
 }
 
