@@ -44,6 +44,7 @@ struct GenerateOptions {
   int logprobs = -1;
   std::string device = "auto";
   LoadOptions load;
+  ParallelOptions parallel;
 };
 
 GenerationParams generation_params(const GenerateOptions& o) {
@@ -93,6 +94,7 @@ CommandRun register_generate(CLI::App& app) {
   cmd->add_option("--device", opt->device, "auto (CUDA when built with it and a GPU is present), cpu or cuda")
       ->check(CLI::IsMember(device_choices()));
   add_load_flags(*cmd, opt->load);
+  add_parallel_flags(*cmd, opt->parallel);
   return [opt]() -> int {
     // Text in/out when a tokenizer is available; ids otherwise.
     std::optional<Tokenizer> tok;
@@ -111,11 +113,12 @@ CommandRun register_generate(CLI::App& app) {
     req.params.sampling.validate();
     M3_CHECK(opt->chunk >= 0, "--chunk must be 0 or positive, got {}", opt->chunk);
 
+    EngineConfig ec;
+    apply_parallel_options(opt->parallel, opt->device, ec);  // before the weights load
     auto t_load = std::chrono::steady_clock::now();
     const int64_t total = int64_t(req.prompt.size()) + opt->max_tokens;
     const std::unique_ptr<ModelExecutor> ex = make_executor(opt->model, opt->device, KvBudget{0, total}, opt->load);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-    EngineConfig ec;
     ec.max_num_seqs = 1;
     ec.max_num_batched_tokens = int(opt->chunk > 0 ? std::min<int64_t>(opt->chunk, total) : total);
     Engine engine(*ex, ec);

@@ -58,6 +58,7 @@ struct ServeOptions {
   std::string default_thinking_mode;
   std::string device = "auto";
   LoadOptions load;
+  ParallelOptions parallel;
   // Media (issue 12, docs/MEDIA.md): sources, fetch limits, per-request limits.
   std::string allowed_local_media_path;
   bool remote_media = true;
@@ -215,6 +216,7 @@ CommandRun register_serve(CLI::App& app) {
       ->check(CLI::IsMember(device_choices()))
       ->capture_default_str();
   add_load_flags(*cmd, o->load);
+  add_parallel_flags(*cmd, o->parallel);
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body; larger ones get 413")
       ->capture_default_str();
   cmd->add_option("--max-connections", o->max_connections, "Concurrent connections; more get 429 + Retry-After")
@@ -295,6 +297,7 @@ CommandRun register_serve(CLI::App& app) {
     ec.max_num_batched_tokens = o->max_num_batched_tokens;
     ec.max_model_len = o->max_model_len;
     ec.enable_prefix_caching = o->prefix_caching;
+    apply_parallel_options(o->parallel, o->device, ec);  // before the weights load
     // --kv-cache-memory is divided by the chosen executor's own page size (checked before the weights load).
     KvBudget kv;
     if (!o->kv_cache_memory.empty()) kv.bytes = parse_bytes(o->kv_cache_memory, "--kv-cache-memory");

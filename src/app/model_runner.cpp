@@ -43,6 +43,35 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
   return ids;
 }
 
+void add_parallel_flags(CLI::App& cmd, ParallelOptions& o) {
+  cmd.add_option("--tensor-parallel-size", o.tensor_parallel_size,
+                 "Tensor-parallel ranks (only 1 so far: attention over KV heads is not written yet)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd.add_option("--data-parallel-size", o.data_parallel_size,
+                 "Data-parallel attention ranks, each with its own KV cache and prefix cache; requests are placed "
+                 "by prefix-cache affinity, then load (CPU backend only so far; --kv-cache-memory is per rank)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd.add_flag("--enable-expert-parallel", o.enable_expert_parallel,
+               "With --data-parallel-size > 1: routed expert e runs on rank e mod the ranks, the MoE layers "
+               "exchange token rows (without it every rank runs every expert)");
+}
+
+void apply_parallel_options(const ParallelOptions& o, const std::string& device, EngineConfig& ec) {
+  M3_CHECK(o.tensor_parallel_size == 1,
+           "--tensor-parallel-size {} is not supported yet (tensor parallelism over KV heads is not written); use "
+           "--data-parallel-size with --enable-expert-parallel",
+           o.tensor_parallel_size);
+  M3_CHECK(o.data_parallel_size >= 1, "--data-parallel-size must be at least 1, got {}", o.data_parallel_size);
+  M3_CHECK(o.data_parallel_size == 1 || device == "cpu",
+           "--data-parallel-size {} needs the CPU backend for now: pass --device cpu (the multi-GPU path over NCCL "
+           "is not written yet)",
+           o.data_parallel_size);
+  ec.data_parallel_size = o.data_parallel_size;
+  ec.enable_expert_parallel = o.enable_expert_parallel;
+}
+
 std::vector<float> prefill(ModelExecutor& ex, SequenceKV& seq, const std::vector<int32_t>& ids, int64_t chunk,
                            bool all_logits, ForwardTrace* trace) {
   M3_CHECK(!ids.empty(), "prefill: empty prompt");

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
+#include "engine/engine.h"
 #include "kv/sequence_kv.h"
 #include "model/executor.h"
 
@@ -19,6 +22,18 @@ inline const std::vector<std::string>& device_choices() {
   static const std::vector<std::string> v{"auto", "cpu", "cuda"};
   return v;
 }
+
+// The parallel layout flags, named as vLLM names them (docs/PARALLEL.md): --tensor-parallel-size,
+// --data-parallel-size, --enable-expert-parallel.
+struct ParallelOptions {
+  int tensor_parallel_size = 1;
+  int data_parallel_size = 1;
+  bool enable_expert_parallel = false;
+};
+void add_parallel_flags(CLI::App& cmd, ParallelOptions& o);
+// Checks the combination before any weight loads (throws m3::Error naming what does not exist yet: tensor
+// parallelism, data parallelism off the CPU backend) and sets the engine's data-parallel fields.
+void apply_parallel_options(const ParallelOptions& o, const std::string& device, EngineConfig& ec);
 
 // Prefills `ids` into `seq` in chunks of `chunk` tokens (0 = one shot). Returns the logits of the last position
 // ([V]), or of every position ([n, V]) with all_logits. `trace`, when given, sees every chunk's forward.

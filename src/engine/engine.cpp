@@ -74,7 +74,7 @@ bool is_media_slot(const M3Config& c, int32_t id) {
 // s.computed on (prefill chunks; empty for decode steps and text requests).
 std::span<const float> Engine::media_rows(const Sequence& s, int64_t n) const {
   if (!s.req.media_embeds || s.req.media_embeds->empty() || s.computed >= s.prompt_len) return {};
-  const M3Config& c = exec_.config();
+  const M3Config& c = exec_->config();
   const int64_t end = std::min<int64_t>(s.computed + n, s.prompt_len);
   int64_t before = 0, in = 0;
   for (int64_t i = 0; i < s.computed; ++i) before += is_media_slot(c, s.tokens[size_t(i)]);
@@ -83,28 +83,54 @@ std::span<const float> Engine::media_rows(const Sequence& s, int64_t n) const {
 }
 
 Engine::Engine(const M3Model& model, EngineConfig cfg)
-    : owned_executor_(std::make_unique<CpuExecutor>(
-          model, cfg.num_pages > 0 ? cfg.num_pages : default_cpu_pages(model.config()))),
-      exec_(*owned_executor_),
-      cfg_(resolve_config(model.config(), cfg, exec_.pool().capacity())),
-      sched_(exec_.pool(), scheduler_config(model.config(), cfg_)) {
-  metrics_.pages_total = cfg_.num_pages;
-  metrics_.pages_free = cfg_.num_pages;
-  metrics_.page_bytes = exec_.page_bytes();
-}
+    : Engine(std::make_unique<CpuExecutor>(model,
+                                           cfg.num_pages > 0 ? cfg.num_pages : default_cpu_pages(model.config())),
+             nullptr, cfg) {}
 
-Engine::Engine(ModelExecutor& executor, EngineConfig cfg)
-    : exec_(executor),
-      cfg_(resolve_config(executor.config(), cfg, executor.pool().capacity())),
-      sched_(exec_.pool(), scheduler_config(executor.config(), cfg_)) {
-  metrics_.pages_total = cfg_.num_pages;
-  metrics_.pages_free = exec_.pool().num_free();
-  metrics_.page_bytes = exec_.page_bytes();
+Engine::Engine(ModelExecutor& executor, EngineConfig cfg) : Engine(nullptr, &executor, cfg) {}
+
+Engine::Engine(std::unique_ptr<ModelExecutor> owned, ModelExecutor* executor, EngineConfig cfg) {
+  ModelExecutor& e0 = owned ? *owned : *executor;
+  const int P = cfg.data_parallel_size;
+  M3_CHECK(P >= 1, "--data-parallel-size must be at least 1, got {}", P);
+  cfg_ = resolve_config(e0.config(), cfg, e0.pool().capacity());
+  ranks_.resize(size_t(P));
+  ranks_[0].owned = std::move(owned);
+  ranks_[0].exec = &e0;
+  if (P > 1) {
+    // Ranks are threads over one host model: the CPU executor is the only one with a data-parallel path so far
+    // (the CUDA one needs the NCCL group and fixed-size EP buffers: docs/PARALLEL.md, status).
+    auto* cpu = dynamic_cast<CpuExecutor*>(&e0);
+    M3_CHECK(cpu, "--data-parallel-size {} needs the CPU backend for now (--device cpu); the {} executor has no "
+             "data-parallel path yet", P, e0.describe());
+    M3_CHECK(!cpu->expert_parallel(), "the executor is already a rank of an expert-parallel group");
+    if (cfg_.enable_expert_parallel) group_ = std::make_unique<dist::InProcessGroup>(P);
+    for (int r = 0; r < P; ++r) {
+      Rank& rk = ranks_[size_t(r)];
+      if (r > 0) {
+        rk.owned = std::make_unique<CpuExecutor>(cpu->model(), e0.pool().capacity());
+        rk.exec = rk.owned.get();
+      }
+      // The exchange is sized for the largest step a rank can schedule (fixed sizes: docs/PARALLEL.md).
+      if (group_)
+        static_cast<CpuExecutor*>(rk.exec)->set_expert_parallel(
+            ExpertParallel{&group_->rank(r), int64_t(cfg_.max_num_batched_tokens)});
+    }
+  }
+  exec_ = &e0;
+  for (Rank& rk : ranks_) rk.sched = std::make_unique<Scheduler>(rk.exec->pool(), scheduler_config(e0.config(), cfg_));
+  metrics_.pages_total = cfg_.num_pages * P;
+  metrics_.pages_free = 0;
+  for (Rank& rk : ranks_) metrics_.pages_free += rk.exec->pool().num_free();
+  metrics_.page_bytes = e0.page_bytes();
 }
 
 Engine::~Engine() {
   stop();
-  for (auto& s : sched_.abort_all()) finish(*s);
+  for (Rank& rk : ranks_)
+    for (auto& s : rk.sched->abort_all()) finish(*s);
+  // The executor passed in outlives the engine: it must not keep a communicator of the group that dies with it.
+  if (group_ && !ranks_[0].owned) static_cast<CpuExecutor*>(ranks_[0].exec)->set_expert_parallel(ExpertParallel{});
   for (auto& [req, sink] : inbox_) {
     EngineOutput o;
     o.finish = FinishReason::Abort;
@@ -131,7 +157,7 @@ void Engine::stop() {
 }
 
 void Engine::submit(EngineRequest req, OutputSink sink) {
-  const M3Config& c = exec_.config();
+  const M3Config& c = exec_->config();
   M3_CHECK(!req.prompt.empty(), "the prompt is empty");
   for (int32_t id : req.prompt)
     M3_CHECK(id >= 0 && id < c.vocab_size, "prompt token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
@@ -179,7 +205,7 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lk(inbox_mu_);
       inbox_cv_.wait(lk, [&] {
-        return stop_ || !inbox_.empty() || !abort_inbox_.empty() || sched_.has_work();
+        return stop_ || !inbox_.empty() || !abort_inbox_.empty() || has_work();
       });
       if (stop_) return;
     }
@@ -187,7 +213,8 @@ void Engine::loop() {
       step();
     } catch (const std::exception& e) {
       // A failing step must not take the server down: fail the requests of this batch, keep serving.
-      for (auto& s : sched_.fail_running()) finish(*s, e.what());
+      for (Rank& rk : ranks_)
+        for (auto& s : rk.sched->fail_running()) finish(*s, e.what());
     }
   }
 }
@@ -205,10 +232,45 @@ void Engine::drain_inbox() {
     s->sink = std::move(sink);
     s->seed = s->req.params.sampling.seed ? *s->req.params.sampling.seed : random_seed();
     if (s->req.constraint) s->constraint = std::make_unique<grammar::Constraint>(s->req.constraint);
-    sched_.add(std::move(s));
+    const int r = place(*s);
+    ranks_[size_t(r)].sched->add(std::move(s));
   }
   if (aborts.empty()) return;
-  for (auto& s : sched_.abort(std::unordered_set<std::string>(aborts.begin(), aborts.end()))) finish(*s);
+  const std::unordered_set<std::string> ids(aborts.begin(), aborts.end());
+  for (Rank& rk : ranks_)
+    for (auto& s : rk.sched->abort(ids)) finish(*s);
+}
+
+bool Engine::has_work() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& rk) { return rk.sched->has_work(); });
+}
+
+int Engine::rank_of(const std::string& request_id) const {
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    if (ranks_[r].sched->holds(request_id)) return int(r);
+  return -1;
+}
+
+// Affinity first: a rank that holds more of the prompt's pages skips that much prefill (and keeps one copy of a
+// shared prefix instead of one per rank). Among equal hits (usually none), the rank with the fewest sequences,
+// then the fewest tokens, then the lowest index. Counts the sequences placed earlier in the same drain.
+int Engine::place(const Sequence& s) const {
+  if (ranks_.size() == 1) return 0;
+  int best = 0;
+  int64_t best_hit = -1, best_seqs = 0, best_tokens = 0;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const Scheduler& sc = *ranks_[r].sched;
+    const int64_t hit = sc.prefix_cache().peek(s.tokens, 0, s.req.media);
+    const int64_t seqs = sc.num_running() + sc.num_waiting();
+    const int64_t tokens = sc.num_tokens();
+    if (hit > best_hit || (hit == best_hit && (seqs < best_seqs || (seqs == best_seqs && tokens < best_tokens)))) {
+      best = int(r);
+      best_hit = hit;
+      best_seqs = seqs;
+      best_tokens = tokens;
+    }
+  }
+  return best;
 }
 
 void Engine::finish(Sequence& s, const std::string& error) {
@@ -231,68 +293,133 @@ void Engine::finish(Sequence& s, const std::string& error) {
   if (s.sink) s.sink(o);
 }
 
+// One rank's share of a step: its plan, the executor's inputs, the sampled tokens.
+struct Engine::RankStep {
+  StepPlan plan;
+  std::vector<SeqInput> inputs;
+  std::vector<RowSampling> rows;
+  std::vector<std::pair<const grammar::Constraint*, uint32_t*>> fills;  // grammar masks to fill
+  std::vector<SampledToken> sampled;
+  std::vector<std::unique_ptr<Sequence>> finished;  // kept alive until their final event is out
+};
+
 bool Engine::step() {
   drain_inbox();
-  if (!sched_.has_work()) {
+  if (!has_work()) {
     publish_state();
     return false;
   }
-  // 1. Schedule.
-  const StepPlan plan = sched_.schedule();
-  {
+  // 1. Schedule every rank.
+  std::vector<RankStep> st(ranks_.size());
+  bool any_rows = false;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    st[r].plan = ranks_[r].sched->schedule();
+    any_rows |= !st[r].plan.rows.empty();
     std::lock_guard<std::mutex> lk(metrics_mu_);
-    metrics_.preemptions += plan.stats.preemptions;
-    metrics_.prompt_tokens += plan.stats.prompt_tokens;
-    metrics_.prefix_query_tokens += plan.stats.prefix_query_tokens;
-    metrics_.prefix_hit_tokens += plan.stats.prefix_hit_tokens;
+    const ScheduleStats& ss = st[r].plan.stats;
+    metrics_.preemptions += ss.preemptions;
+    metrics_.prompt_tokens += ss.prompt_tokens;
+    metrics_.prefix_query_tokens += ss.prefix_query_tokens;
+    metrics_.prefix_hit_tokens += ss.prefix_hit_tokens;
   }
-  if (plan.rows.empty()) {  // nothing fit; the scheduler made room for the next step
+  if (!any_rows) {  // nothing fit anywhere; the schedulers made room for the next step
     publish_state();
     return true;
   }
 
-  // 2. Run: one forward over the batch, one token per row that reached its sequence's end.
-  std::vector<SeqInput> inputs;
-  std::vector<RowSampling> rows;
+  // 2. Run: one forward over each rank's batch, one token per row that reached its sequence's end.
+  for (size_t r = 0; r < ranks_.size(); ++r) prepare(ranks_[r], st[r]);
+  run(st);
+
+  // 3. Update and 4. emit, in rank then row order; the final event carries the last token and the reason. The
+  //    step's metrics are published before any sink runs, so a client that saw its final event sees it counted.
+  std::vector<std::pair<Sequence*, EngineOutput>> events;
+  for (size_t r = 0; r < ranks_.size(); ++r) apply(ranks_[r], st[r], events);
+  publish_state();
+  for (auto& [s, o] : events)
+    if (s->sink) s->sink(o);
+  return true;
+}
+
+void Engine::prepare(Rank& rank, RankStep& st) {
   // Grammar masks of the constrained rows (cached per grammar state: grammar/grammar.h), filled by the executor's
   // before_sampling hook — on a device while the forward runs; the samplers apply them after penalties and bias.
-  const int words = (exec_.config().vocab_size + 31) / 32;
-  std::vector<std::pair<const grammar::Constraint*, uint32_t*>> fills;
+  const int words = (exec_->config().vocab_size + 31) / 32;
   size_t n_masks = 0;
-  for (const ScheduledRow& r : plan.rows)
+  for (const ScheduledRow& r : st.plan.rows)
     if (r.samples && r.seq->constraint && r.seq->constraint->active()) ++n_masks;
-  masks_.resize(n_masks * size_t(words));
+  rank.masks.resize(n_masks * size_t(words));
   size_t mask_at = 0;
-  for (const ScheduledRow& r : plan.rows) {
+  for (const ScheduledRow& r : st.plan.rows) {
     Sequence& s = *r.seq;
-    inputs.push_back(SeqInput{std::span<const int32_t>(s.tokens.data() + s.computed, size_t(r.num_tokens)), s.computed,
-                              s.pages, false, media_rows(s, r.num_tokens)});
+    st.inputs.push_back(SeqInput{std::span<const int32_t>(s.tokens.data() + s.computed, size_t(r.num_tokens)),
+                                 s.computed, s.pages, false, media_rows(s, r.num_tokens)});
     RowSampling rs;
     if (r.samples) {
       rs.params = &s.req.params;
       rs.tokens = s.tokens;
       rs.prompt_len = s.prompt_len;
       rs.seed = s.seed;
-      rs.eos_token_id = exec_.config().eos_token_id;
+      rs.eos_token_id = exec_->config().eos_token_id;
       if (s.constraint && s.constraint->active()) {
-        uint32_t* m = masks_.data() + mask_at++ * size_t(words);
-        fills.emplace_back(s.constraint.get(), m);
+        uint32_t* m = rank.masks.data() + mask_at++ * size_t(words);
+        st.fills.emplace_back(s.constraint.get(), m);
         rs.allowed = m;
       }
     }
-    rows.push_back(rs);
+    st.rows.push_back(rs);
   }
+}
+
+void Engine::run(std::vector<RankStep>& st) {
   double mask_seconds = 0;
-  std::vector<SampledToken> sampled = exec_.forward_sample(inputs, rows, [&] {
+  size_t n_fills = 0;
+  auto fill_all = [&] {
     const auto t0 = Clock::now();
-    for (auto& [c, m] : fills) c->fill_mask(m);
+    for (RankStep& x : st)
+      for (auto& [c, m] : x.fills) c->fill_mask(m);
+    for (RankStep& x : st) n_fills += x.fills.size();
     mask_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  });
-  if (!fills.empty()) {
+  };
+  if (ranks_.size() == 1) {
+    if (!st[0].rows.empty()) st[0].sampled = exec_->forward_sample(st[0].inputs, st[0].rows, fill_all);
+  } else {
+    // The masks are filled here, before the ranks start: the grammar caches are shared between requests, and
+    // so possibly between ranks.
+    fill_all();
+    // Lockstep: every rank runs this step's forward (or, with expert parallelism, the idle step) on its own thread,
+    // rank 0 on this one; the MoE exchange inside each forward is collective.
+    std::vector<std::exception_ptr> err(ranks_.size());
+    auto run_rank = [&](size_t r) {
+      try {
+        RankStep& x = st[r];
+        ModelExecutor& ex = *ranks_[r].exec;
+        if (!x.rows.empty())
+          x.sampled = ex.forward_sample(x.inputs, x.rows);
+        else if (ex.expert_parallel())
+          ex.idle_step();
+      } catch (...) {
+        err[r] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back(run_rank, r);
+    run_rank(0);
+    for (auto& t : threads) t.join();
+    for (auto& e : err)
+      if (e) std::rethrow_exception(e);
+  }
+  if (n_fills > 0) {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     metrics_.grammar_mask_seconds += mask_seconds;
-    metrics_.grammar_masks += fills.size();
+    metrics_.grammar_masks += n_fills;
   }
+}
+
+void Engine::apply(Rank& rank, RankStep& st, std::vector<std::pair<Sequence*, EngineOutput>>& events) {
+  if (st.plan.rows.empty()) return;
+  const StepPlan& plan = st.plan;
+  std::vector<SampledToken>& sampled = st.sampled;
   std::vector<int32_t> tokens;
   for (size_t i = 0; i < plan.rows.size(); ++i)
     if (plan.rows[i].samples) {
@@ -304,60 +431,60 @@ bool Engine::step() {
       if (s.constraint && !s.constraint->accept(sampled[i].id)) s.finish = FinishReason::Error;
     }
 
-  // 3. Update: the scheduler appends the tokens, checks stops and releases finished sequences (kept alive here
-  //    until their final event is out).
-  const std::vector<std::unique_ptr<Sequence>> finished = sched_.update(plan, tokens);
+  // The scheduler appends the tokens, checks stops and releases finished sequences (kept alive in `st` until
+  // their final event is out).
+  st.finished = rank.sched->update(plan, tokens);
 
-  // 4. Emit, in row order; the final event carries the last token and the reason. The step's metrics are
-  //    published before any sink runs, so a client that saw its final event sees it counted.
   const auto now = Clock::now();
-  std::vector<std::pair<Sequence*, EngineOutput>> events;
-  {
-    std::lock_guard<std::mutex> lk(metrics_mu_);
-    for (size_t i = 0; i < plan.rows.size(); ++i) {
-      if (!plan.rows[i].samples) continue;
-      Sequence& s = *plan.rows[i].seq;
-      EngineOutput o;
-      const bool refused = s.finish == FinishReason::Error;  // by the grammar, above
-      if (refused) {
-        o.error = "constrained decoding reached a point where no token of the vocabulary continues the grammar";
-      } else {
-        o.tokens = {sampled[i].id};
-        if (sampled[i].logprob) o.logprobs.push_back(std::move(*sampled[i].logprob));
-      }
-      o.prompt_tokens = s.prompt_len;
-      o.cached_tokens = std::max(0, s.cached_tokens);
-      o.completion_tokens = s.generated;
-      o.finish = s.finish;
-      if (!s.first_token_sent)
-        metrics_.ttft.observe(std::chrono::duration<double>(now - s.t_arrival).count());
-      else
-        metrics_.itl.observe(std::chrono::duration<double>(now - s.t_last).count());
-      s.first_token_sent = true;
-      s.t_last = now;
-      if (s.finish != FinishReason::None) {
-        (refused ? metrics_.requests_error
-                 : s.finish == FinishReason::Stop ? metrics_.requests_stop : metrics_.requests_length)++;
-        metrics_.e2e.observe(std::chrono::duration<double>(now - s.t_arrival).count());
-      }
-      events.emplace_back(&s, std::move(o));
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (!plan.rows[i].samples) continue;
+    Sequence& s = *plan.rows[i].seq;
+    EngineOutput o;
+    const bool refused = s.finish == FinishReason::Error;  // by the grammar, above
+    if (refused) {
+      o.error = "constrained decoding reached a point where no token of the vocabulary continues the grammar";
+    } else {
+      o.tokens = {sampled[i].id};
+      if (sampled[i].logprob) o.logprobs.push_back(std::move(*sampled[i].logprob));
     }
-    metrics_.generation_tokens += tokens.size();
+    o.prompt_tokens = s.prompt_len;
+    o.cached_tokens = std::max(0, s.cached_tokens);
+    o.completion_tokens = s.generated;
+    o.finish = s.finish;
+    if (!s.first_token_sent)
+      metrics_.ttft.observe(std::chrono::duration<double>(now - s.t_arrival).count());
+    else
+      metrics_.itl.observe(std::chrono::duration<double>(now - s.t_last).count());
+    s.first_token_sent = true;
+    s.t_last = now;
+    if (s.finish != FinishReason::None) {
+      (refused ? metrics_.requests_error
+               : s.finish == FinishReason::Stop ? metrics_.requests_stop : metrics_.requests_length)++;
+      metrics_.e2e.observe(std::chrono::duration<double>(now - s.t_arrival).count());
+    }
+    events.emplace_back(&s, std::move(o));
   }
-  publish_state();
-  for (auto& [s, o] : events)
-    if (s->sink) s->sink(o);
-  return true;
+  metrics_.generation_tokens += tokens.size();
 }
 
 void Engine::publish_state() {
-  const PrefixCache& prefix = sched_.prefix_cache();
+  int running = 0, waiting = 0;
+  int64_t free = 0, cached = 0, used = 0;
+  for (const Rank& rk : ranks_) {
+    const PrefixCache& prefix = rk.sched->prefix_cache();
+    running += rk.sched->num_running();
+    waiting += rk.sched->num_waiting();
+    free += rk.exec->pool().num_free();
+    cached += prefix.num_cached();
+    used += rk.exec->pool().num_used() - prefix.num_evictable();
+  }
   std::lock_guard<std::mutex> lk(metrics_mu_);
-  metrics_.num_running = sched_.num_running();
-  metrics_.num_waiting = sched_.num_waiting();
-  metrics_.pages_free = exec_.pool().num_free();
-  metrics_.pages_cached = prefix.num_cached();
-  metrics_.pages_used = exec_.pool().num_used() - prefix.num_evictable();
+  metrics_.num_running = running;
+  metrics_.num_waiting = waiting;
+  metrics_.pages_free = decltype(metrics_.pages_free)(free);
+  metrics_.pages_cached = decltype(metrics_.pages_cached)(cached);
+  metrics_.pages_used = decltype(metrics_.pages_used)(used);
 }
 
 }  // namespace m3

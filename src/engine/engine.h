@@ -5,6 +5,14 @@
 // tokens, the executor runs the forward and samples (ModelExecutor::forward_sample), the scheduler applies the
 // tokens (stop checks, prefix-cache inserts, page release), and the engine emits outputs and publishes the step's
 // metrics once. No request fails because the cache is full: preemption by recompute makes room.
+//
+// Data parallelism (EngineConfig::data_parallel_size = P > 1; docs/PARALLEL.md): P ranks, each with its own
+// executor, KV pool, Scheduler and prefix cache. The engine places every new request on one rank — the rank whose
+// prefix cache holds the longest prefix of the prompt, then the least loaded (fewest sequences, then fewest tokens)
+// — and it stays there: preemption, prefix caching and page accounting are per rank. Every step schedules all
+// ranks and runs them in lockstep on one thread each; with expert parallelism a rank without rows runs the idle
+// step, so the MoE exchange of every layer still has all ranks. P = 1 is the same code with one rank, run on the
+// engine thread.
 #pragma once
 
 #include <atomic>
@@ -19,6 +27,7 @@
 
 #include "engine/request.h"
 #include "engine/metrics.h"
+#include "dist/inprocess_communicator.h"
 #include "engine/scheduler.h"
 #include "model/executor.h"
 #include "model/m3_model.h"
@@ -31,13 +40,21 @@ struct EngineConfig {
   int max_num_batched_tokens = 2048;  // tokens per step (decode rows + prefill chunk tokens)
   int64_t max_model_len = 0;          // prompt + generated, at most (0 = model's max_position_embeddings)
   bool enable_prefix_caching = true;
+  // Ranks (--data-parallel-size). > 1: CPU backend only for now; each rank gets the page count of the executor
+  // the engine is built with.
+  int data_parallel_size = 1;
+  // --enable-expert-parallel: with data_parallel_size > 1, routed expert e runs on rank e mod P and the MoE layers
+  // exchange rows through an in-process group (model/expert_parallel.h); without it every rank runs every expert.
+  bool enable_expert_parallel = false;
 };
 
 class Engine {
  public:
   // Runs on the CPU reference backend with an executor of cfg.num_pages pages.
   Engine(const M3Model& model, EngineConfig cfg);
-  // Runs on any executor (e.g. CUDA); the page count is the executor's.
+  // Runs on any executor (e.g. CUDA); the page count is the executor's. With data_parallel_size > 1 the executor
+  // must be a CpuExecutor: it becomes rank 0 and the engine builds the other ranks over the same model (throws
+  // m3::Error naming the unsupported combination otherwise).
   Engine(ModelExecutor& executor, EngineConfig cfg);
   ~Engine();  // stops the thread; pending requests finish with Abort
 
@@ -51,7 +68,13 @@ class Engine {
   void abort(const std::string& request_id);
 
   const EngineConfig& config() const { return cfg_; }
-  ModelExecutor& executor() { return exec_; }
+  ModelExecutor& executor() { return *ranks_[0].exec; }
+  int data_parallel_size() const { return int(ranks_.size()); }
+  ModelExecutor& executor(int rank) { return *ranks_[size_t(rank)].exec; }
+  // Rank r's scheduler (its pool and prefix cache). Like step(): engine thread only, or no thread running.
+  const Scheduler& scheduler(int rank) const { return *ranks_[size_t(rank)].sched; }
+  // The rank holding a running or waiting request, −1 when none does (engine thread only, or no thread running).
+  int rank_of(const std::string& request_id) const;
   int64_t max_model_len() const { return cfg_.max_model_len; }
   EngineMetrics metrics() const;  // thread-safe snapshot
 
@@ -60,7 +83,23 @@ class Engine {
   bool step();
 
  private:
+  struct Rank {
+    std::unique_ptr<ModelExecutor> owned;  // null for the executor passed in (rank 0)
+    ModelExecutor* exec = nullptr;
+    std::unique_ptr<Scheduler> sched;      // declared after `owned`: gives its pages back first
+    std::vector<uint32_t> masks;           // this step's grammar masks [constrained rows, words]
+  };
+  struct RankStep;  // one rank's share of a step (engine.cpp)
+
+  Engine(std::unique_ptr<ModelExecutor> owned, ModelExecutor* executor, EngineConfig cfg);
   void loop();
+  bool has_work() const;
+  // The rank a new sequence goes to: longest cached prefix, then fewest sequences, then fewest tokens.
+  int place(const Sequence& s) const;
+  void prepare(Rank& rank, RankStep& st);
+  void run(std::vector<RankStep>& st);
+  // Applies rank r's sampled tokens, updates its scheduler and collects its output events.
+  void apply(Rank& rank, RankStep& st, std::vector<std::pair<Sequence*, EngineOutput>>& events);
   void drain_inbox();
   // Sends a sequence's final event (no new tokens) and counts it.
   void finish(Sequence& s, const std::string& error = {});
@@ -68,9 +107,10 @@ class Engine {
   // The media embedding rows of the prompt slot tokens among the next `n` tokens of `s` (engine.cpp).
   std::span<const float> media_rows(const Sequence& s, int64_t n) const;
 
-  std::unique_ptr<ModelExecutor> owned_executor_;
-  ModelExecutor& exec_;
   EngineConfig cfg_;
+  std::unique_ptr<dist::InProcessGroup> group_;  // expert-parallel collectives; outlives the ranks' executors
+  std::vector<Rank> ranks_;
+  ModelExecutor* exec_ = nullptr;  // rank 0's: config, vocabulary
 
   std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
@@ -79,10 +119,8 @@ class Engine {
   bool stop_ = false;
   std::thread thread_;
 
-  // Owned by the engine thread (or by step() callers when no thread runs).
-  Scheduler sched_;
+  // Owned by the engine thread (or by step() callers when no thread runs); so are ranks_' schedulers.
   uint64_t arrival_counter_ = 0;
-  std::vector<uint32_t> masks_;  // this step's grammar masks [constrained rows, words]
 
   mutable std::mutex metrics_mu_;
   EngineMetrics metrics_;

@@ -55,6 +55,18 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::abort(const std::unordered_set
   return out;
 }
 
+int64_t Scheduler::num_tokens() const {
+  int64_t n = 0;
+  for (const auto& s : running_) n += int64_t(s->tokens.size());
+  for (const auto& s : waiting_) n += int64_t(s->tokens.size());
+  return n;
+}
+
+bool Scheduler::holds(const std::string& request_id) const {
+  auto is = [&](const auto& s) { return s->req.id == request_id; };
+  return std::any_of(running_.begin(), running_.end(), is) || std::any_of(waiting_.begin(), waiting_.end(), is);
+}
+
 std::vector<std::unique_ptr<Sequence>> Scheduler::abort_all() {
   std::vector<std::unique_ptr<Sequence>> out;
   for (auto& s : running_) out.push_back(std::move(s));

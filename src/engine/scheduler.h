@@ -81,6 +81,10 @@ class Scheduler {
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   int num_running() const { return int(running_.size()); }
   int num_waiting() const { return int(waiting_.size()); }
+  // Tokens (prompt + generated) of every running and waiting sequence: the data-parallel engine's load measure.
+  int64_t num_tokens() const;
+  // Whether a running or waiting sequence has this request id.
+  bool holds(const std::string& request_id) const;
   const PrefixCache& prefix_cache() const { return prefix_; }
   const PagePool& pool() const { return pool_; }
 

@@ -27,14 +27,13 @@ uint64_t PrefixCache::page_hash(uint64_t parent, uint64_t media, std::span<const
   return XXH3_64bits_withSeed(page_tokens.data(), page_tokens.size_bytes(), parent ^ media);
 }
 
-std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, uint64_t extra_key,
-                                        std::span<const MediaSpan> media) {
-  std::vector<int32_t> pages;
-  if (!enabled_ || tokens.empty()) return pages;
+template <class Hit>
+void PrefixCache::walk(std::span<const int32_t> tokens, uint64_t extra_key, std::span<const MediaSpan> media,
+                       Hit&& hit) const {
+  if (!enabled_ || tokens.empty()) return;
   const size_t B = size_t(block_size_);
   const size_t max_pages = (tokens.size() - 1) / B;
   uint64_t parent = extra_key;
-  ++tick_;
   for (size_t i = 0; i < max_pages; ++i) {
     auto page_tokens = tokens.subspan(i * B, B);
     const uint64_t m = media_page_key(media, int64_t(i * B), block_size_);
@@ -43,12 +42,29 @@ std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, uint64_
     if (it == by_hash_.end() || it->second.parent != parent || it->second.media != m ||
         !std::equal(page_tokens.begin(), page_tokens.end(), it->second.tokens.begin()))
       break;
-    it->second.last_use = tick_;
-    pool_.retain(it->second.page);
-    pages.push_back(it->second.page);
+    hit(h);
     parent = h;
   }
+}
+
+std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, uint64_t extra_key,
+                                        std::span<const MediaSpan> media) {
+  std::vector<int32_t> pages;
+  ++tick_;
+  walk(tokens, extra_key, media, [&](uint64_t h) {
+    Entry& e = by_hash_.at(h);
+    e.last_use = tick_;
+    pool_.retain(e.page);
+    pages.push_back(e.page);
+  });
   return pages;
+}
+
+int64_t PrefixCache::peek(std::span<const int32_t> tokens, uint64_t extra_key,
+                          std::span<const MediaSpan> media) const {
+  int64_t n = 0;
+  walk(tokens, extra_key, media, [&](uint64_t) { ++n; });
+  return n;
 }
 
 void PrefixCache::insert(std::span<const int32_t> tokens, int page_index, int32_t page, uint64_t extra_key,

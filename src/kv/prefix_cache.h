@@ -39,6 +39,9 @@ class PrefixCache {
   // floor((n − 1) / B) pages, so at least the last token is always recomputed (its logits are needed).
   std::vector<int32_t> match(std::span<const int32_t> tokens, uint64_t extra_key = 0,
                              std::span<const MediaSpan> media = {});
+  // How many pages match() would return, without retaining them or touching the LRU order: the data-parallel
+  // engine asks every rank's cache to place a request where its prefix already is (engine/engine.h).
+  int64_t peek(std::span<const int32_t> tokens, uint64_t extra_key = 0, std::span<const MediaSpan> media = {}) const;
   // Registers page `page_index` (tokens [i·B, (i+1)·B) of `tokens`, all computed) held in `page`. No-op when the
   // page is already cached under that key (another sequence computed the same prefix first).
   void insert(std::span<const int32_t> tokens, int page_index, int32_t page, uint64_t extra_key = 0,
@@ -60,6 +63,9 @@ class PrefixCache {
     uint64_t last_use;
   };
   uint64_t page_hash(uint64_t parent, uint64_t media, std::span<const int32_t> page_tokens) const;
+  // Walks the hash chain of `tokens`; calls hit(entry) for each matching page, in order, until the first miss.
+  template <class Hit>
+  void walk(std::span<const int32_t> tokens, uint64_t extra_key, std::span<const MediaSpan> media, Hit&& hit) const;
   bool evict_one();
 
   PagePool& pool_;

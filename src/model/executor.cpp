@@ -23,6 +23,15 @@ std::vector<SampledToken> ModelExecutor::forward_sample(std::span<const SeqInput
   return out;
 }
 
+void ModelExecutor::idle_step() {
+  throw Error("idle_step: this executor is not part of an expert-parallel group");
+}
+
+void CpuExecutor::idle_step() {
+  M3_CHECK(ep_.comm, "idle_step: this executor is not part of an expert-parallel group");
+  model_.idle_step(ep_);
+}
+
 int32_t default_cpu_pages(const M3Config& c) {
   // Without an explicit size: room for 8 full-length sequences of at most 4096 tokens.
   const int64_t len = std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
@@ -32,8 +41,11 @@ int32_t default_cpu_pages(const M3Config& c) {
 std::string CpuExecutor::describe() const {
   const M3Config& c = model_.config();
   const double mib = double(KVCache::page_floats(c)) * 4.0 * cache_.pool().capacity() / (1 << 20);
-  return fmt::format("cpu fp32, KV cache {} pages × {} tokens = {} tokens ({:.1f} MiB)", cache_.pool().capacity(),
-                     c.sparse_block_size, int64_t(cache_.pool().capacity()) * c.sparse_block_size, mib);
+  std::string s = fmt::format("cpu fp32, KV cache {} pages × {} tokens = {} tokens ({:.1f} MiB)",
+                              cache_.pool().capacity(), c.sparse_block_size,
+                              int64_t(cache_.pool().capacity()) * c.sparse_block_size, mib);
+  if (ep_.comm) s += fmt::format(", expert-parallel rank {} of {}", ep_.comm->rank(), ep_.comm->size());
+  return s;
 }
 
 }  // namespace m3

@@ -13,6 +13,7 @@
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "kv/page_pool.h"
+#include "model/expert_parallel.h"
 #include "model/m3_model.h"
 
 namespace m3 {
@@ -30,6 +31,10 @@ class ModelExecutor {
   // the grammar masks (RowSampling::allowed) there, so on a device they are computed while the forward runs.
   virtual std::vector<SampledToken> forward_sample(std::span<const SeqInput> seqs, std::span<const RowSampling> rows,
                                                    const std::function<void()>& before_sampling = {});
+  // Expert parallelism (model/expert_parallel.h): this executor is one rank of a data-parallel group whose MoE
+  // layers exchange rows. Then every step is collective: a rank without rows calls idle_step() instead of forward.
+  virtual bool expert_parallel() const { return false; }
+  virtual void idle_step();  // throws when the executor is not in an expert-parallel group
   virtual std::string describe() const = 0;  // for the startup line, e.g. "cpu fp32, 512 pages × 16 tokens"
   // Bytes of one KV page unit in this executor's cache (what a KV memory budget is divided by).
   virtual int64_t page_bytes() const = 0;
@@ -46,9 +51,15 @@ class CpuExecutor final : public ModelExecutor {
       : owned_(std::move(model)), model_(*owned_), cache_(model_.config(), num_pages) {}
   static int64_t page_bytes_for(const M3Config& c) { return KVCache::page_floats(c) * int64_t(sizeof(float)); }
   const M3Config& config() const override { return model_.config(); }
+  const M3Model& model() const { return model_; }
   PagePool& pool() override { return cache_.pool(); }
+  // Makes this executor rank ep.comm->rank() of an expert-parallel group (ep.comm outlives the executor); every
+  // step's tokens must then stay within ep.max_tokens.
+  void set_expert_parallel(const ExpertParallel& ep) { ep_ = ep; }
+  bool expert_parallel() const override { return ep_.comm != nullptr; }
+  void idle_step() override;
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace) override {
-    return model_.forward(seqs, cache_, trace);
+    return model_.forward(seqs, cache_, trace, ep_.comm ? &ep_ : nullptr);
   }
   std::string describe() const override;
   int64_t page_bytes() const override { return page_bytes_for(model_.config()); }
@@ -57,6 +68,7 @@ class CpuExecutor final : public ModelExecutor {
   std::unique_ptr<const M3Model> owned_;
   const M3Model& model_;
   KVCache cache_;
+  ExpertParallel ep_;  // comm == nullptr: one rank
 };
 
 }  // namespace m3

@@ -32,6 +32,28 @@ TEST(PrefixCache, MatchesOnlyFullPagesAndLeavesTheLastTokenToCompute) {
   EXPECT_TRUE(pc.match(longer, /*extra_key=*/42).empty());
 }
 
+// The data-parallel engine's placement asks every rank's cache: peek counts what match would return and changes
+// nothing (no reference taken, LRU order kept).
+TEST(PrefixCache, PeekCountsTheMatchWithoutRetainingOrTouchingTheLruOrder) {
+  PagePool pool(3);
+  PrefixCache pc(pool, 2, true);
+  auto a = seq(6), b = seq(6, 100);
+  int32_t pa = *pc.alloc(), pb = *pc.alloc();
+  pc.insert(a, 0, pa);
+  pc.insert(b, 0, pb);
+  pool.release(pa);
+  pool.release(pb);
+  auto hit = pc.match(seq(3, 100));  // b's page used last: a's is the LRU one
+  ASSERT_EQ(hit.size(), 1u);
+  pool.release(hit[0]);
+  EXPECT_EQ(pc.peek(seq(3)), 1);  // would touch a's page if it were a match
+  EXPECT_EQ(pc.peek(seq(2)), 0);  // the last token is always recomputed
+  EXPECT_EQ(pc.peek(seq(3), 42), 0);
+  EXPECT_EQ(pc.num_evictable(), 2);  // no reference taken
+  (void)*pc.alloc();                 // the free page
+  EXPECT_EQ(*pc.alloc(), pa);        // a's page is still the LRU one
+}
+
 TEST(PrefixCache, EvictsLeastRecentlyUsedUnreferencedPagesOnlyWhenThePoolIsEmpty) {
   PagePool pool(3);
   PrefixCache pc(pool, 2, true);
