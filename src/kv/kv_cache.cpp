@@ -85,6 +85,10 @@ void KVCache::write(KvTensor t, int layer, float* dst, const float* src, int64_t
       break;
     }
   }
+  for (int64_t i = 0; i < n; ++i) {
+    st.sum_sq += double(src[i]) * src[i];
+    st.err_sq += (double(dst[i]) - src[i]) * (double(dst[i]) - src[i]);
+  }
 }
 
 float* KVCache::k(int32_t page, int layer) { return data_.data() + int64_t(page) * page_floats_ + k_off_[layer]; }

@@ -39,10 +39,11 @@ struct KvStorage {
 };
 
 // What the writes of one (tensor, layer) saw: max|x| before rounding, values written, values that saturated (E4M3:
-// |x / scale| > 448) — a calibration run reads amax, a check reads saturated.
+// |x / scale| > 448), the rounding error — a calibration run reads amax, a check reads saturated.
 struct KvWriteStats {
   float amax = 0.f;
   int64_t written = 0, saturated = 0;
+  double sum_sq = 0, err_sq = 0;  // Σx², Σ(stored − x)²: the storage's RMS relative error is sqrt(err_sq / sum_sq)
 };
 
 class KVCache {

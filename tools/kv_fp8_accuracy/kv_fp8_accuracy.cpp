@@ -2,6 +2,7 @@
 // CPU model (issue 15 item 5; docs/FP8.md §8.1, bench/results/2026-12-02b-fp8-kv-accuracy-cpu.md). Per fixture: a
 // teacher-forced scripted prefill + decode of its golden input_ids with fp32 / bf16 / e4m3 caches; top-1 agreement,
 // logit error, MSA selections of e4m3 vs bf16 index-K and the attention-output error where they differ.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -35,6 +36,16 @@ void print_sel(const char* name, const SelectionStats& s) {
               100.0 * double(s.ranked_identical) / double(s.ranked_rows), (long long)s.ranked_identical,
               (long long)s.ranked_rows, 100.0 * double(s.blocks_shared) / double(s.blocks), s.out_err.size(),
               s.out_err_p50(), s.out_err_max());
+}
+
+// RMS of (stored − written) / RMS of written over every layer of one tensor.
+double rms_err(const ScriptedRun& r, KvTensor t, int layers) {
+  double e = 0, x = 0;
+  for (int l = 0; l < layers; ++l) {
+    e += r.cache->write_stats(t, l).err_sq;
+    x += r.cache->write_stats(t, l).sum_sq;
+  }
+  return x > 0 ? std::sqrt(e / x) : 0;
 }
 
 }  // namespace
@@ -98,7 +109,10 @@ int main(int argc, char** argv) {
           sat += r.cache->write_stats(t, l).saturated;
           n += r.cache->write_stats(t, l).written;
         }
-      std::string nm = std::string(v.name) + " vs bf16 (saturated " + std::to_string(sat) + "/" + std::to_string(n) + ")";
+      char rms[96];
+      std::snprintf(rms, sizeof rms, ", RMS rel. rounding error K %.2e V %.2e index-K %.2e", rms_err(r, KvTensor::K, c.num_layers),
+                    rms_err(r, KvTensor::V, c.num_layers), rms_err(r, KvTensor::IndexK, c.num_layers));
+      std::string nm = std::string(v.name) + " vs bf16 (saturated " + std::to_string(sat) + "/" + std::to_string(n) + rms + ")";
       print_logits(nm.c_str(), compare_logits(r.logits, rb.logits, c.vocab_size, gap), gap);
       nm = std::string(v.name) + " vs fp32";
       print_logits(nm.c_str(), compare_logits(r.logits, f32.logits, c.vocab_size, gap), gap);
@@ -108,6 +122,16 @@ int main(int argc, char** argv) {
     for (double g : {0.0, 1e-3, 3e-3, 1e-2, 3e-2}) {
       const LogitStats s = compare_logits(rc.logits, rb.logits, c.vocab_size, g);
       std::printf(" ≥%.0e: %.2f %% of %lld;", g, 100 * s.decisive_agreement(), (long long)s.decisive_rows);
+    }
+    {
+      const size_t split = size_t(prefill * c.vocab_size);
+      const std::vector<float> pc(rc.logits.begin(), rc.logits.begin() + split), pb(rb.logits.begin(), rb.logits.begin() + split);
+      const std::vector<float> dc(rc.logits.begin() + split, rc.logits.end()), db(rb.logits.begin() + split, rb.logits.end());
+      const LogitStats sp = compare_logits(pc, pb, c.vocab_size, gap), sd = compare_logits(dc, db, c.vocab_size, gap);
+      std::printf("\nsame, prefill rows: %.2f %% (decisive %.2f %% of %lld, p50 %.2e); decode rows: %.2f %% (decisive "
+                  "%.2f %% of %lld, p50 %.2e)",
+                  100 * sp.agreement(), 100 * sp.decisive_agreement(), (long long)sp.decisive_rows, sp.err_p50,
+                  100 * sd.agreement(), 100 * sd.decisive_agreement(), (long long)sd.decisive_rows, sd.err_p50);
     }
     std::printf("\n\nMSA selections, index-K only (fp32 run's queries, K/V), (index head, token) rows | identical | "
                 "identical, ranked rows | history blocks shared | differing q-head rows | attn out err p50 | max\n");
