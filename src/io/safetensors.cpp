@@ -229,30 +229,53 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 std::vector<float> SafeTensors::read_f32(const std::string& name, const std::vector<int64_t>& expected) const {
   const TensorRef& t = get(name);
+  const int64_t cols = t.shape.empty() ? 1 : t.shape.back(), rows = t.numel() / std::max<int64_t>(cols, 1);
+  return read_f32_block(name, expected, 0, rows, 0, cols);
+}
+
+std::vector<float> SafeTensors::read_f32_block(const std::string& name, const std::vector<int64_t>& expected,
+                                               int64_t row0, int64_t row1, int64_t col0, int64_t col1) const {
+  const TensorRef& t = get(name);
   M3_CHECK(t.shape == expected, "tensor '{}' in {} has shape {} but the config implies {}", name, t.file,
            shape_str(t.shape), shape_str(expected));
-  int64_t n = t.numel();
-  std::vector<float> out(static_cast<size_t>(n));
+  // Viewed as [rows, cols] (cols = last dim; a 1-D tensor is one row).
+  const int64_t cols = t.shape.empty() ? 1 : t.shape.back(), rows = t.numel() / std::max<int64_t>(cols, 1);
+  M3_CHECK(0 <= row0 && row0 <= row1 && row1 <= rows && 0 <= col0 && col0 <= col1 && col1 <= cols,
+           "tensor '{}' in {}: block rows [{}, {}) cols [{}, {}) outside [{}, {}]", name, t.file, row0, row1, col0,
+           col1, rows, cols);
+  const int64_t bw = col1 - col0;
+  std::vector<float> out(static_cast<size_t>((row1 - row0) * bw));
+  auto each = [&](auto&& convert) {  // convert(flat source index) → float
+    for (int64_t r = row0; r < row1; ++r)
+      for (int64_t c = col0; c < col1; ++c) out[size_t((r - row0) * bw + (c - col0))] = convert(r * cols + c);
+  };
   const uint8_t* p = t.data;
+  const int64_t n_block = (row1 - row0) * bw;
   switch (t.dtype) {
     case DType::F32:
-      std::memcpy(out.data(), p, size_t(n) * 4);
+      for (int64_t r = row0; r < row1; ++r)
+        std::memcpy(out.data() + (r - row0) * bw, p + 4 * (r * cols + col0), size_t(bw) * 4);
+      bytes_read_ += n_block * 4;
       break;
     case DType::F64:
-      for (int64_t i = 0; i < n; ++i) {
+      each([&](int64_t i) {
         double d;
         std::memcpy(&d, p + 8 * i, 8);
-        out[i] = float(d);
-      }
+        return float(d);
+      });
+      bytes_read_ += n_block * 8;
       break;
     case DType::BF16:
-    case DType::F16:
-      for (int64_t i = 0; i < n; ++i) {
+    case DType::F16: {
+      const bool bf = t.dtype == DType::BF16;
+      each([&](int64_t i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
-        out[i] = t.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-      }
+        return bf ? bf16_to_f32(h) : f16_to_f32(h);
+      });
+      bytes_read_ += n_block * 2;
       break;
+    }
     case DType::F8_E4M3: {
       // MXFP8: one UE8M0 scale per 32 consecutive elements of each row (last dim).
       std::string scale_name = name + "_scale_inv";
@@ -260,7 +283,6 @@ std::vector<float> SafeTensors::read_f32(const std::string& name, const std::vec
                scale_name);
       const TensorRef& s = get(scale_name);
       M3_CHECK(!t.shape.empty(), "FP8 tensor '{}' must have at least one dimension", name);
-      int64_t cols = t.shape.back(), rows = n / std::max<int64_t>(cols, 1);
       int64_t scols = (cols + 31) / 32;
       std::vector<int64_t> sshape = t.shape;
       sshape.back() = scols;
@@ -268,11 +290,12 @@ std::vector<float> SafeTensors::read_f32(const std::string& name, const std::vec
                "scale '{}' in {} must be one byte per block (UE8M0), got {}", scale_name, s.file, dtype_name(s.dtype));
       M3_CHECK(s.shape == sshape, "scale '{}' in {} has shape {} but [.., {}/32] = {} is needed", scale_name, s.file,
                shape_str(s.shape), cols, shape_str(sshape));
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) {
-          float scale = ue8m0_to_f32(s.data[r * scols + c / 32]);
-          out[r * cols + c] = e4m3_to_f32(p[r * cols + c]) * scale;
-        }
+      M3_CHECK(col0 % 32 == 0, "FP8 tensor '{}': a column slice must start on a 32-column scale block, not {}", name,
+               col0);
+      for (int64_t r = row0; r < row1; ++r)
+        for (int64_t c = col0; c < col1; ++c)
+          out[size_t((r - row0) * bw + (c - col0))] = e4m3_to_f32(p[r * cols + c]) * ue8m0_to_f32(s.data[r * scols + c / 32]);
+      bytes_read_ += n_block + (row1 - row0) * ((col1 - col0 + 31) / 32);
       break;
     }
     default:

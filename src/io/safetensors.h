@@ -45,6 +45,14 @@ class SafeTensors {
   // convert; F8_E4M3 requires the MXFP8 companion "<name minus .weight>.weight_scale_inv" (U8, one UE8M0
   // byte per 32 consecutive elements of the last dim) and dequantises w·2^(s−127).
   std::vector<float> read_f32(const std::string& name, const std::vector<int64_t>& expected_shape) const;
+  // The block rows [row0, row1) × columns [col0, col1) of a tensor viewed as [rows, last dim] (a sharded load,
+  // model/rank_share.h): fp32, row-major [row1 − row0, col1 − col0]. Only those bytes (and, for MXFP8, their
+  // scale bytes) of the mmap are touched. FP8 slices need col0 % 32 == 0 (whole scale blocks).
+  std::vector<float> read_f32_block(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t row0,
+                                    int64_t row1, int64_t col0, int64_t col1) const;
+  // Bytes of tensor data (values and FP8 scales) read by read_f32 / read_f32_block since open: what a sharded load
+  // touched, for the tests that a rank never reads another rank's tensors.
+  int64_t bytes_read() const { return bytes_read_; }
 
   struct Mapping;  // one mmap'd file
 
@@ -53,6 +61,7 @@ class SafeTensors {
   std::vector<std::unique_ptr<Mapping>> maps_;
   std::map<std::string, TensorRef> tensors_;
   std::string root_;
+  mutable int64_t bytes_read_ = 0;
 };
 
 std::string normalise_tensor_name(const std::string& raw);

@@ -7,6 +7,7 @@
 
 #include "io/config.h"
 #include "model/m3_weights.h"
+#include "model/rank_share.h"
 
 namespace m3 {
 
@@ -16,8 +17,10 @@ struct Checkpoint {
 };
 
 // Throws m3::Error naming the directory, file or tensor that is missing or wrong. `before_weights`, when given,
-// sees the config before the (slow) weight load, so a caller can reject bad options early.
+// sees the config before the (slow) weight load, so a caller can reject bad options early. `share`: load only one
+// rank's tensors and rows (model/rank_share.h).
 Checkpoint load_checkpoint(const std::string& model_dir,
-                           const std::function<void(const M3Config&)>& before_weights = {});
+                           const std::function<void(const M3Config&)>& before_weights = {},
+                           const RankShare& share = {});
 
 }  // namespace m3

@@ -41,6 +41,18 @@ void norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const std::vector<
 
 M3Model::M3Model(M3Config cfg, M3Weights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {}
 
+void M3Model::check_share(const ExpertParallel* ep) const {
+  // A rank's weights (model/rank_share.h) run only in their place: the CPU forward splits routed experts only, and
+  // an expert-parallel share needs the exchange of its own rank (another rank's experts are empty here).
+  const RankShare& s = w_.share;
+  M3_CHECK(s.experts_only(), "the CPU forward runs whole attention and vocabulary only (weights of rank {} of {} "
+           "are split over KV heads ({}) or vocabulary ({}))", s.rank, s.world, s.attn_tp, s.vocab_parts);
+  if (s.whole()) return;
+  M3_CHECK(ep != nullptr && ep->comm->size() == s.world && ep->comm->rank() == s.rank,
+           "weights of rank {} of {} (routed experts split) need the expert-parallel exchange of that rank", s.rank,
+           s.world);
+}
+
 M3Model M3Model::load(const std::string& model_dir) {
   Checkpoint ck = load_checkpoint(model_dir);
   return M3Model(std::move(ck.config), std::move(ck.weights));
@@ -53,6 +65,7 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   const int64_t B = c.sparse_block_size, V = c.vocab_size;
   M3_CHECK(cache.block_size() == B, "KV cache page size {} differs from the model's block size {}",
            cache.block_size(), B);
+  check_share(ep);
 
   // The ragged batch flattened: row t of the step is token ids[t] of sequence row_seq[t] at position pos[t].
   const StepRows rows = StepRows::build(c, seqs, cache.pool().capacity());
@@ -213,6 +226,7 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
 
 void M3Model::idle_step(const ExpertParallel& ep) const {
   const M3Config& c = cfg_;
+  check_share(&ep);
   for (int l = 0; l < c.num_layers; ++l) {
     if (c.mlp_kinds[l] != MlpKind::MoE) continue;
     const LayerWeights& L = w_.layers[size_t(l)];

@@ -51,6 +51,7 @@ class M3Model {
  private:
   M3Config cfg_;
   M3Weights w_;
+  void check_share(const ExpertParallel* ep) const;  // throws when w_.share cannot run with `ep`
 };
 
 }  // namespace m3

@@ -7,6 +7,7 @@
 
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/rank_share.h"
 
 namespace m3 {
 
@@ -35,8 +36,16 @@ struct M3Weights {
   std::vector<float> lm_head;  // [V, H]
   std::vector<LayerWeights> layers;
 
-  // Throws m3::Error naming the tensor and file when a tensor is missing or mis-shaped.
-  static M3Weights load(const M3Config& cfg, const SafeTensors& st);
+  // The part of the model these arrays hold (model/rank_share.h): the whole model unless loaded for a rank. A
+  // rank's arrays hold only its blocks; another rank's routed experts stay empty.
+  RankShare share;
+
+  // Throws m3::Error naming the tensor and file when a tensor is missing or mis-shaped. With a share, reads only the
+  // rank's tensors and rows (model/weight_plan.h rank_weight_plan): tensors of other ranks' experts need not exist
+  // in `st`, and the bytes of those that do are never read (SafeTensors::bytes_read).
+  static M3Weights load(const M3Config& cfg, const SafeTensors& st, const RankShare& share = {});
+  // Host bytes of every array (fp32).
+  int64_t bytes() const;
   // The layer structure of a config with every tensor empty: one LayerWeights per layer, each dense MLP / expert /
   // shared expert with its intermediate size (the tensors are filled by load() or dummy_weights()).
   static M3Weights skeleton(const M3Config& cfg);

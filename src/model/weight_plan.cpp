@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/counter_hash.h"
@@ -199,15 +200,98 @@ std::vector<float> dummy_slot_values(const WeightSlot& s, uint64_t seed) {
   return v;
 }
 
-M3Weights dummy_weights(const M3Config& c, uint64_t seed) {
+M3Weights dummy_weights(const M3Config& c, uint64_t seed, const RankShare& share) {
   M3Weights w = M3Weights::skeleton(c);
-  for (const WeightSlot& s : weight_plan(c)) {
-    if (s.kind == SlotKind::LmHead && s.may_tie_to_embed)
+  w.share = share;
+  for (const SlotShare& ss : rank_weight_plan(c, share)) {
+    const WeightSlot& s = ss.slot;
+    if (s.kind == SlotKind::LmHead && s.may_tie_to_embed) {
       w.lm_head = w.embed;
-    else
+      continue;
+    }
+    if (ss.whole()) {
       host_slot(w, s) = dummy_slot_values(s, seed);
+      continue;
+    }
+    // Element (r, c) of piece i is element offset(i) + r·cols + c of the whole slot's counter stream, so a rank's
+    // block equals the same block of the whole model's dummy weights.
+    const uint64_t key = counter_key(seed, s.stream_id());
+    std::vector<float>& dst = host_slot(w, s);
+    dst.reserve(size_t(ss.numel()));
+    int64_t offset = 0;
+    for (size_t i = 0; i < s.pieces.size(); ++i) {
+      const WeightPiece& p = s.pieces[i];
+      const PieceBlock& b = ss.blocks[i];
+      const int64_t cols = p.shape.empty() ? 1 : p.shape.back();
+      for (int64_t r = b.row0; r < b.row1; ++r)
+        for (int64_t col = b.col0; col < b.col1; ++col)
+          dst.push_back(counter_uniform(key, uint64_t(offset + r * cols + col), s.dummy_scale));
+      offset += p.numel();
+    }
   }
   return w;
+}
+
+int64_t SlotShare::numel() const {
+  int64_t n = 0;
+  for (const auto& b : blocks) n += b.numel();
+  return n;
+}
+
+bool SlotShare::whole() const { return numel() == slot.numel(); }
+
+std::vector<SlotShare> rank_weight_plan(const M3Config& c, const RankShare& share) {
+  share.validate(c);
+  const int64_t D = c.head_dim, G = c.num_q_heads / c.num_kv_heads, T = share.attn_tp, j = share.tp_index();
+  const int64_t k0 = j * c.num_kv_heads / T, k1 = (j + 1) * c.num_kv_heads / T;  // the rank's KV heads
+  const int64_t i0 = j * c.index_num_heads / T, i1 = (j + 1) * c.index_num_heads / T;  // its index-q heads
+  const int64_t V = c.vocab_size, vp = share.vocab_parts, v = share.vocab_index();
+  const int64_t v0 = V * v / vp, v1 = V * (v + 1) / vp;  // its vocabulary rows
+  std::vector<SlotShare> out;
+  for (WeightSlot& s : weight_plan(c)) {
+    if ((s.kind == SlotKind::ExpertGateUp || s.kind == SlotKind::ExpertDown) && !share.owns_expert(s.expert)) continue;
+    SlotShare ss;
+    for (const WeightPiece& p : s.pieces) {
+      const int64_t cols = p.shape.empty() ? 1 : p.shape.back(), rows = p.numel() / std::max<int64_t>(cols, 1);
+      ss.blocks.push_back(PieceBlock{0, rows, 0, cols});
+    }
+    switch (s.kind) {
+      case SlotKind::Embed:
+      case SlotKind::LmHead:
+        ss.blocks[0].row0 = v0, ss.blocks[0].row1 = v1;
+        break;
+      case SlotKind::Wqkv:  // pieces q [Hq·D, H], k [Hkv·D, H], v [Hkv·D, H]
+        ss.blocks[0].row0 = k0 * G * D, ss.blocks[0].row1 = k1 * G * D;
+        for (size_t i = 1; i < 3; ++i) ss.blocks[i].row0 = k0 * D, ss.blocks[i].row1 = k1 * D;
+        break;
+      case SlotKind::Wo:  // [H, Hq·D]: the columns that read the rank's q heads
+        ss.blocks[0].col0 = k0 * G * D, ss.blocks[0].col1 = k1 * G * D;
+        break;
+      case SlotKind::WIndexQk:  // pieces index_q [Hidx·Di, H] (the rank's heads), index_k [Di, H] (whole)
+        ss.blocks[0].row0 = i0 * c.index_head_dim, ss.blocks[0].row1 = i1 * c.index_head_dim;
+        break;
+      default: break;
+    }
+    ss.slot = std::move(s);
+    out.push_back(std::move(ss));
+  }
+  return out;
+}
+
+int64_t share_bytes(const std::vector<SlotShare>& plan, WeightBytes model) {
+  int64_t b = 0;
+  for (const SlotShare& ss : plan) {
+    const WeightSlot& s = ss.slot;
+    if (!s.matrix || model == WeightBytes::Fp32) {
+      b += ss.numel() * 4;
+    } else if (model == WeightBytes::Bf16 || s.kind == SlotKind::Embed || s.kind == SlotKind::LmHead ||
+               (model == WeightBytes::Fp8Bf16Experts && s.expert >= 0)) {
+      b += ss.numel() * 2;
+    } else {  // MXFP8: one e4m3 byte per element, one UE8M0 byte per 32 elements of a row
+      for (const PieceBlock& pb : ss.blocks) b += pb.numel() + (pb.row1 - pb.row0) * ((pb.col1 - pb.col0 + 31) / 32);
+    }
+  }
+  return b;
 }
 
 }  // namespace m3

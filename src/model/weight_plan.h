@@ -11,6 +11,7 @@
 
 #include "io/config.h"
 #include "model/m3_weights.h"
+#include "model/rank_share.h"
 
 namespace m3 {
 
@@ -58,7 +59,39 @@ std::vector<float>& host_slot(M3Weights& w, const WeightSlot& s);
 
 // The CPU twin of the device dummy fill: the fp32 values of slot `s` for `seed` (base/counter_hash.h).
 std::vector<float> dummy_slot_values(const WeightSlot& s, uint64_t seed);
-// A whole model of dummy weights on the host (tied LM head = the embedding, as the device fill does).
-M3Weights dummy_weights(const M3Config& c, uint64_t seed);
+// A whole model of dummy weights on the host (tied LM head = the embedding, as the device fill does); with a share,
+// only that rank's part, each value equal to the same element of the whole model's dummy weights.
+M3Weights dummy_weights(const M3Config& c, uint64_t seed, const RankShare& share = {});
+
+// --- Sharded plans (issue 17 item 3; model/rank_share.h) ---
+
+// The part of one checkpoint tensor a rank reads: rows [row0, row1) × columns [col0, col1) of the piece viewed as
+// [rows, last dim] (a 1-D piece is one row).
+struct PieceBlock {
+  int64_t row0 = 0, row1 = 0, col0 = 0, col1 = 0;
+  int64_t numel() const { return (row1 - row0) * (col1 - col0); }
+};
+
+// A slot a rank holds: the full slot (names, full shapes, dummy stream) and, per piece, the block it reads. The rank
+// stores the blocks concatenated along rows, each row-major: e.g. wqkv under TP = its q rows, k rows, v rows;
+// wo under TP = [H, its q-head columns].
+struct SlotShare {
+  WeightSlot slot;
+  std::vector<PieceBlock> blocks;  // one per slot.pieces
+  int64_t numel() const;
+  bool whole() const;  // every block is its whole piece
+};
+
+// The slots rank `share` holds, in weight_plan order; slots it does not hold (another rank's routed experts) are
+// absent. Throws when the share does not fit `c` (RankShare::validate).
+std::vector<SlotShare> rank_weight_plan(const M3Config& c, const RankShare& share);
+
+// Bytes of a share's weights in a storage model: Fp32 = the CPU's host arrays; Bf16 = matrices bf16, norms / router
+// / bias fp32 (the CUDA executor's bf16 storage); Fp8 = the MXFP8 matrices as the checkpoint holds them (e4m3 plus
+// one UE8M0 byte per 32 elements of a row: attention, index, dense MLP, shared and routed experts), embedding and
+// LM head bf16, the rest fp32 (docs/FP8.md; routed experts in FP8 are issue 15 item 3); Fp8Bf16Experts = Fp8 with
+// the routed experts bf16 (what `--dtype fp8` builds today).
+enum class WeightBytes { Fp32, Bf16, Fp8, Fp8Bf16Experts };
+int64_t share_bytes(const std::vector<SlotShare>& plan, WeightBytes model);
 
 }  // namespace m3

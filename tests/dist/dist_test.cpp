@@ -1,9 +1,12 @@
 // Ranks as threads (dist/inprocess_communicator.h): the collectives' definitions, and the data-parallel attention +
 // expert-parallel MoE forward of the CPU model (model/expert_parallel.h) against a one-rank forward, bit for bit.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <string>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "kv/kv_cache.h"
 #include "model/expert_parallel.h"
 #include "model/m3_model.h"
+#include "model/weight_plan.h"
 #include "test_model_util.h"
 
 namespace m3 {
@@ -93,13 +97,16 @@ int32_t argmax_row(const std::vector<float>& v) {
 // Each rank owns some sequences (data-parallel attention, its own KV cache) and E / P experts. Steps: prefills of
 // different lengths, then lockstep greedy decode in which one rank sits out a step (idle_step). Every logit equals
 // the one-rank forward of the same sequences.
-void expect_expert_parallel_equals_one_rank(int P) {
+// `rank_weights(w, r)`: rank r's weights made from the whole model w (poisoned copies, or a sharded load).
+using RankWeights = std::function<M3Weights(const M3Weights&, int r)>;
+// The whole model: random weights, or the dummy weights of `dummy_seed` when it is not 0.
+void expect_expert_parallel_equals_one_rank(int P, const RankWeights& rank_weights, uint64_t dummy_seed = 0) {
   const M3Config c = test::tiny_config();  // 2 MoE layers, 8 experts top-2, shared expert, MSA layers
-  const M3Weights w = test::random_weights(c, 21);
+  const M3Weights w = dummy_seed ? dummy_weights(c, dummy_seed) : test::random_weights(c, 21);
   const M3Model one(c, w);
   dist::InProcessGroup g(P);
   std::vector<std::unique_ptr<M3Model>> models;
-  for (int r = 0; r < P; ++r) models.push_back(std::make_unique<M3Model>(c, shard_for(w, r, P)));
+  for (int r = 0; r < P; ++r) models.push_back(std::make_unique<M3Model>(c, rank_weights(w, r)));
   struct Seq {
     std::vector<int32_t> ids, pages;
   };
@@ -148,8 +155,56 @@ void expect_expert_parallel_equals_one_rank(int P) {
   }
 }
 
-TEST(ExpertParallel, TwoRanksGiveTheOneRankLogitsBitForBit) { expect_expert_parallel_equals_one_rank(2); }
-TEST(ExpertParallel, ThreeRanksWithExpertsNotDividingEvenly) { expect_expert_parallel_equals_one_rank(3); }
+RankWeights poisoned(int P) {
+  return [P](const M3Weights& w, int r) { return shard_for(w, r, P); };
+}
+
+// Rank r loads its share (model/rank_share.h) from a checkpoint of w that holds only rank r's routed experts: the
+// rank cannot have read another rank's expert, and its other experts are empty arrays.
+RankWeights sharded_load(int P) {
+  return [P](const M3Weights& w, int r) {
+    const M3Config c = test::tiny_config();
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             ("m3_dist_shard_" + std::to_string(::getpid()) + "_" + std::to_string(P) + "_" +
+                              std::to_string(r))).string();
+    test::write_checkpoint(c, w, dir, [&](int, int e) { return e % P == r; });
+    M3Weights rw = M3Weights::load(c, SafeTensors::open(dir), RankShare::ep(r, P));
+    std::filesystem::remove_all(dir);
+    return rw;
+  };
+}
+
+TEST(ExpertParallel, TwoRanksGiveTheOneRankLogitsBitForBit) { expect_expert_parallel_equals_one_rank(2, poisoned(2)); }
+TEST(ExpertParallel, ThreeRanksWithExpertsNotDividingEvenly) { expect_expert_parallel_equals_one_rank(3, poisoned(3)); }
+TEST(ExpertParallel, ShardedLoadsOfTwoRanksGiveTheOneRankLogits) {
+  expect_expert_parallel_equals_one_rank(2, sharded_load(2));
+}
+TEST(ExpertParallel, ShardedLoadsOfThreeRanksGiveTheOneRankLogits) {
+  expect_expert_parallel_equals_one_rank(3, sharded_load(3));
+}
+TEST(ExpertParallel, DummySharesOfTwoRanksGiveTheOneRankDummyLogits) {
+  // --load-format dummy for a rank: its share of the whole model's dummy values.
+  const M3Config c = test::tiny_config();
+  expect_expert_parallel_equals_one_rank(2, [&](const M3Weights&, int r) {
+    return dummy_weights(c, 5, RankShare::ep(r, 2));
+  }, 5);
+}
+
+// A rank's share runs only with that rank's exchange: without it (or with another rank's) the forward refuses
+// instead of indexing experts it does not hold.
+TEST(ExpertParallel, ShardedWeightsRefuseToRunWithoutTheirExchange) {
+  const M3Config c = test::tiny_config();
+  const M3Model m(c, dummy_weights(c, 5, RankShare::ep(1, 2)));
+  KVCache cache(c, 8);
+  const std::vector<int32_t> ids{1, 2, 3};
+  const std::vector<int32_t> pages{0};
+  const SeqInput in{std::span<const int32_t>(ids), 0, pages, true};
+  EXPECT_THROW(m.forward(std::span<const SeqInput>(&in, 1), cache), Error);
+  dist::InProcessGroup g(1);
+  EXPECT_THROW(m.idle_step(ExpertParallel{&g.rank(0), 4}), Error);
+  const M3Model tp(c, dummy_weights(c, 5, RankShare{0, 2, true, 2, 2}));
+  EXPECT_THROW(tp.forward(std::span<const SeqInput>(&in, 1), cache), Error);
+}
 
 TEST(ExpertParallel, MoreTokensThanTheExchangeCapacityIsAnError) {
   dist::InProcessGroup g(1);

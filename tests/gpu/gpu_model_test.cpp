@@ -305,6 +305,28 @@ TEST(GpuModel, DenseAttentionBackendEqualsMsaWhileEveryBlockIsSelected) {
   EXPECT_LT(m / ref, 1e-4);
 }
 
+// Three greedy requests (random prompts of 90, 150, 210 tokens from a fixed seed, 12 new tokens each) run to the end
+// on `e`; their tokens by request id.
+std::map<std::string, std::vector<int32_t>> run_three_greedy_requests(Engine& e, int vocab, bool ignore_eos) {
+  std::map<std::string, std::vector<int32_t>> outs;
+  std::mt19937 gg(99);
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  for (int r = 0; r < 3; ++r) {
+    EngineRequest req;
+    req.id = "r" + std::to_string(r);
+    req.prompt.resize(static_cast<size_t>(90 + 60 * r));
+    for (auto& x : req.prompt) x = tok(gg);
+    req.params.max_tokens = 12;
+    req.params.ignore_eos = ignore_eos;
+    req.params.sampling.temperature = 0;
+    auto* out = &outs[req.id];
+    e.submit(req, [out](const EngineOutput& o) { out->insert(out->end(), o.tokens.begin(), o.tokens.end()); });
+  }
+  while (e.step()) {
+  }
+  return outs;
+}
+
 TEST(GpuModel, EngineOnTheCudaExecutorGeneratesTheCpuEnginesGreedyTokens) {
   SKIP_WITHOUT_GPU();
   const Loaded l = load_weights(false);
@@ -314,25 +336,11 @@ TEST(GpuModel, EngineOnTheCudaExecutorGeneratesTheCpuEnginesGreedyTokens) {
   CudaExecutor gpu(l.cfg, l.w, 0, opt);  // 0: the KV pool is sized from free device memory
   std::printf("[gpu-model] %s\n", gpu.describe().c_str());
   EXPECT_GE(gpu.pool().capacity(), 48);
-  std::mt19937 g(99);
-  std::uniform_int_distribution<int32_t> tok(0, l.cfg.vocab_size - 1);
   std::map<std::string, std::vector<int32_t>> outs[2];
   for (int which = 0; which < 2; ++which) {
     std::unique_ptr<Engine> e = which == 0 ? std::make_unique<Engine>(cpu, EngineConfig{.num_pages = 48})
                                            : std::make_unique<Engine>(gpu, EngineConfig{});
-    std::mt19937 gg(99);
-    for (int r = 0; r < 3; ++r) {
-      EngineRequest req;
-      req.id = "r" + std::to_string(r);
-      req.prompt.resize(static_cast<size_t>(90 + 60 * r));
-      for (auto& x : req.prompt) x = tok(gg);
-      req.params.max_tokens = 12;
-      req.params.sampling.temperature = 0;
-      auto* out = &outs[which][req.id];
-      e->submit(req, [out](const EngineOutput& o) { out->insert(out->end(), o.tokens.begin(), o.tokens.end()); });
-    }
-    while (e->step()) {
-    }
+    outs[which] = run_three_greedy_requests(*e, l.cfg.vocab_size, /*ignore_eos=*/false);
   }
   for (auto& [id, toks] : outs[0]) {
     std::printf("[gpu-model] engine %s: %zu tokens, cpu == gpu: %s\n", id.c_str(), toks.size(),
@@ -449,21 +457,7 @@ TEST(GpuModel, EngineGeneratesGreedyTokensWithFp8Weights) {
       gpu = mxfp8_maker(true, which == 1 ? 0 : 16)(o, 64);
       e = std::make_unique<Engine>(*gpu, EngineConfig{});
     }
-    std::mt19937 gg(99);
-    std::uniform_int_distribution<int32_t> tok(0, l.cfg.vocab_size - 1);
-    for (int r = 0; r < 3; ++r) {
-      EngineRequest req;
-      req.id = "r" + std::to_string(r);
-      req.prompt.resize(static_cast<size_t>(90 + 60 * r));
-      for (auto& x : req.prompt) x = tok(gg);
-      req.params.max_tokens = 12;
-      req.params.ignore_eos = true;
-      req.params.sampling.temperature = 0;
-      auto* out = &outs[which][req.id];
-      e->submit(req, [out](const EngineOutput& o) { out->insert(out->end(), o.tokens.begin(), o.tokens.end()); });
-    }
-    while (e->step()) {
-    }
+    outs[which] = run_three_greedy_requests(*e, l.cfg.vocab_size, /*ignore_eos=*/true);
   }
   for (int which = 1; which < 3; ++which)
     for (auto& [id, toks] : outs[0]) {

@@ -1,9 +1,12 @@
 #include "test_model_util.h"
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 
+#include "io/safetensors.h"
 #include "kv/sequence_kv.h"
+#include "model/weight_plan.h"
 
 namespace m3::test {
 
@@ -123,6 +126,24 @@ std::vector<float> run_chunked(const M3Model& model, const std::vector<int32_t>&
     logits.insert(logits.end(), out[0].begin(), out[0].end());
   }
   return logits;
+}
+
+void write_checkpoint(const M3Config& c, const M3Weights& w, const std::string& dir,
+                      const std::function<bool(int, int)>& keep_expert) {
+  std::filesystem::create_directories(dir);
+  M3Weights& ww = const_cast<M3Weights&>(w);  // host_slot only locates the array; nothing is written
+  SafeTensorsWriter out;
+  for (const WeightSlot& s : weight_plan(c)) {
+    if (s.expert >= 0 && keep_expert && !keep_expert(s.layer, s.expert)) continue;
+    const std::vector<float>& v = host_slot(ww, s);
+    size_t at = 0;
+    for (const WeightPiece& p : s.pieces) {
+      const size_t n = size_t(p.numel());
+      out.add_f32(p.names.front(), p.shape, std::vector<float>(v.begin() + int64_t(at), v.begin() + int64_t(at + n)));
+      at += n;
+    }
+  }
+  out.write(dir + "/model.safetensors");
 }
 
 }  // namespace m3::test

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "io/config.h"
@@ -17,6 +19,10 @@ M3Config tensor_core_config();
 // Random weights with a fixed seed; scales keep activations O(1) through the layers.
 M3Weights random_weights(const M3Config& c, uint64_t seed);
 std::vector<int32_t> random_ids(int64_t n, int vocab, uint64_t seed);
+// Writes `w` (whole, fp32) as `dir`/model.safetensors under the checkpoint names of the weight plan
+// (model/weight_plan.h). `keep_expert(layer, e)` = false leaves that routed expert's tensors out of the file.
+void write_checkpoint(const M3Config& c, const M3Weights& w, const std::string& dir,
+                      const std::function<bool(int, int)>& keep_expert = {});
 
 // Runs `ids` through a fresh cache in chunks of `chunk` tokens (0 = one shot) and returns logits for every
 // position [n, V]; optionally captures a trace of the last chunk.
