@@ -1,7 +1,10 @@
 #include "kv/kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/fp8.h"
+#include "base/dtype.h"
 #include "base/error.h"
 
 namespace m3 {
@@ -44,6 +47,48 @@ KVCache::KVCache(const M3Config& cfg, int32_t num_pages)
   page_floats_ = layout.page_floats;
   // Poison with NaN: a read of a slot nothing wrote shows up in the output instead of passing as zero.
   data_.assign(size_t(num_pages) * size_t(page_floats_), std::nanf(""));
+  stats_.assign(k_off_.size() * 3, {});
+}
+
+float KvStorage::scale(KvTensor t, int layer) const {
+  const std::vector<float>& s = t == KvTensor::K ? k_scale : t == KvTensor::V ? v_scale : ik_scale;
+  return s.empty() ? 1.0f : s.at(size_t(layer));
+}
+
+void KVCache::set_storage(KvStorage storage) {
+  for (int l = 0; l < int(k_off_.size()); ++l)
+    for (KvTensor t : {KvTensor::K, KvTensor::V, KvTensor::IndexK})
+      if (storage.dtype_of(t) == KvDtype::E4M3)
+        M3_CHECK(storage.scale(t, l) > 0.f && std::isfinite(storage.scale(t, l)),
+                 "KV storage: scale of tensor {} layer {} must be finite and > 0", int(t), l);
+  storage_ = std::move(storage);
+  stats_.assign(k_off_.size() * 3, {});
+}
+
+void KVCache::write(KvTensor t, int layer, float* dst, const float* src, int64_t n) {
+  KvWriteStats& st = stats_[size_t(layer) * 3 + size_t(t)];
+  for (int64_t i = 0; i < n; ++i) st.amax = std::max(st.amax, std::fabs(src[i]));
+  st.written += n;
+  switch (storage_.dtype_of(t)) {
+    case KvDtype::F32:
+      std::copy(src, src + n, dst);
+      break;
+    case KvDtype::BF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = round_to_bf16(src[i]);
+      break;
+    case KvDtype::E4M3: {
+      const float s = storage_.scale(t, layer);
+      codes_.resize(size_t(n));
+      cpu::kv_quantize_e4m3(src, n, s, codes_.data());
+      cpu::kv_dequantize_e4m3(codes_.data(), n, s, dst);
+      for (int64_t i = 0; i < n; ++i) st.saturated += std::fabs(src[i] / s) > 448.0f;
+      break;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    st.sum_sq += double(src[i]) * src[i];
+    st.err_sq += (double(dst[i]) - src[i]) * (double(dst[i]) - src[i]);
+  }
 }
 
 float* KVCache::k(int32_t page, int layer) { return data_.data() + int64_t(page) * page_floats_ + k_off_[layer]; }

@@ -95,6 +95,8 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
     trace->selection.assign(c.num_layers, {});
     trace->block_scores.assign(c.num_layers, {});
     trace->block_scores_cols.assign(seqs.size(), 0);
+    trace->q.assign(c.num_layers, {});
+    trace->index_q.assign(c.num_layers, {});
   }
 
   const float scale = 1.0f / std::sqrt(float(D));
@@ -116,8 +118,9 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
       const int32_t page = rows.slot[t];
       const int64_t off = pos[t] % B;
       for (int64_t h = 0; h < Hkv; ++h) {
-        std::memcpy(cache.k(page, l) + (h * B + off) * D, &k[(t * Hkv + h) * D], size_t(D) * 4);
-        std::memcpy(cache.v(page, l) + (h * B + off) * D, &v[(t * Hkv + h) * D], size_t(D) * 4);
+        // Rounded as the cache's storage says (kv/kv_cache.h KvStorage: fp32 by default, bf16, e4m3 + scale).
+        cache.write(KvTensor::K, l, cache.k(page, l) + (h * B + off) * D, &k[(t * Hkv + h) * D], D);
+        cache.write(KvTensor::V, l, cache.v(page, l) + (h * B + off) * D, &v[(t * Hkv + h) * D], D);
       }
     }
     const cpu::PagedKV kv = cache.layer_view(l);
@@ -132,8 +135,12 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
       norm_rope(iq.data(), T, Hi, Di, L.index_q_norm, c, pos.data());
       norm_rope(ik.data(), T, 1, Di, L.index_k_norm, c, pos.data());
       for (int64_t t = 0; t < T; ++t)
-        std::memcpy(cache.index_k(rows.slot[t], l) + (pos[t] % B) * Di, &ik[t * Di], size_t(Di) * 4);
+        cache.write(KvTensor::IndexK, l, cache.index_k(rows.slot[t], l) + (pos[t] % B) * Di, &ik[t * Di], Di);
       const cpu::PagedIndexK ikv = cache.index_view(l);
+      if (trace && trace->capture_sparse_queries) {
+        trace->q[l] = q;
+        trace->index_q[l] = iq;
+      }
       for (size_t s = 0; s < seqs.size(); ++s) {
         const int64_t t0 = seq_begin[s], n = seq_begin[s + 1] - t0;
         const int64_t max_blocks = pos[t0 + n - 1] / B + 1;

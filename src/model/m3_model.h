@@ -22,7 +22,9 @@ struct ForwardTrace {
   bool capture_hidden = false;     // residual stream after each layer: [T_total, H]
   bool capture_selection = false;  // sparse layers, per sequence: [Hidx, n_seq, top_k] (ids ascending, local last)
   bool capture_block_scores = false;  // sparse layers, per sequence: [Hidx, n_seq, max_blocks]
+  bool capture_sparse_queries = false;  // sparse layers, the step's rows: q [T_total, Hq, D], index-q [T_total, Hidx, Di]
   std::vector<std::vector<float>> hidden;
+  std::vector<std::vector<float>> q, index_q;  // [layer] (empty for dense layers), post-norm post-RoPE
   std::vector<std::vector<std::vector<int32_t>>> selection;  // [layer][seq]
   std::vector<std::vector<std::vector<float>>> block_scores;  // [layer][seq]
   std::vector<int64_t> block_scores_cols;                      // [seq] max_blocks used for that sequence

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "backend/cpu/fp8.h"
+#include "base/dtype.h"
 #include "base/error.h"
 #include "kv/sequence_kv.h"
 #include "kv/kv_cache.h"
@@ -40,6 +42,42 @@ TEST(KVCache, PageHoldsKVAndIndexKOfEveryLayerAsOneUnit) {
   EXPECT_EQ(cache.v(0, 0) - cache.k(0, 0), kv);
   EXPECT_EQ(cache.index_k(0, 3) + c.sparse_block_size * c.index_head_dim, cache.index_k(0, 4));
   EXPECT_THROW(cache.index_k(0, 0), Error);  // dense layers have no index keys
+}
+
+// KvStorage (issue 15 item 5): a write stores what the device cache of that element type holds.
+TEST(KVCache, WritesRoundAsTheStorageSaysAndRecordAmaxAndSaturation) {
+  M3Config c = test::tiny_config();
+  KVCache cache(c, 2);
+  const float src[6] = {1.0f / 3, -2.7182817f, 1e-7f, 5000.0f, -0.0123f, 300.0f};
+  float out[6];
+  cache.write(KvTensor::K, 0, out, src, 6);  // default fp32: exact
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], src[i]);
+  EXPECT_EQ(cache.write_stats(KvTensor::K, 0).amax, 5000.0f);
+
+  cache.set_storage(KvStorage::all(KvDtype::BF16));
+  EXPECT_EQ(cache.write_stats(KvTensor::K, 0).written, 0);  // statistics restart with the storage
+  cache.write(KvTensor::V, 1, out, src, 6);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], round_to_bf16(src[i]));
+
+  KvStorage st = KvStorage::all(KvDtype::E4M3);
+  st.k_scale.assign(size_t(c.num_layers), 0.5f);
+  st.v_scale.assign(size_t(c.num_layers), 3.0f);
+  st.index_dtype = KvDtype::BF16;  // index-K rounded independently of K/V
+  cache.set_storage(st);
+  cache.write(KvTensor::V, 2, out, src, 6);
+  uint8_t q[6];
+  float ref[6];
+  cpu::kv_quantize_e4m3(src, 6, 3.0f, q);
+  cpu::kv_dequantize_e4m3(q, 6, 3.0f, ref);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], ref[i]) << i;
+  EXPECT_EQ(out[3], 448.0f * 3.0f);  // 5000 / 3 saturates
+  EXPECT_EQ(cache.write_stats(KvTensor::V, 2).saturated, 1);
+  EXPECT_EQ(cache.write_stats(KvTensor::V, 2).written, 6);
+  cache.write(KvTensor::IndexK, 3, out, src, 6);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], round_to_bf16(src[i]));
+
+  st.v_scale[1] = 0.f;
+  EXPECT_THROW(cache.set_storage(st), Error);
 }
 
 TEST(SequenceKV, ReturnsItsPagesWhenDestroyedAndReportsAFullCache) {
