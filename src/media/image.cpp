@@ -2,12 +2,24 @@
 #include "media/image.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define M3_MEDIA_X86 1
+#endif
 
 #include "media/media_error.h"
 
 namespace m3::media {
+
+namespace detail {
+std::atomic<bool> g_force_scalar_resize{false};
+void force_scalar_resize(bool on) { g_force_scalar_resize.store(on); }
+}  // namespace detail
 
 std::pair<int, int> smart_resize(int h, int w, const ResizeLimits& lim) {
   if (h <= 0 || w <= 0) media_fail("image has an empty side ({}x{})", w, h);
@@ -129,7 +141,134 @@ void transpose_rgb(const uint8_t* src, int h, int w, uint8_t* dst) {
         }
 }
 
+#ifdef M3_MEDIA_X86
+// The AVX2 twins of the passes above (same integer sums, so the same bytes; media_preprocess_test compares them
+// with the scalar path on random images). Both multiply uint8 pixels, widened to int16, by the int16 taps two at
+// a time with vpmaddwd (a·q_j + b·q_{j+1} per int32 lane) — torch's own AVX2 resampler does the same.
+
+// (q_2g, q_2g+1) as one int32 per pair and output: [out, pairs], zero past the window.
+std::vector<int32_t> tap_pairs(const AxisTaps& t, int out, int pairs) {
+  std::vector<int32_t> v(size_t(out) * pairs, 0);
+  for (int i = 0; i < out; ++i)
+    for (int g = 0; g < pairs; ++g) {
+      const int j = 2 * g;
+      const int16_t a = j < t.n[i] ? t.q[size_t(i) * t.ksize + j] : 0;
+      const int16_t b = j + 1 < t.n[i] ? t.q[size_t(i) * t.ksize + j + 1] : 0;
+      v[size_t(i) * pairs + g] = int32_t(uint32_t(uint16_t(a)) | (uint32_t(uint16_t(b)) << 16));
+    }
+  return v;
+}
+
+// Width pass on interleaved RGB, two rows per ymm (one per 128-bit lane). For a tap pair (pixels p, p+1) the
+// 8 bytes at 3p become the int16 lanes (r_p, r_p+1, g_p, g_p+1, b_p, b_p+1, 0, 0), so one vpmaddwd with the pair's
+// weights broadcast gives (Σr, Σg, Σb, 0) for both rows. A load reads up to 5 bytes past the last pixel of the
+// window (weight 0, or the pair's missing half): rows r0/r1 must have 8 readable bytes after their last pixel.
+__attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* r0, const uint8_t* r1, const AxisTaps& t,
+                                                      const int32_t* pairs, int np, int out_w, uint8_t* d0,
+                                                      uint8_t* d1) {
+  const __m256i mask = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,  //
+                                        0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i half = _mm256_set1_epi32(1 << (t.P - 1));
+  const __m128i shift = _mm_cvtsi32_si128(t.P);
+  for (int x = 0; x < out_w; ++x) {
+    const int g_end = (t.n[x] + 1) / 2;
+    const size_t off = size_t(t.xmin[x]) * 3;
+    const int32_t* pq = pairs + size_t(x) * np;
+    __m256i acc = half;
+    for (int g = 0; g < g_end; ++g) {
+      const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r0 + off + 6 * size_t(g)));
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r1 + off + 6 * size_t(g)));
+      const __m256i v = _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1), mask);
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(v, _mm256_set1_epi32(pq[g])));
+    }
+    acc = _mm256_sra_epi32(acc, shift);
+    // Saturating packs clamp to [0, 255] exactly as clamp_shift does.
+    const __m256i b8 = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
+    const uint32_t p0 = uint32_t(_mm256_cvtsi256_si32(b8));
+    const uint32_t p1 = uint32_t(_mm_cvtsi128_si32(_mm256_extracti128_si256(b8, 1)));
+    std::memcpy(d0 + size_t(x) * 3, &p0, 3);
+    std::memcpy(d1 + size_t(x) * 3, &p1, 3);
+  }
+}
+
+void resize_width_avx2(const RgbImage& src, int out_w, RgbImage& dst) {
+  const AxisTaps t = make_taps(src.w, out_w);
+  const int np = (t.ksize + 1) / 2;
+  const std::vector<int32_t> pairs = tap_pairs(t, out_w, np);
+  dst.w = out_w;
+  dst.h = src.h;
+  dst.data.resize(size_t(out_w) * src.h * 3);
+  const size_t in_row = size_t(src.w) * 3, out_row = size_t(out_w) * 3;
+  // Rows whose loads would run past the buffer (the last one or two) go through a padded copy.
+  thread_local ByteBuffer pad;
+  int y = 0;
+  for (; y + 1 < src.h - 1; y += 2)
+    hpass_rows_avx2(&src.data[y * in_row], &src.data[(y + 1) * in_row], t, pairs.data(), np, out_w,
+                    &dst.data[y * out_row], &dst.data[(y + 1) * out_row]);
+  for (; y < src.h; y += 2) {
+    const int rows = std::min(2, src.h - y);
+    pad.resize(2 * in_row + 16);
+    std::memcpy(pad.data(), &src.data[y * in_row], rows * in_row);
+    std::memset(pad.data() + rows * in_row, 0, pad.size() - rows * in_row);
+    thread_local ByteBuffer spare;
+    spare.resize(out_row);
+    hpass_rows_avx2(pad.data(), pad.data() + in_row, t, pairs.data(), np, out_w, &dst.data[y * out_row],
+                    rows == 2 ? &dst.data[(y + 1) * out_row] : spare.data());
+  }
+}
+
+// Height pass: 16 bytes of a row at a time, widened to int16; rows j and j+1 interleaved (vpunpck{l,h}wd) so
+// vpmaddwd adds both taps; the packs at the end undo the in-lane interleave.
+__attribute__((target("avx2"))) void resize_height_avx2_impl(const uint8_t* src, size_t stride, const AxisTaps& t,
+                                                              int out_rows, uint8_t* dst) {
+  const int np = (t.ksize + 1) / 2;
+  const std::vector<int32_t> pairs = tap_pairs(t, out_rows, np);
+  const __m256i half = _mm256_set1_epi32(1 << (t.P - 1));
+  const __m128i shift = _mm_cvtsi32_si128(t.P);
+  const size_t vec_end = stride / 16 * 16;
+  for (int y = 0; y < out_rows; ++y) {
+    const int n = t.n[y];
+    const uint8_t* base = src + size_t(t.xmin[y]) * stride;
+    const int32_t* pq = &pairs[size_t(y) * np];
+    uint8_t* orow = dst + size_t(y) * stride;
+    for (size_t k = 0; k < vec_end; k += 16) {
+      __m256i lo = half, hi = half;
+      for (int j = 0; j < n; j += 2) {
+        const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + k)));
+        const __m256i b = j + 1 < n ? _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                                          reinterpret_cast<const __m128i*>(base + (j + 1) * stride + k)))
+                                    : _mm256_setzero_si256();
+        const __m256i w = _mm256_set1_epi32(pq[j / 2]);
+        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
+        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
+      }
+      lo = _mm256_sra_epi32(lo, shift);
+      hi = _mm256_sra_epi32(hi, shift);
+      const __m256i w16 = _mm256_packs_epi32(lo, hi);                      // elements 0..15 in order
+      const __m256i b8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(w16, w16), 0x08);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(orow + k), _mm256_castsi256_si128(b8));
+    }
+    const int16_t* q = &t.q[size_t(y) * t.ksize];
+    for (size_t k = vec_end; k < stride; ++k) {
+      int32_t acc = 1 << (t.P - 1);
+      for (int j = 0; j < n; ++j) acc += int32_t(base[j * stride + k]) * q[j];
+      orow[k] = clamp_shift(acc, t.P);
+    }
+  }
+}
+
+bool use_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has && !detail::g_force_scalar_resize.load(std::memory_order_relaxed);
+}
+#else
+bool use_avx2() { return false; }
+void resize_width_avx2(const RgbImage&, int, RgbImage&) {}
+void resize_height_avx2_impl(const uint8_t*, size_t, const AxisTaps&, int, uint8_t*) {}
+#endif
+
 void resize_width(const RgbImage& src, int out_w, RgbImage& dst) {
+  if (use_avx2()) return resize_width_avx2(src, out_w, dst);
   const AxisTaps t = make_taps(src.w, out_w);
   thread_local ByteBuffer tin, tout;
   tin.resize(size_t(src.w) * src.h * 3);
@@ -147,6 +286,7 @@ void resize_height(const RgbImage& src, int out_h, RgbImage& dst) {
   dst.w = src.w;
   dst.h = out_h;
   dst.data.resize(size_t(src.w) * out_h * 3);
+  if (use_avx2()) return resize_height_avx2_impl(src.data.data(), size_t(src.w) * 3, t, out_h, dst.data.data());
   vertical_pass(src.data.data(), size_t(src.w) * 3, t, out_h, dst.data.data());
 }
 
@@ -208,21 +348,35 @@ void append_patch_rows(const RgbImage& f0, const RgbImage& f1, FloatBuffer& out)
   const int gh = f0.h / kPatch, gw = f0.w / kPatch;
   const NormTable& nt = norm_table();
   const RgbImage* fr[2] = {&f0, &f1};
+  // An image fills both temporal slots with the same frame: compute slot 0, copy it to slot 1.
+  const int frames = (&f0 == &f1 || f0.data.data() == f1.data.data()) ? 1 : kTemporal;
+  constexpr int kBlock = kPatch * kPatch;  // 196 values per (channel, temporal)
   size_t pos = out.size();
   out.resize(pos + size_t(gh) * gw * kRowWidth);
-  // Row: (channel, temporal, ky, kx); rows by merge-row, merge-col, then the 2×2 window row-major.
+  // Row: (channel, temporal, ky, kx); rows by merge-row, merge-col, then the 2×2 window row-major. One pass over
+  // each source pixel writes its three channels.
   for (int mr = 0; mr < gh / kMerge; ++mr)
     for (int mc = 0; mc < gw / kMerge; ++mc)
       for (int dy = 0; dy < kMerge; ++dy)
         for (int dx = 0; dx < kMerge; ++dx) {
           const int py = mr * kMerge + dy, px = mc * kMerge + dx;
           float* row = &out[pos];
-          for (int c = 0; c < 3; ++c)
-            for (int t = 0; t < kTemporal; ++t)
-              for (int ky = 0; ky < kPatch; ++ky) {
-                const uint8_t* src = &fr[t]->data[(size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3];
-                for (int kx = 0; kx < kPatch; ++kx) *row++ = nt.v[c][src[kx * 3 + c]];
+          for (int t = 0; t < frames; ++t) {
+            float* r0 = row + (0 * kTemporal + t) * kBlock;
+            float* r1 = row + (1 * kTemporal + t) * kBlock;
+            float* r2 = row + (2 * kTemporal + t) * kBlock;
+            for (int ky = 0; ky < kPatch; ++ky) {
+              const uint8_t* src = &fr[t]->data[(size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3];
+              for (int kx = 0; kx < kPatch; ++kx) {
+                r0[ky * kPatch + kx] = nt.v[0][src[kx * 3 + 0]];
+                r1[ky * kPatch + kx] = nt.v[1][src[kx * 3 + 1]];
+                r2[ky * kPatch + kx] = nt.v[2][src[kx * 3 + 2]];
               }
+            }
+          }
+          if (frames == 1)
+            for (int c = 0; c < 3; ++c)
+              std::memcpy(row + (c * kTemporal + 1) * kBlock, row + c * kTemporal * kBlock, kBlock * sizeof(float));
           pos += kRowWidth;
         }
 }

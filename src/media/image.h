@@ -73,4 +73,9 @@ PixelTensor preprocess_image(const RgbImage& img, const ResizeLimits& lim = {});
 PixelTensor preprocess_video(const std::vector<RgbImage>& frames,
                              const ResizeLimits& lim = {3136, kVideoFrameMaxPixels});
 
+namespace detail {
+// Tests only: run the portable resample loops even where the AVX2 ones would run (they must give the same bytes).
+void force_scalar_resize(bool on);
+}  // namespace detail
+
 }  // namespace m3::media
