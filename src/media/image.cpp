@@ -159,61 +159,83 @@ std::vector<int32_t> tap_pairs(const AxisTaps& t, int out, int pairs) {
   return v;
 }
 
-// Width pass on interleaved RGB, two rows per ymm (one per 128-bit lane). For a tap pair (pixels p, p+1) the
-// 8 bytes at 3p become the int16 lanes (r_p, r_p+1, g_p, g_p+1, b_p, b_p+1, 0, 0), so one vpmaddwd with the pair's
-// weights broadcast gives (Σr, Σg, Σb, 0) for both rows. A load reads up to 5 bytes past the last pixel of the
-// window (weight 0, or the pair's missing half): rows r0/r1 must have 8 readable bytes after their last pixel.
-__attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* r0, const uint8_t* r1, const AxisTaps& t,
-                                                      const int32_t* pairs, int np, int out_w, uint8_t* d0,
-                                                      uint8_t* d1) {
-  const __m256i mask = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,  //
-                                        0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+// Width pass on interleaved RGB, four rows at a time (two per ymm, one per 128-bit lane). 16 bytes at pixel p hold
+// pixels p … p+3 (and a byte of p+4); two byte shuffles turn them into the int16 lanes (r_p, r_p+1, g_p, g_p+1, b_p,
+// b_p+1, 0, 0) and (r_p+2, r_p+3, …), so vpmaddwd with a tap pair broadcast gives (Σr, Σg, Σb, 0) for two taps.
+// Loads read up to 13 bytes past the last pixel of a row (weights 0 there): every row pointer needs 16 readable
+// bytes after its last pixel. Output rows are written 4 bytes per pixel, left to right, the last pixel 3 bytes.
+__attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* const* r, const AxisTaps& t,
+                                                      const int32_t* pairs, int np, int out_w, uint8_t* const* d) {
+  const __m256i ma = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,  //
+                                      0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i mb = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,  //
+                                      6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
   const __m256i half = _mm256_set1_epi32(1 << (t.P - 1));
   const __m128i shift = _mm_cvtsi32_si128(t.P);
+  auto ld = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
   for (int x = 0; x < out_w; ++x) {
-    const int g_end = (t.n[x] + 1) / 2;
+    const int quads = (t.n[x] + 3) / 4;
     const size_t off = size_t(t.xmin[x]) * 3;
     const int32_t* pq = pairs + size_t(x) * np;
-    __m256i acc = half;
-    for (int g = 0; g < g_end; ++g) {
-      const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r0 + off + 6 * size_t(g)));
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r1 + off + 6 * size_t(g)));
-      const __m256i v = _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1), mask);
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(v, _mm256_set1_epi32(pq[g])));
+    __m256i acc01 = half, acc23 = half;
+    for (int k = 0; k < quads; ++k) {
+      const size_t o = off + 12 * size_t(k);
+      const __m256i v01 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(r[0] + o)), ld(r[1] + o), 1);
+      const __m256i v23 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(r[2] + o)), ld(r[3] + o), 1);
+      const __m256i wa = _mm256_set1_epi32(pq[2 * k]), wb = _mm256_set1_epi32(pq[2 * k + 1]);
+      acc01 = _mm256_add_epi32(acc01, _mm256_add_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(v01, ma), wa),
+                                                       _mm256_madd_epi16(_mm256_shuffle_epi8(v01, mb), wb)));
+      acc23 = _mm256_add_epi32(acc23, _mm256_add_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(v23, ma), wa),
+                                                       _mm256_madd_epi16(_mm256_shuffle_epi8(v23, mb), wb)));
     }
-    acc = _mm256_sra_epi32(acc, shift);
-    // Saturating packs clamp to [0, 255] exactly as clamp_shift does.
-    const __m256i b8 = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
-    const uint32_t p0 = uint32_t(_mm256_cvtsi256_si32(b8));
-    const uint32_t p1 = uint32_t(_mm_cvtsi128_si32(_mm256_extracti128_si256(b8, 1)));
-    std::memcpy(d0 + size_t(x) * 3, &p0, 3);
-    std::memcpy(d1 + size_t(x) * 3, &p1, 3);
+    // Saturating packs clamp to [0, 255] exactly as clamp_shift does. Lane 0: rows 0, 2; lane 1: rows 1, 3.
+    const __m256i w16 = _mm256_packs_epi32(_mm256_sra_epi32(acc01, shift), _mm256_sra_epi32(acc23, shift));
+    const __m256i b8 = _mm256_packus_epi16(w16, w16);
+    const __m128i l0 = _mm256_castsi256_si128(b8), l1 = _mm256_extracti128_si256(b8, 1);
+    const uint32_t px[4] = {uint32_t(_mm_cvtsi128_si32(l0)), uint32_t(_mm_cvtsi128_si32(l1)),
+                            uint32_t(_mm_extract_epi32(l0, 1)), uint32_t(_mm_extract_epi32(l1, 1))};
+    if (x + 1 < out_w) {  // the 4th byte is the next pixel's, written next
+      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 4);
+    } else {
+      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 3);
+    }
   }
 }
 
 void resize_width_avx2(const RgbImage& src, int out_w, RgbImage& dst) {
   const AxisTaps t = make_taps(src.w, out_w);
-  const int np = (t.ksize + 1) / 2;
+  const int np = ((t.ksize + 1) / 2 + 1) / 2 * 2;  // pairs per output, even: the loop takes two at a time
   const std::vector<int32_t> pairs = tap_pairs(t, out_w, np);
   dst.w = out_w;
   dst.h = src.h;
   dst.data.resize(size_t(out_w) * src.h * 3);
   const size_t in_row = size_t(src.w) * 3, out_row = size_t(out_w) * 3;
-  // Rows whose loads would run past the buffer (the last one or two) go through a padded copy.
-  thread_local ByteBuffer pad;
+  // Groups of 4 rows whose loads stay inside the buffer run in place; the rest (the last rows, or all of a tiny
+  // image) through a zero-padded copy, with spare output rows past the image.
   int y = 0;
-  for (; y + 1 < src.h - 1; y += 2)
-    hpass_rows_avx2(&src.data[y * in_row], &src.data[(y + 1) * in_row], t, pairs.data(), np, out_w,
-                    &dst.data[y * out_row], &dst.data[(y + 1) * out_row]);
-  for (; y < src.h; y += 2) {
-    const int rows = std::min(2, src.h - y);
-    pad.resize(2 * in_row + 16);
+  for (; y + 4 <= src.h && size_t(y + 4) * in_row + 16 <= src.data.size(); y += 4) {
+    const uint8_t* r[4] = {&src.data[y * in_row], &src.data[(y + 1) * in_row], &src.data[(y + 2) * in_row],
+                           &src.data[(y + 3) * in_row]};
+    uint8_t* d[4] = {&dst.data[y * out_row], &dst.data[(y + 1) * out_row], &dst.data[(y + 2) * out_row],
+                     &dst.data[(y + 3) * out_row]};
+    hpass_rows_avx2(r, t, pairs.data(), np, out_w, d);
+  }
+  if (y < src.h) {
+    thread_local ByteBuffer pad, spare;
+    const int rows = src.h - y;  // ≤ 4 + 4 (a short last group and the group before it when the width is tiny)
+    pad.resize(size_t(rows + 4) * in_row + 16);
     std::memcpy(pad.data(), &src.data[y * in_row], rows * in_row);
     std::memset(pad.data() + rows * in_row, 0, pad.size() - rows * in_row);
-    thread_local ByteBuffer spare;
-    spare.resize(out_row);
-    hpass_rows_avx2(pad.data(), pad.data() + in_row, t, pairs.data(), np, out_w, &dst.data[y * out_row],
-                    rows == 2 ? &dst.data[(y + 1) * out_row] : spare.data());
+    spare.resize(4 * out_row + 4);
+    for (int g = 0; g < rows; g += 4) {
+      const uint8_t* r[4];
+      uint8_t* d[4];
+      for (int i = 0; i < 4; ++i) {
+        r[i] = pad.data() + size_t(g + i) * in_row;
+        d[i] = g + i < rows ? &dst.data[(y + g + i) * out_row] : spare.data() + size_t(i) * out_row;
+      }
+      hpass_rows_avx2(r, t, pairs.data(), np, out_w, d);
+    }
   }
 }
 

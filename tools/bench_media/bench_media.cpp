@@ -67,6 +67,17 @@ static double rate(F&& f, double secs) {
 int main(int argc, char** argv) {
   const double secs = argc > 1 ? std::atof(argv[1]) : 3.0;
   struct Case { const char* name; int h, w; } cases[] = {{"1080p", 1080, 1920}, {"4k", 2160, 3840}};
+  if (argc > 2) {  // `bench_media SECS decode|jpeg`: one 1080p loop alone, for a profiler
+    RgbImage img = grad(1080, 1920, 99);
+    auto jpg = jpeg(img);
+    const bool only_decode = std::string(argv[2]) == "decode";
+    const double r = rate([&] {
+      RgbImage d = decode_image(jpg);
+      if (!only_decode) { volatile auto n = preprocess_image(d).values.size(); (void)n; }
+    }, secs);
+    std::printf("1080p %s: %.1f img/s/core\n", argv[2], r);
+    return 0;
+  }
   std::printf("| input | decoded RGB → tensor (img/s/core) | JPEG q90 decode + tensor (img/s/core) | JPEG bytes |\n");
   std::printf("|---|---|---|---|\n");
   for (const auto& c : cases) {
