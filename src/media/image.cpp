@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -202,29 +203,30 @@ __attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* const* r, co
   }
 }
 
-void resize_width_avx2(const RgbImage& src, int out_w, RgbImage& dst) {
-  const AxisTaps t = make_taps(src.w, out_w);
-  const int np = ((t.ksize + 1) / 2 + 1) / 2 * 2;  // pairs per output, even: the loop takes two at a time
-  const std::vector<int32_t> pairs = tap_pairs(t, out_w, np);
-  dst.w = out_w;
-  dst.h = src.h;
-  dst.data.resize(size_t(out_w) * src.h * 3);
-  const size_t in_row = size_t(src.w) * 3, out_row = size_t(out_w) * 3;
-  // Groups of 4 rows whose loads stay inside the buffer run in place; the rest (the last rows, or all of a tiny
-  // image) through a zero-padded copy, with spare output rows past the image.
+struct WidthPlan {
+  AxisTaps t;
+  int np = 0;                  // tap pairs per output, even: the loop takes two at a time
+  std::vector<int32_t> pairs;  // [out, np]
+  WidthPlan(int in, int out) : t(make_taps(in, out)), np(((t.ksize + 1) / 2 + 1) / 2 * 2), pairs(tap_pairs(t, out, np)) {}
+};
+
+// Width pass over n source rows at `src` (stride in_row; `readable` bytes from src may be read) into n rows at dst.
+// Groups of 4 rows whose loads stay inside `readable` run in place; the rest (the last rows, or all of a tiny
+// image) through a zero-padded copy, with spare output rows past the last.
+void hpass_block(const uint8_t* src, size_t in_row, size_t readable, int n, const WidthPlan& wp, int out_w,
+                 uint8_t* dst) {
+  const size_t out_row = size_t(out_w) * 3;
   int y = 0;
-  for (; y + 4 <= src.h && size_t(y + 4) * in_row + 16 <= src.data.size(); y += 4) {
-    const uint8_t* r[4] = {&src.data[y * in_row], &src.data[(y + 1) * in_row], &src.data[(y + 2) * in_row],
-                           &src.data[(y + 3) * in_row]};
-    uint8_t* d[4] = {&dst.data[y * out_row], &dst.data[(y + 1) * out_row], &dst.data[(y + 2) * out_row],
-                     &dst.data[(y + 3) * out_row]};
-    hpass_rows_avx2(r, t, pairs.data(), np, out_w, d);
+  for (; y + 4 <= n && size_t(y + 4) * in_row + 16 <= readable; y += 4) {
+    const uint8_t* r[4] = {src + y * in_row, src + (y + 1) * in_row, src + (y + 2) * in_row, src + (y + 3) * in_row};
+    uint8_t* d[4] = {dst + y * out_row, dst + (y + 1) * out_row, dst + (y + 2) * out_row, dst + (y + 3) * out_row};
+    hpass_rows_avx2(r, wp.t, wp.pairs.data(), wp.np, out_w, d);
   }
-  if (y < src.h) {
+  if (y < n) {
     thread_local ByteBuffer pad, spare;
-    const int rows = src.h - y;  // ≤ 4 + 4 (a short last group and the group before it when the width is tiny)
+    const int rows = n - y;
     pad.resize(size_t(rows + 4) * in_row + 16);
-    std::memcpy(pad.data(), &src.data[y * in_row], rows * in_row);
+    std::memcpy(pad.data(), src + y * in_row, rows * in_row);
     std::memset(pad.data() + rows * in_row, 0, pad.size() - rows * in_row);
     spare.resize(4 * out_row + 4);
     for (int g = 0; g < rows; g += 4) {
@@ -232,11 +234,19 @@ void resize_width_avx2(const RgbImage& src, int out_w, RgbImage& dst) {
       uint8_t* d[4];
       for (int i = 0; i < 4; ++i) {
         r[i] = pad.data() + size_t(g + i) * in_row;
-        d[i] = g + i < rows ? &dst.data[(y + g + i) * out_row] : spare.data() + size_t(i) * out_row;
+        d[i] = g + i < rows ? dst + (y + g + i) * out_row : spare.data() + size_t(i) * out_row;
       }
-      hpass_rows_avx2(r, t, pairs.data(), np, out_w, d);
+      hpass_rows_avx2(r, wp.t, wp.pairs.data(), wp.np, out_w, d);
     }
   }
+}
+
+void resize_width_avx2(const RgbImage& src, int out_w, RgbImage& dst) {
+  const WidthPlan wp(src.w, out_w);
+  dst.w = out_w;
+  dst.h = src.h;
+  dst.data.resize(size_t(out_w) * src.h * 3);
+  hpass_block(src.data.data(), size_t(src.w) * 3, src.data.size(), src.h, wp, out_w, dst.data.data());
 }
 
 // Height pass: 16 bytes of a row at a time, widened to int16; rows j and j+1 interleaved (vpunpck{l,h}wd) so
@@ -285,6 +295,10 @@ bool use_avx2() {
 }
 #else
 bool use_avx2() { return false; }
+struct WidthPlan {
+  WidthPlan(int, int) {}
+};
+void hpass_block(const uint8_t*, size_t, size_t, int, const WidthPlan&, int, uint8_t*) {}
 void resize_width_avx2(const RgbImage&, int, RgbImage&) {}
 void resize_height_avx2_impl(const uint8_t*, size_t, const AxisTaps&, int, uint8_t*) {}
 #endif
@@ -413,6 +427,79 @@ PixelTensor preprocess_image(const RgbImage& img, const ResizeLimits& lim) {
   pt.gw = tw / kPatch;
   pt.values.reserve(size_t(pt.rows()) * kRowWidth);
   append_patch_rows(r, r, pt.values);
+  return pt;
+}
+
+struct RowStreamPreprocessor::Impl {
+  int h, w, th, tw;
+  ResizeLimits lim;
+  int filled = 0;         // source rows consumed
+  bool stream = false;    // width pass per batch (else the rows collect in `full`)
+  RgbImage full;
+  ByteBuffer batch;       // kBatch rows + 16 readable bytes
+  std::optional<WidthPlan> plan;
+  static constexpr int kBatch = 16;
+};
+
+RowStreamPreprocessor::RowStreamPreprocessor(int h, int w, const ResizeLimits& lim) : p_(std::make_unique<Impl>()) {
+  Impl& p = *p_;
+  auto [th, tw] = smart_resize(h, w, lim);
+  p.h = h;
+  p.w = w;
+  p.th = th;
+  p.tw = tw;
+  p.lim = lim;
+  p.stream = tw != w && use_avx2();
+  if (p.stream) {
+    p.plan.emplace(w, tw);
+    p.batch.resize(size_t(Impl::kBatch) * w * 3 + 16);
+    std::memset(p.batch.data(), 0, p.batch.size());
+    RgbImage& mid = scratch().mid;
+    mid.w = tw;
+    mid.h = h;
+    mid.data.resize(size_t(tw) * h * 3);
+  } else {
+    p.full = RgbImage(w, h);
+  }
+}
+
+RowStreamPreprocessor::~RowStreamPreprocessor() = default;
+
+int RowStreamPreprocessor::batch() const { return std::min(Impl::kBatch, p_->h - p_->filled); }
+
+uint8_t* RowStreamPreprocessor::row(int i) {
+  Impl& p = *p_;
+  const size_t in_row = size_t(p.w) * 3;
+  return p.stream ? p.batch.data() + size_t(i) * in_row : p.full.data.data() + size_t(p.filled + i) * in_row;
+}
+
+void RowStreamPreprocessor::consume() {
+  Impl& p = *p_;
+  const int n = batch();
+  if (p.stream) {
+    RgbImage& mid = scratch().mid;
+    hpass_block(p.batch.data(), size_t(p.w) * 3, p.batch.size(), n, *p.plan, p.tw,
+                mid.data.data() + size_t(p.filled) * p.tw * 3);
+  }
+  p.filled += n;
+}
+
+PixelTensor RowStreamPreprocessor::finish() {
+  Impl& p = *p_;
+  if (p.filled != p.h) media_fail("image ended after {} of {} rows", p.filled, p.h);
+  if (!p.stream) return preprocess_image(p.full, p.lim);
+  Scratch& sc = scratch();
+  const RgbImage* r = &sc.mid;
+  if (p.th != p.h) {
+    resize_height(sc.mid, p.th, sc.out);
+    r = &sc.out;
+  }
+  PixelTensor pt;
+  pt.t = 1;
+  pt.gh = p.th / kPatch;
+  pt.gw = p.tw / kPatch;
+  pt.values.reserve(size_t(pt.rows()) * kRowWidth);
+  append_patch_rows(*r, *r, pt.values);
   return pt;
 }
 
