@@ -380,6 +380,39 @@ RgbImage resize_bicubic_aa(const RgbImage& src, int out_h, int out_w) {
   return &r == &src ? src : std::move(out);
 }
 
+#ifdef M3_MEDIA_X86
+// 14 pixels of interleaved RGB (reads 48 bytes) → three runs of 14 normalised floats. The channels are separated
+// with byte shuffles; (float(x) − M_c) / S_c in IEEE single precision is what the table holds, bit for bit.
+static __attribute__((target("avx2"))) void normalize_px14_avx2(const uint8_t* src, float* r0, float* r1, float* r2) {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+  const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+#define M3_PICK(ma, mb, mc) \
+  _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, ma), _mm_shuffle_epi8(b, mb)), _mm_shuffle_epi8(c, mc))
+  const __m128i ch[3] = {
+      M3_PICK(_mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13)),
+      M3_PICK(_mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14)),
+      M3_PICK(_mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15))};
+#undef M3_PICK
+  float* dst[3] = {r0, r1, r2};
+  for (int k = 0; k < 3; ++k) {
+    const __m256 m = _mm256_set1_ps(kMean[k]), sd = _mm256_set1_ps(kStd[k]);
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(ch[k]));                     // pixels 0..7
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(ch[k], 6)));  // pixels 6..13
+    _mm256_storeu_ps(dst[k], _mm256_div_ps(_mm256_sub_ps(lo, m), sd));
+    _mm256_storeu_ps(dst[k] + 6, _mm256_div_ps(_mm256_sub_ps(hi, m), sd));
+  }
+}
+#else
+static void normalize_px14_avx2(const uint8_t*, float*, float*, float*) {}
+#endif
+
 void append_patch_rows(const RgbImage& f0, const RgbImage& f1, FloatBuffer& out) {
   const int gh = f0.h / kPatch, gw = f0.w / kPatch;
   const NormTable& nt = norm_table();
@@ -387,6 +420,7 @@ void append_patch_rows(const RgbImage& f0, const RgbImage& f1, FloatBuffer& out)
   // An image fills both temporal slots with the same frame: compute slot 0, copy it to slot 1.
   const int frames = (&f0 == &f1 || f0.data.data() == f1.data.data()) ? 1 : kTemporal;
   constexpr int kBlock = kPatch * kPatch;  // 196 values per (channel, temporal)
+  const bool simd = use_avx2();
   size_t pos = out.size();
   out.resize(pos + size_t(gh) * gw * kRowWidth);
   // Row: (channel, temporal, ky, kx); rows by merge-row, merge-col, then the 2×2 window row-major. One pass over
@@ -402,7 +436,12 @@ void append_patch_rows(const RgbImage& f0, const RgbImage& f1, FloatBuffer& out)
             float* r1 = row + (1 * kTemporal + t) * kBlock;
             float* r2 = row + (2 * kTemporal + t) * kBlock;
             for (int ky = 0; ky < kPatch; ++ky) {
-              const uint8_t* src = &fr[t]->data[(size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3];
+              const size_t at = (size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3;
+              const uint8_t* src = &fr[t]->data[at];
+              if (simd && at + 48 <= fr[t]->data.size()) {
+                normalize_px14_avx2(src, r0 + ky * kPatch, r1 + ky * kPatch, r2 + ky * kPatch);
+                continue;
+              }
               for (int kx = 0; kx < kPatch; ++kx) {
                 r0[ky * kPatch + kx] = nt.v[0][src[kx * 3 + 0]];
                 r1[ky * kPatch + kx] = nt.v[1][src[kx * 3 + 1]];

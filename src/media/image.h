@@ -95,7 +95,8 @@ class RowStreamPreprocessor {
 };
 
 namespace detail {
-// Tests only: run the portable resample loops even where the AVX2 ones would run (they must give the same bytes).
+// Tests only: run the portable resample and normalisation loops even where the AVX2 ones would run (they must give
+// the same bytes and floats).
 void force_scalar_resize(bool on);
 }  // namespace detail
 

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "media/image.h"
 #include "media/media_error.h"
 #include "media/prompt.h"
@@ -74,7 +76,7 @@ TEST(MediaResize, IdentityAndConstantImagesStayExact) {
   EXPECT_EQ(same.data, img.data);
 }
 
-// The AVX2 resample loops (used where the CPU has AVX2) against the portable ones: the same integer sums, so the
+// The AVX2 resample and normalisation loops (used where the CPU has AVX2) against the portable ones: the same integer sums, so the
 // same bytes, on noise (every tap matters) over down- and upscales, odd sizes, single rows and columns, and the
 // 1080p / 4k budgets. The HF fixtures (media_fixture_test) check whichever path this CPU runs against torchvision.
 TEST(MediaResize, Avx2LoopsEqualThePortableOnes) {
@@ -93,6 +95,14 @@ TEST(MediaResize, Avx2LoopsEqualThePortableOnes) {
     ASSERT_EQ(a.w, b.w);
     ASSERT_EQ(a.h, b.h);
     EXPECT_TRUE(a.data == b.data) << c.h << "x" << c.w << " -> " << c.th << "x" << c.tw;
+    // Normalise + patchify too (the AVX2 loop, and the scalar one for the last pixels of the image).
+    detail::force_scalar_resize(true);
+    const PixelTensor pa = preprocess_image(img);
+    detail::force_scalar_resize(false);
+    const PixelTensor pb = preprocess_image(img);
+    ASSERT_EQ(pa.values.size(), pb.values.size());
+    EXPECT_EQ(std::memcmp(pa.values.data(), pb.values.data(), pa.values.size() * sizeof(float)), 0)
+        << c.h << "x" << c.w;
   }
 }
 
