@@ -7,7 +7,8 @@ Starts `m3serve serve --device cpu` on a checkpoint with vision weights (the dem
   text      the text-only request
   images    the same text + N different JPEG data: URLs (new images every repetition: no media-cache hits)
   samelen   a text-only request padded to the same prompt length as `images` (the prefill the image slots cost)
-The gateway and encoder wall times come from /metrics (request_media_{gateway,encode}_seconds).
+The gateway and encoder wall times come from /metrics (request_media_{gateway,encode}_seconds), and the image
+request's whole HTTP-side preparation from request_preprocess_seconds.
 overhead = images - encode - samelen: what preprocessing, the request body (base64, JSON) and templating add.
 
 Usage: media_ttft.py --m3serve BIN --model DIR --template JINJA --jpegs DIR [--images 8] [--reps 5]
@@ -43,7 +44,7 @@ def metric_sums(port):
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     out = {}
-    for name in ("request_media_gateway_seconds", "request_media_encode_seconds"):
+    for name in ("request_media_gateway_seconds", "request_media_encode_seconds", "request_preprocess_seconds"):
         for suffix in ("_sum", "_count"):
             m = re.search(r"^m3serve:" + name + suffix + r"(?:\{[^}]*\})?\s+(\S+)$", text, re.M)
             out[name + suffix] = float(m.group(1)) if m else 0.0
@@ -87,7 +88,7 @@ def main():
 
         text = "Describe what these pictures have in common, in one word. Request {}."
         res = {"text": [], "images": [], "samelen": []}
-        gw, enc = [], []
+        gw, enc, pre = [], [], []
         for r in range(a.reps + 1):  # repetition 0 warms up and is dropped
             nonce = f"{r}-{time.time_ns()}"
             t_text, j_text = chat([{"type": "text", "text": text.format(nonce)}])
@@ -107,6 +108,7 @@ def main():
             res["samelen"].append(t_same)
             gw.append(after["request_media_gateway_seconds_sum"] - before["request_media_gateway_seconds_sum"])
             enc.append(after["request_media_encode_seconds_sum"] - before["request_media_encode_seconds_sum"])
+            pre.append(after["request_preprocess_seconds_sum"] - before["request_preprocess_seconds_sum"])
         med = {k: statistics.median(v) for k, v in res.items()}
         g, e = statistics.median(gw), statistics.median(enc)
         over = [i - en - s for i, en, s in zip(res["images"], enc, res["samelen"])]
@@ -114,14 +116,18 @@ def main():
         print(f"{a.images} images, {a.reps} repetitions, medians (ms):")
         print(f"  text-only TTFT {1e3 * med['text']:.1f}, same-length text TTFT {1e3 * med['samelen']:.1f}, "
               f"with images {1e3 * med['images']:.1f}")
-        print(f"  media gateway {1e3 * g:.1f} (inside the images request), vision encoder {1e3 * e:.1f}")
+        p = statistics.median(pre)
+        rest = statistics.median([x - y - z for x, y, z in zip(pre, gw, enc)])
+        print(f"  media gateway {1e3 * g:.1f} (inside the images request), vision encoder {1e3 * e:.1f}; the images "
+              f"request's whole preprocess {1e3 * p:.1f}, of which not gateway or encoder (JSON, template, "
+              f"tokenise) {1e3 * rest:.1f}")
         print(f"  images - encoder - same-length text = {1e3 * o:.1f} ms = {100 * o / med['samelen']:.1f} % of the "
               f"same-length text TTFT; images - encoder - text-only = "
               f"{100 * (med['images'] - e - med['text']) / med['text']:.1f} % of the text-only TTFT")
-        print("  per repetition (text, samelen, images, gateway, encode) ms:")
+        print("  per repetition (text, samelen, images, gateway, encode, preprocess) ms:")
         for k in range(a.reps):
             print("   ", ", ".join(f"{1e3 * x:.1f}" for x in
-                                   (res["text"][k], res["samelen"][k], res["images"][k], gw[k], enc[k])))
+                                   (res["text"][k], res["samelen"][k], res["images"][k], gw[k], enc[k], pre[k])))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
