@@ -7,7 +7,7 @@ PKGS=(
   libboost1.81-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev
   libxxhash-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libpng-dev libturbojpeg0-dev libwebp-dev libgif-dev
+  libpng-dev libturbojpeg0-dev libjpeg62-turbo-dev libwebp-dev libgif-dev
   libavformat-dev libavcodec-dev libswscale-dev libavutil-dev libssl-dev
   python3 python3-jinja2 python3-numpy
   clang-14 libclang-rt-14-dev

@@ -361,7 +361,9 @@ CommandRun register_serve(CLI::App& app) {
                  c.hidden_size);
         sc.serve_media = true;
         sc.prepare_media = [gateway, vision](const server::OJson& messages, std::string prompt) {
+          const auto t0 = std::chrono::steady_clock::now();
           media::PreparedMedia pm = media::prepare_chat_media(*gateway, messages, std::move(prompt)).get();
+          const auto t1 = std::chrono::steady_clock::now();
           server::MediaPrepared out(std::move(pm.prompt));
           std::vector<VisionModel::Item> items;
           for (const auto& it : pm.items) {
@@ -371,6 +373,8 @@ CommandRun register_serve(CLI::App& app) {
                              {it->pixels.t, it->pixels.gh, it->pixels.gw}});
           }
           out.embeds = std::make_shared<const std::vector<float>>(vision->encode_batch(items));
+          out.gateway_seconds = std::chrono::duration<double>(t1 - t0).count();
+          out.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
           return out;
         };
       }

@@ -6,7 +6,10 @@
 #include <memory>
 #include <vector>
 
+#include <cstdio>  // jpeglib.h needs FILE
+
 #include <gif_lib.h>
+#include <jpeglib.h>
 #include <png.h>
 #include <turbojpeg.h>
 #include <webp/decode.h>
@@ -327,7 +330,87 @@ RgbImage decode_bmp(std::span<const uint8_t> b, const DecodeLimits& lim) {
   return img;
 }
 
+// JPEG through libjpeg's scanline API straight into a RowStreamPreprocessor. The same library and settings as
+// tjDecompress2 with TJPF_RGB and flags 0 (out_color_space JCS_EXT_RGB, accurate integer IDCT, fancy upsampling), so
+// the same pixels; like TurboJPEG, any libjpeg warning (a truncated or corrupt stream) fails the image. Everything
+// libjpeg can longjmp over lives in the heap State, so the jump skips no C++ destructor.
+struct JpegState {
+  jpeg_decompress_struct cinfo{};
+  jpeg_error_mgr jerr{};
+  std::jmp_buf jb{};
+  char msg[JMSG_LENGTH_MAX] = {};
+  bool warned = false, created = false;
+  std::unique_ptr<RowStreamPreprocessor> sp;
+  std::vector<JSAMPROW> rows;
+  ~JpegState() {
+    if (created) jpeg_destroy_decompress(&cinfo);
+  }
+};
+
+void jpeg_error_exit(j_common_ptr c) {
+  auto* st = reinterpret_cast<JpegState*>(c->client_data);
+  (*c->err->format_message)(c, st->msg);
+  std::longjmp(st->jb, 1);
+}
+
+void jpeg_emit_message(j_common_ptr c, int level) {
+  auto* st = reinterpret_cast<JpegState*>(c->client_data);
+  if (level < 0 && !st->warned) {  // a warning; trace messages (level >= 0) are ignored
+    st->warned = true;
+    (*c->err->format_message)(c, st->msg);
+  }
+}
+
+PixelTensor preprocess_jpeg_streamed(std::span<const uint8_t> b, int w, int h, const ResizeLimits& rl) {
+  auto st = std::make_unique<JpegState>();
+  st->cinfo.err = jpeg_std_error(&st->jerr);
+  st->jerr.error_exit = jpeg_error_exit;
+  st->jerr.emit_message = jpeg_emit_message;
+  st->cinfo.client_data = st.get();
+  if (setjmp(st->jb)) media_fail("JPEG data is invalid or truncated: {}", st->msg);
+  jpeg_create_decompress(&st->cinfo);
+  st->created = true;
+  jpeg_mem_src(&st->cinfo, b.data(), static_cast<unsigned long>(b.size()));
+  jpeg_read_header(&st->cinfo, TRUE);
+  if (int(st->cinfo.image_width) != w || int(st->cinfo.image_height) != h)
+    media_fail("JPEG header is invalid: size {}x{} then {}x{}", w, h, st->cinfo.image_width, st->cinfo.image_height);
+  st->cinfo.out_color_space = JCS_EXT_RGB;
+  jpeg_start_decompress(&st->cinfo);
+  if (st->cinfo.output_components != 3) media_fail("JPEG decoder gave {} components", st->cinfo.output_components);
+  st->sp = std::make_unique<RowStreamPreprocessor>(h, w, rl);
+  while (const int n = st->sp->batch()) {
+    st->rows.resize(size_t(n));
+    for (int i = 0; i < n; ++i) st->rows[size_t(i)] = st->sp->row(i);
+    for (int got = 0; got < n;) {
+      const JDIMENSION k = jpeg_read_scanlines(&st->cinfo, st->rows.data() + got, JDIMENSION(n - got));
+      if (k == 0) media_fail("JPEG data is invalid or truncated: the decoder stopped at row {}", st->cinfo.output_scanline);
+      got += int(k);
+    }
+    if (st->warned) media_fail("JPEG data is invalid or truncated: {}", st->msg);
+    st->sp->consume();
+  }
+  jpeg_finish_decompress(&st->cinfo);
+  if (st->warned) media_fail("JPEG data is invalid or truncated: {}", st->msg);
+  return st->sp->finish();
+}
+
 }  // namespace
+
+PixelTensor preprocess_encoded_image(std::span<const uint8_t> bytes, const DecodeLimits& lim,
+                                     const ResizeLimits& rl) {
+  if (bytes.empty()) media_fail("image data is empty");
+  if (sniff_image_format(bytes) == ImageFormat::Jpeg) {
+    // TurboJPEG's header check first: what it refuses (and CMYK) takes decode_jpeg's path and its errors.
+    std::unique_ptr<void, int (*)(tjhandle)> tj(tjInitDecompress(), tjDestroy);
+    int w = 0, h = 0, sub = 0, cs = 0;
+    if (tj && tjDecompressHeader3(tj.get(), bytes.data(), (unsigned long)bytes.size(), &w, &h, &sub, &cs) == 0 &&
+        cs != TJCS_CMYK && cs != TJCS_YCCK) {
+      check_size(w, h, lim, "JPEG");
+      return preprocess_jpeg_streamed(bytes, w, h, rl);
+    }
+  }
+  return preprocess_image(decode_image(bytes, lim), rl);
+}
 
 RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& lim) {
   if (bytes.empty()) media_fail("image data is empty");

@@ -23,4 +23,9 @@ struct DecodeLimits {
 
 RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& lim = {});
 
+// preprocess_image(decode_image(bytes, lim), rl), with the same result and errors; a JPEG is decoded scanline by
+// scanline into the width pass (RowStreamPreprocessor), so its full-size pixels never go to memory.
+PixelTensor preprocess_encoded_image(std::span<const uint8_t> bytes, const DecodeLimits& lim = {},
+                                     const ResizeLimits& rl = {});
+
 }  // namespace m3::media

@@ -144,7 +144,7 @@ std::shared_ptr<const PreparedItem> MediaGateway::prepare_item(const MediaItem& 
     p->pixels = preprocess_video(v.frames);
     p->timestamps = video_timestamps(v);
   } else {
-    p->pixels = preprocess_image(decode_image(bytes, opt_.decode));
+    p->pixels = preprocess_encoded_image(bytes, opt_.decode);
   }
   cache_put(key, p);
   return p;

@@ -2,12 +2,25 @@
 #include "media/image.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstring>
+#include <optional>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define M3_MEDIA_X86 1
+#endif
 
 #include "media/media_error.h"
 
 namespace m3::media {
+
+namespace detail {
+std::atomic<bool> g_force_scalar_resize{false};
+void force_scalar_resize(bool on) { g_force_scalar_resize.store(on); }
+}  // namespace detail
 
 std::pair<int, int> smart_resize(int h, int w, const ResizeLimits& lim) {
   if (h <= 0 || w <= 0) media_fail("image has an empty side ({}x{})", w, h);
@@ -129,7 +142,169 @@ void transpose_rgb(const uint8_t* src, int h, int w, uint8_t* dst) {
         }
 }
 
+#ifdef M3_MEDIA_X86
+// The AVX2 twins of the passes above (same integer sums, so the same bytes; media_preprocess_test compares them
+// with the scalar path on random images). Both multiply uint8 pixels, widened to int16, by the int16 taps two at
+// a time with vpmaddwd (a·q_j + b·q_{j+1} per int32 lane) — torch's own AVX2 resampler does the same.
+
+// (q_2g, q_2g+1) as one int32 per pair and output: [out, pairs], zero past the window.
+std::vector<int32_t> tap_pairs(const AxisTaps& t, int out, int pairs) {
+  std::vector<int32_t> v(size_t(out) * pairs, 0);
+  for (int i = 0; i < out; ++i)
+    for (int g = 0; g < pairs; ++g) {
+      const int j = 2 * g;
+      const int16_t a = j < t.n[i] ? t.q[size_t(i) * t.ksize + j] : 0;
+      const int16_t b = j + 1 < t.n[i] ? t.q[size_t(i) * t.ksize + j + 1] : 0;
+      v[size_t(i) * pairs + g] = int32_t(uint32_t(uint16_t(a)) | (uint32_t(uint16_t(b)) << 16));
+    }
+  return v;
+}
+
+// Width pass on interleaved RGB, four rows at a time (two per ymm, one per 128-bit lane). 16 bytes at pixel p hold
+// pixels p … p+3 (and a byte of p+4); two byte shuffles turn them into the int16 lanes (r_p, r_p+1, g_p, g_p+1, b_p,
+// b_p+1, 0, 0) and (r_p+2, r_p+3, …), so vpmaddwd with a tap pair broadcast gives (Σr, Σg, Σb, 0) for two taps.
+// Loads read up to 13 bytes past the last pixel of a row (weights 0 there): every row pointer needs 16 readable
+// bytes after its last pixel. Output rows are written 4 bytes per pixel, left to right, the last pixel 3 bytes.
+__attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* const* r, const AxisTaps& t,
+                                                      const int32_t* pairs, int np, int out_w, uint8_t* const* d) {
+  const __m256i ma = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,  //
+                                      0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i mb = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,  //
+                                      6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+  const __m256i half = _mm256_set1_epi32(1 << (t.P - 1));
+  const __m128i shift = _mm_cvtsi32_si128(t.P);
+  auto ld = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  for (int x = 0; x < out_w; ++x) {
+    const int quads = (t.n[x] + 3) / 4;
+    const size_t off = size_t(t.xmin[x]) * 3;
+    const int32_t* pq = pairs + size_t(x) * np;
+    __m256i acc01 = half, acc23 = half;
+    for (int k = 0; k < quads; ++k) {
+      const size_t o = off + 12 * size_t(k);
+      const __m256i v01 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(r[0] + o)), ld(r[1] + o), 1);
+      const __m256i v23 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(r[2] + o)), ld(r[3] + o), 1);
+      const __m256i wa = _mm256_set1_epi32(pq[2 * k]), wb = _mm256_set1_epi32(pq[2 * k + 1]);
+      acc01 = _mm256_add_epi32(acc01, _mm256_add_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(v01, ma), wa),
+                                                       _mm256_madd_epi16(_mm256_shuffle_epi8(v01, mb), wb)));
+      acc23 = _mm256_add_epi32(acc23, _mm256_add_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(v23, ma), wa),
+                                                       _mm256_madd_epi16(_mm256_shuffle_epi8(v23, mb), wb)));
+    }
+    // Saturating packs clamp to [0, 255] exactly as clamp_shift does. Lane 0: rows 0, 2; lane 1: rows 1, 3.
+    const __m256i w16 = _mm256_packs_epi32(_mm256_sra_epi32(acc01, shift), _mm256_sra_epi32(acc23, shift));
+    const __m256i b8 = _mm256_packus_epi16(w16, w16);
+    const __m128i l0 = _mm256_castsi256_si128(b8), l1 = _mm256_extracti128_si256(b8, 1);
+    const uint32_t px[4] = {uint32_t(_mm_cvtsi128_si32(l0)), uint32_t(_mm_cvtsi128_si32(l1)),
+                            uint32_t(_mm_extract_epi32(l0, 1)), uint32_t(_mm_extract_epi32(l1, 1))};
+    if (x + 1 < out_w) {  // the 4th byte is the next pixel's, written next
+      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 4);
+    } else {
+      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 3);
+    }
+  }
+}
+
+struct WidthPlan {
+  AxisTaps t;
+  int np = 0;                  // tap pairs per output, even: the loop takes two at a time
+  std::vector<int32_t> pairs;  // [out, np]
+  WidthPlan(int in, int out) : t(make_taps(in, out)), np(((t.ksize + 1) / 2 + 1) / 2 * 2), pairs(tap_pairs(t, out, np)) {}
+};
+
+// Width pass over n source rows at `src` (stride in_row; `readable` bytes from src may be read) into n rows at dst.
+// Groups of 4 rows whose loads stay inside `readable` run in place; the rest (the last rows, or all of a tiny
+// image) through a zero-padded copy, with spare output rows past the last.
+void hpass_block(const uint8_t* src, size_t in_row, size_t readable, int n, const WidthPlan& wp, int out_w,
+                 uint8_t* dst) {
+  const size_t out_row = size_t(out_w) * 3;
+  int y = 0;
+  for (; y + 4 <= n && size_t(y + 4) * in_row + 16 <= readable; y += 4) {
+    const uint8_t* r[4] = {src + y * in_row, src + (y + 1) * in_row, src + (y + 2) * in_row, src + (y + 3) * in_row};
+    uint8_t* d[4] = {dst + y * out_row, dst + (y + 1) * out_row, dst + (y + 2) * out_row, dst + (y + 3) * out_row};
+    hpass_rows_avx2(r, wp.t, wp.pairs.data(), wp.np, out_w, d);
+  }
+  if (y < n) {
+    thread_local ByteBuffer pad, spare;
+    const int rows = n - y;
+    pad.resize(size_t(rows + 4) * in_row + 16);
+    std::memcpy(pad.data(), src + y * in_row, rows * in_row);
+    std::memset(pad.data() + rows * in_row, 0, pad.size() - rows * in_row);
+    spare.resize(4 * out_row + 4);
+    for (int g = 0; g < rows; g += 4) {
+      const uint8_t* r[4];
+      uint8_t* d[4];
+      for (int i = 0; i < 4; ++i) {
+        r[i] = pad.data() + size_t(g + i) * in_row;
+        d[i] = g + i < rows ? dst + (y + g + i) * out_row : spare.data() + size_t(i) * out_row;
+      }
+      hpass_rows_avx2(r, wp.t, wp.pairs.data(), wp.np, out_w, d);
+    }
+  }
+}
+
+void resize_width_avx2(const RgbImage& src, int out_w, RgbImage& dst) {
+  const WidthPlan wp(src.w, out_w);
+  dst.w = out_w;
+  dst.h = src.h;
+  dst.data.resize(size_t(out_w) * src.h * 3);
+  hpass_block(src.data.data(), size_t(src.w) * 3, src.data.size(), src.h, wp, out_w, dst.data.data());
+}
+
+// Height pass: 16 bytes of a row at a time, widened to int16; rows j and j+1 interleaved (vpunpck{l,h}wd) so
+// vpmaddwd adds both taps; the packs at the end undo the in-lane interleave.
+__attribute__((target("avx2"))) void resize_height_avx2_impl(const uint8_t* src, size_t stride, const AxisTaps& t,
+                                                              int out_rows, uint8_t* dst) {
+  const int np = (t.ksize + 1) / 2;
+  const std::vector<int32_t> pairs = tap_pairs(t, out_rows, np);
+  const __m256i half = _mm256_set1_epi32(1 << (t.P - 1));
+  const __m128i shift = _mm_cvtsi32_si128(t.P);
+  const size_t vec_end = stride / 16 * 16;
+  for (int y = 0; y < out_rows; ++y) {
+    const int n = t.n[y];
+    const uint8_t* base = src + size_t(t.xmin[y]) * stride;
+    const int32_t* pq = &pairs[size_t(y) * np];
+    uint8_t* orow = dst + size_t(y) * stride;
+    for (size_t k = 0; k < vec_end; k += 16) {
+      __m256i lo = half, hi = half;
+      for (int j = 0; j < n; j += 2) {
+        const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + k)));
+        const __m256i b = j + 1 < n ? _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                                          reinterpret_cast<const __m128i*>(base + (j + 1) * stride + k)))
+                                    : _mm256_setzero_si256();
+        const __m256i w = _mm256_set1_epi32(pq[j / 2]);
+        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
+        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
+      }
+      lo = _mm256_sra_epi32(lo, shift);
+      hi = _mm256_sra_epi32(hi, shift);
+      const __m256i w16 = _mm256_packs_epi32(lo, hi);                      // elements 0..15 in order
+      const __m256i b8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(w16, w16), 0x08);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(orow + k), _mm256_castsi256_si128(b8));
+    }
+    const int16_t* q = &t.q[size_t(y) * t.ksize];
+    for (size_t k = vec_end; k < stride; ++k) {
+      int32_t acc = 1 << (t.P - 1);
+      for (int j = 0; j < n; ++j) acc += int32_t(base[j * stride + k]) * q[j];
+      orow[k] = clamp_shift(acc, t.P);
+    }
+  }
+}
+
+bool use_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has && !detail::g_force_scalar_resize.load(std::memory_order_relaxed);
+}
+#else
+bool use_avx2() { return false; }
+struct WidthPlan {
+  WidthPlan(int, int) {}
+};
+void hpass_block(const uint8_t*, size_t, size_t, int, const WidthPlan&, int, uint8_t*) {}
+void resize_width_avx2(const RgbImage&, int, RgbImage&) {}
+void resize_height_avx2_impl(const uint8_t*, size_t, const AxisTaps&, int, uint8_t*) {}
+#endif
+
 void resize_width(const RgbImage& src, int out_w, RgbImage& dst) {
+  if (use_avx2()) return resize_width_avx2(src, out_w, dst);
   const AxisTaps t = make_taps(src.w, out_w);
   thread_local ByteBuffer tin, tout;
   tin.resize(size_t(src.w) * src.h * 3);
@@ -147,6 +322,7 @@ void resize_height(const RgbImage& src, int out_h, RgbImage& dst) {
   dst.w = src.w;
   dst.h = out_h;
   dst.data.resize(size_t(src.w) * out_h * 3);
+  if (use_avx2()) return resize_height_avx2_impl(src.data.data(), size_t(src.w) * 3, t, out_h, dst.data.data());
   vertical_pass(src.data.data(), size_t(src.w) * 3, t, out_h, dst.data.data());
 }
 
@@ -204,25 +380,78 @@ RgbImage resize_bicubic_aa(const RgbImage& src, int out_h, int out_w) {
   return &r == &src ? src : std::move(out);
 }
 
+#ifdef M3_MEDIA_X86
+// 14 pixels of interleaved RGB (reads 48 bytes) → three runs of 14 normalised floats. The channels are separated
+// with byte shuffles; (float(x) − M_c) / S_c in IEEE single precision is what the table holds, bit for bit.
+static __attribute__((target("avx2"))) void normalize_px14_avx2(const uint8_t* src, float* r0, float* r1, float* r2) {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+  const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+#define M3_PICK(ma, mb, mc) \
+  _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, ma), _mm_shuffle_epi8(b, mb)), _mm_shuffle_epi8(c, mc))
+  const __m128i ch[3] = {
+      M3_PICK(_mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13)),
+      M3_PICK(_mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14)),
+      M3_PICK(_mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1),
+           _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15))};
+#undef M3_PICK
+  float* dst[3] = {r0, r1, r2};
+  for (int k = 0; k < 3; ++k) {
+    const __m256 m = _mm256_set1_ps(kMean[k]), sd = _mm256_set1_ps(kStd[k]);
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(ch[k]));                     // pixels 0..7
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(ch[k], 6)));  // pixels 6..13
+    _mm256_storeu_ps(dst[k], _mm256_div_ps(_mm256_sub_ps(lo, m), sd));
+    _mm256_storeu_ps(dst[k] + 6, _mm256_div_ps(_mm256_sub_ps(hi, m), sd));
+  }
+}
+#else
+static void normalize_px14_avx2(const uint8_t*, float*, float*, float*) {}
+#endif
+
 void append_patch_rows(const RgbImage& f0, const RgbImage& f1, FloatBuffer& out) {
   const int gh = f0.h / kPatch, gw = f0.w / kPatch;
   const NormTable& nt = norm_table();
   const RgbImage* fr[2] = {&f0, &f1};
+  // An image fills both temporal slots with the same frame: compute slot 0, copy it to slot 1.
+  const int frames = (&f0 == &f1 || f0.data.data() == f1.data.data()) ? 1 : kTemporal;
+  constexpr int kBlock = kPatch * kPatch;  // 196 values per (channel, temporal)
+  const bool simd = use_avx2();
   size_t pos = out.size();
   out.resize(pos + size_t(gh) * gw * kRowWidth);
-  // Row: (channel, temporal, ky, kx); rows by merge-row, merge-col, then the 2×2 window row-major.
+  // Row: (channel, temporal, ky, kx); rows by merge-row, merge-col, then the 2×2 window row-major. One pass over
+  // each source pixel writes its three channels.
   for (int mr = 0; mr < gh / kMerge; ++mr)
     for (int mc = 0; mc < gw / kMerge; ++mc)
       for (int dy = 0; dy < kMerge; ++dy)
         for (int dx = 0; dx < kMerge; ++dx) {
           const int py = mr * kMerge + dy, px = mc * kMerge + dx;
           float* row = &out[pos];
-          for (int c = 0; c < 3; ++c)
-            for (int t = 0; t < kTemporal; ++t)
-              for (int ky = 0; ky < kPatch; ++ky) {
-                const uint8_t* src = &fr[t]->data[(size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3];
-                for (int kx = 0; kx < kPatch; ++kx) *row++ = nt.v[c][src[kx * 3 + c]];
+          for (int t = 0; t < frames; ++t) {
+            float* r0 = row + (0 * kTemporal + t) * kBlock;
+            float* r1 = row + (1 * kTemporal + t) * kBlock;
+            float* r2 = row + (2 * kTemporal + t) * kBlock;
+            for (int ky = 0; ky < kPatch; ++ky) {
+              const size_t at = (size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3;
+              const uint8_t* src = &fr[t]->data[at];
+              if (simd && at + 48 <= fr[t]->data.size()) {
+                normalize_px14_avx2(src, r0 + ky * kPatch, r1 + ky * kPatch, r2 + ky * kPatch);
+                continue;
               }
+              for (int kx = 0; kx < kPatch; ++kx) {
+                r0[ky * kPatch + kx] = nt.v[0][src[kx * 3 + 0]];
+                r1[ky * kPatch + kx] = nt.v[1][src[kx * 3 + 1]];
+                r2[ky * kPatch + kx] = nt.v[2][src[kx * 3 + 2]];
+              }
+            }
+          }
+          if (frames == 1)
+            for (int c = 0; c < 3; ++c)
+              std::memcpy(row + (c * kTemporal + 1) * kBlock, row + c * kTemporal * kBlock, kBlock * sizeof(float));
           pos += kRowWidth;
         }
 }
@@ -237,6 +466,79 @@ PixelTensor preprocess_image(const RgbImage& img, const ResizeLimits& lim) {
   pt.gw = tw / kPatch;
   pt.values.reserve(size_t(pt.rows()) * kRowWidth);
   append_patch_rows(r, r, pt.values);
+  return pt;
+}
+
+struct RowStreamPreprocessor::Impl {
+  int h, w, th, tw;
+  ResizeLimits lim;
+  int filled = 0;         // source rows consumed
+  bool stream = false;    // width pass per batch (else the rows collect in `full`)
+  RgbImage full;
+  ByteBuffer batch;       // kBatch rows + 16 readable bytes
+  std::optional<WidthPlan> plan;
+  static constexpr int kBatch = 16;
+};
+
+RowStreamPreprocessor::RowStreamPreprocessor(int h, int w, const ResizeLimits& lim) : p_(std::make_unique<Impl>()) {
+  Impl& p = *p_;
+  auto [th, tw] = smart_resize(h, w, lim);
+  p.h = h;
+  p.w = w;
+  p.th = th;
+  p.tw = tw;
+  p.lim = lim;
+  p.stream = tw != w && use_avx2();
+  if (p.stream) {
+    p.plan.emplace(w, tw);
+    p.batch.resize(size_t(Impl::kBatch) * w * 3 + 16);
+    std::memset(p.batch.data(), 0, p.batch.size());
+    RgbImage& mid = scratch().mid;
+    mid.w = tw;
+    mid.h = h;
+    mid.data.resize(size_t(tw) * h * 3);
+  } else {
+    p.full = RgbImage(w, h);
+  }
+}
+
+RowStreamPreprocessor::~RowStreamPreprocessor() = default;
+
+int RowStreamPreprocessor::batch() const { return std::min(Impl::kBatch, p_->h - p_->filled); }
+
+uint8_t* RowStreamPreprocessor::row(int i) {
+  Impl& p = *p_;
+  const size_t in_row = size_t(p.w) * 3;
+  return p.stream ? p.batch.data() + size_t(i) * in_row : p.full.data.data() + size_t(p.filled + i) * in_row;
+}
+
+void RowStreamPreprocessor::consume() {
+  Impl& p = *p_;
+  const int n = batch();
+  if (p.stream) {
+    RgbImage& mid = scratch().mid;
+    hpass_block(p.batch.data(), size_t(p.w) * 3, p.batch.size(), n, *p.plan, p.tw,
+                mid.data.data() + size_t(p.filled) * p.tw * 3);
+  }
+  p.filled += n;
+}
+
+PixelTensor RowStreamPreprocessor::finish() {
+  Impl& p = *p_;
+  if (p.filled != p.h) media_fail("image ended after {} of {} rows", p.filled, p.h);
+  if (!p.stream) return preprocess_image(p.full, p.lim);
+  Scratch& sc = scratch();
+  const RgbImage* r = &sc.mid;
+  if (p.th != p.h) {
+    resize_height(sc.mid, p.th, sc.out);
+    r = &sc.out;
+  }
+  PixelTensor pt;
+  pt.t = 1;
+  pt.gh = p.th / kPatch;
+  pt.gw = p.tw / kPatch;
+  pt.values.reserve(size_t(pt.rows()) * kRowWidth);
+  append_patch_rows(*r, *r, pt.values);
   return pt;
 }
 

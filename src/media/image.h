@@ -73,4 +73,31 @@ PixelTensor preprocess_image(const RgbImage& img, const ResizeLimits& lim = {});
 PixelTensor preprocess_video(const std::vector<RgbImage>& frames,
                              const ResizeLimits& lim = {3136, kVideoFrameMaxPixels});
 
+// preprocess_image for a picture that arrives top to bottom in batches of rows (a JPEG decoder's scanlines): each
+// batch goes through the width pass while it is in cache, so the full-size picture is never stored (where the
+// width changes and the AVX2 loops run; otherwise the rows are collected and preprocess_image runs at the end).
+// The result equals preprocess_image of the whole picture. Use: while (int n = batch()) { fill row(0 … n−1);
+// consume(); } then finish(). Throws MediaError like smart_resize; one thread at a time (thread-local scratch).
+class RowStreamPreprocessor {
+ public:
+  RowStreamPreprocessor(int h, int w, const ResizeLimits& lim = {});
+  ~RowStreamPreprocessor();
+  RowStreamPreprocessor(const RowStreamPreprocessor&) = delete;
+  RowStreamPreprocessor& operator=(const RowStreamPreprocessor&) = delete;
+  int batch() const;     // rows to fill now; 0 once every row is in
+  uint8_t* row(int i);   // row i of the batch: w*3 bytes of RGB
+  void consume();        // the batch is filled
+  PixelTensor finish();  // after the last batch
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+namespace detail {
+// Tests only: run the portable resample and normalisation loops even where the AVX2 ones would run (they must give
+// the same bytes and floats).
+void force_scalar_resize(bool on);
+}  // namespace detail
+
 }  // namespace m3::media

@@ -89,6 +89,8 @@ std::string OpenAIService::render_chat_impl(const ParsedRequest& r, bool allow_m
     } catch (const m3::Error& e) {
       throw ApiError(400, fmt::format("Invalid media input: {}", e.what()), "messages", "invalid_media");
     }
+    if (prepared.gateway_seconds > 0 || prepared.encode_seconds > 0)
+      timings_.observe_media(prepared.gateway_seconds, prepared.encode_seconds);
     if (cfg_.serve_media) {
       std::string expanded = prepared.prompt;
       if (media) *media = std::move(prepared);

@@ -39,6 +39,9 @@ struct MediaPrepared {
   std::vector<uint64_t> hashes;
   std::vector<int64_t> slots;
   std::shared_ptr<const std::vector<float>> embeds;
+  // Wall time of the two halves of the hook, for /metrics: the media gateway (fetch, decode, resize, patchify,
+  // templating; on its own pool) and the vision encoder. 0 where the hook does not say.
+  double gateway_seconds = 0, encode_seconds = 0;
 };
 
 struct ServiceConfig {

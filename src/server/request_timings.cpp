@@ -16,7 +16,11 @@ Histogram fine_latency() {
 
 }  // namespace
 
-RequestTimings::RequestTimings() : preprocess_(fine_latency()), detokenize_(fine_latency()) {}
+RequestTimings::RequestTimings()
+    : preprocess_(fine_latency()),
+      detokenize_(fine_latency()),
+      media_gateway_(fine_latency()),
+      media_encode_(fine_latency()) {}
 
 void RequestTimings::observe_preprocess(double s) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -28,6 +32,12 @@ void RequestTimings::observe_detokenize(double s) {
   detokenize_.observe(s);
 }
 
+void RequestTimings::observe_media(double gateway_s, double encode_s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  media_gateway_.observe(gateway_s);
+  media_encode_.observe(encode_s);
+}
+
 std::string RequestTimings::to_prometheus(const std::string& lbl) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::string out;
@@ -36,6 +46,12 @@ std::string RequestTimings::to_prometheus(const std::string& lbl) const {
   hist("request_detokenize_seconds",
        "Per request: incremental detokenisation, stop matching and output parsing, summed over its events.",
        detokenize_);
+  hist("request_media_gateway_seconds",
+       "Per request with images or video: the media gateway (fetch, decode, resize, patchify, templating), part of "
+       "preprocess.",
+       media_gateway_);
+  hist("request_media_encode_seconds", "Per request with images or video: the vision encoder, part of preprocess.",
+       media_encode_);
   return out;
 }
 

@@ -3,6 +3,9 @@
 //   m3serve:request_preprocess_seconds   OpenAIService::prepare — parse + validate + chat template + tokenise
 //   m3serve:request_detokenize_seconds   per request, the sum over its events of ChoiceStream::on_output —
 //                                        incremental detokenisation + stop matching + output parsing
+//   m3serve:request_media_gateway_seconds  requests with images/video: the media gateway's wall time (fetch, decode,
+//                                        resize, patchify, templating on its pool), part of preprocess
+//   m3serve:request_media_encode_seconds   the same requests: the vision encoder's wall time, part of preprocess
 // Thread-safe (one mutex; an observation is a few ns of work under it).
 #pragma once
 
@@ -18,12 +21,13 @@ class RequestTimings {
   RequestTimings();
   void observe_preprocess(double seconds);
   void observe_detokenize(double seconds);
+  void observe_media(double gateway_seconds, double encode_seconds);
   // Prometheus histograms with the given label set (e.g. model_name="m3").
   std::string to_prometheus(const std::string& labels) const;
 
  private:
   mutable std::mutex mu_;
-  Histogram preprocess_, detokenize_;
+  Histogram preprocess_, detokenize_, media_gateway_, media_encode_;
 };
 
 }  // namespace m3::server

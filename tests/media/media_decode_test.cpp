@@ -1,5 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <turbojpeg.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+
 #include "media/decode.h"
 #include "media/media_error.h"
 #include "media_fixture_util.h"
@@ -43,6 +49,65 @@ TEST(MediaDecode, EveryPrefixOfEveryFixtureFailsCleanlyOrDecodes) {
 
 TEST(MediaDecode, TruncatedJpegIsRejectedLikePillow) {
   EXPECT_THROW(decode_image(read_file("tests/media/photos/truncated.jpg")), MediaError);
+}
+
+// preprocess_encoded_image (a JPEG decoded scanline by scanline into the width pass) against decode_image +
+// preprocess_image: the same tensor bit for bit, the same success or failure, on the JPEG fixtures (4:2:0, 4:4:4,
+// progressive, grey, CMYK → the whole-image path), the skimage photo, noise encoded here at sizes that exercise
+// the row batches (1080p, 4k-wide, odd, 1 row, no width change), every prefix of a file, and with the portable
+// resample loops forced.
+bool same_tensor(const PixelTensor& a, const PixelTensor& b) {
+  return a.t == b.t && a.gh == b.gh && a.gw == b.gw && a.values.size() == b.values.size() &&
+         std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)) == 0;
+}
+
+std::vector<uint8_t> noise_jpeg(int h, int w, int sub, uint32_t seed) {
+  std::vector<uint8_t> px(size_t(h) * w * 3);
+  for (size_t i = 0; i < px.size(); ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    px[i] = uint8_t(((i / 3) % w) * 3 + (seed >> 29));  // a ramp plus noise
+  }
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  EXPECT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &buf, &size, sub, 90, 0), 0);
+  std::vector<uint8_t> out(buf, buf + size);
+  tjFree(buf);
+  tjDestroy(tj);
+  return out;
+}
+
+TEST(MediaDecode, StreamedJpegPreprocessingEqualsDecodeThenPreprocess) {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> files;
+  for (const char* f : {"tests/media/fixtures/files/q90_420.jpg", "tests/media/fixtures/files/q95_444.jpg",
+                        "tests/media/fixtures/files/progressive.jpg", "tests/media/fixtures/files/gray.jpg",
+                        "tests/media/fixtures/files/cmyk.jpg", "tests/media/photos/rocket.jpg"})
+    files.emplace_back(f, read_file(f));
+  struct S { int h, w, sub; } sizes[] = {{1080, 1920, TJSAMP_420}, {301, 3840, TJSAMP_422}, {37, 501, TJSAMP_444},
+                                         {1, 200, TJSAMP_420}, {45, 61, TJSAMP_GRAY}, {56, 56, TJSAMP_420},
+                                         {17, 2000, TJSAMP_420}};
+  uint32_t seed = 1;
+  for (auto sz : sizes)
+    files.emplace_back(std::to_string(sz.h) + "x" + std::to_string(sz.w), noise_jpeg(sz.h, sz.w, sz.sub, seed++));
+  for (bool scalar : {false, true}) {
+    detail::force_scalar_resize(scalar);
+    for (const auto& [name, bytes] : files) {
+      ASSERT_FALSE(bytes.empty()) << name;
+      const PixelTensor want = preprocess_image(decode_image(bytes));
+      EXPECT_TRUE(same_tensor(preprocess_encoded_image(bytes), want)) << name << (scalar ? " (portable)" : "");
+    }
+  }
+  detail::force_scalar_resize(false);
+  const auto& full = files[0].second;
+  for (size_t n = 0; n < full.size(); n += std::max<size_t>(1, full.size() / 61)) {
+    std::span<const uint8_t> part(full.data(), n);
+    std::optional<PixelTensor> a, b;
+    try { a = preprocess_image(decode_image(part)); } catch (const MediaError&) {}
+    try { b = preprocess_encoded_image(part); } catch (const MediaError&) {}
+    ASSERT_EQ(a.has_value(), b.has_value()) << "prefix " << n;
+    if (a) EXPECT_TRUE(same_tensor(*a, *b)) << "prefix " << n;
+  }
+  EXPECT_THROW(preprocess_encoded_image(read_file("tests/media/photos/truncated.jpg")), MediaError);
 }
 
 TEST(MediaDecode, HeaderSizeOverTheLimitIsRejectedBeforeDecoding) {

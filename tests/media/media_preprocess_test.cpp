@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "media/image.h"
 #include "media/media_error.h"
 #include "media/prompt.h"
@@ -72,6 +74,36 @@ TEST(MediaResize, IdentityAndConstantImagesStayExact) {
   for (uint8_t v : r.data) ASSERT_EQ(v, 77);
   RgbImage same = resize_bicubic_aa(img, 60, 100);
   EXPECT_EQ(same.data, img.data);
+}
+
+// The AVX2 resample and normalisation loops (used where the CPU has AVX2) against the portable ones: the same integer sums, so the
+// same bytes, on noise (every tap matters) over down- and upscales, odd sizes, single rows and columns, and the
+// 1080p / 4k budgets. The HF fixtures (media_fixture_test) check whichever path this CPU runs against torchvision.
+TEST(MediaResize, Avx2LoopsEqualThePortableOnes) {
+  uint32_t s = 12345;
+  auto rnd = [&] { s = s * 1664525u + 1013904223u; return s >> 24; };
+  struct Case { int h, w, th, tw; } cases[] = {
+      {1080, 1920, 504, 896}, {2160, 3840, 504, 896}, {45, 61, 56, 56}, {1, 200, 28, 812}, {200, 1, 812, 28},
+      {97, 131, 28, 56},      {31, 17, 336, 224},     {2, 3, 28, 28},   {333, 501, 336, 504}, {60, 100, 60, 252}};
+  for (auto c : cases) {
+    RgbImage img(c.w, c.h);
+    for (auto& v : img.data) v = uint8_t(rnd());
+    detail::force_scalar_resize(true);
+    const RgbImage a = resize_bicubic_aa(img, c.th, c.tw);
+    detail::force_scalar_resize(false);
+    const RgbImage b = resize_bicubic_aa(img, c.th, c.tw);
+    ASSERT_EQ(a.w, b.w);
+    ASSERT_EQ(a.h, b.h);
+    EXPECT_TRUE(a.data == b.data) << c.h << "x" << c.w << " -> " << c.th << "x" << c.tw;
+    // Normalise + patchify too (the AVX2 loop, and the scalar one for the last pixels of the image).
+    detail::force_scalar_resize(true);
+    const PixelTensor pa = preprocess_image(img);
+    detail::force_scalar_resize(false);
+    const PixelTensor pb = preprocess_image(img);
+    ASSERT_EQ(pa.values.size(), pb.values.size());
+    EXPECT_EQ(std::memcmp(pa.values.data(), pb.values.data(), pa.values.size() * sizeof(float)), 0)
+        << c.h << "x" << c.w;
+  }
 }
 
 TEST(MediaVideoPreprocess, OddFrameCountsPadWithTheLastFrame) {

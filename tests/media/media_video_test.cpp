@@ -1,77 +1,16 @@
-// Video decoding and sampling: a small MPEG-4 Part 2 clip is encoded in memory with libavcodec (Debian's build
-// has the native encoder), then decoded through decode_video.
+// Video decoding and sampling: a small MPEG-4 Part 2 clip is encoded in memory with libavcodec (clip_util.h), then
+// decoded through decode_video.
 #include <gtest/gtest.h>
-
-extern "C" {
-#include <libavcodec/avcodec.h>
-#include <libavformat/avformat.h>
-#include <libavutil/opt.h>
-}
 
 #include "media/image.h"
 #include "media/media_error.h"
 #include "media/video.h"
+#include "clip_util.h"
 
 namespace m3::media {
 namespace {
 
-// n frames of w x h at `fps`, frame k is a flat grey 8k (+ a bar), muxed as Matroska into memory.
-std::vector<uint8_t> make_clip(int n, int w, int h, int fps) {
-  const AVCodec* codec = avcodec_find_encoder(AV_CODEC_ID_MPEG4);
-  if (!codec) return {};
-  AVFormatContext* oc = nullptr;
-  avformat_alloc_output_context2(&oc, nullptr, "matroska", nullptr);
-  AVStream* st = avformat_new_stream(oc, nullptr);
-  AVCodecContext* c = avcodec_alloc_context3(codec);
-  c->width = w;
-  c->height = h;
-  c->time_base = {1, fps};
-  c->framerate = {fps, 1};
-  c->pix_fmt = AV_PIX_FMT_YUV420P;
-  c->gop_size = 5;
-  c->bit_rate = 400000;
-  if (oc->oformat->flags & AVFMT_GLOBALHEADER) c->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
-  EXPECT_GE(avcodec_open2(c, codec, nullptr), 0);
-  avcodec_parameters_from_context(st->codecpar, c);
-  st->time_base = c->time_base;
-  st->avg_frame_rate = c->framerate;
-  avio_open_dyn_buf(&oc->pb);
-  EXPECT_GE(avformat_write_header(oc, nullptr), 0);
-  AVFrame* f = av_frame_alloc();
-  f->format = c->pix_fmt;
-  f->width = w;
-  f->height = h;
-  av_frame_get_buffer(f, 0);
-  AVPacket* pkt = av_packet_alloc();
-  auto flush = [&](AVFrame* fr) {
-    avcodec_send_frame(c, fr);
-    while (avcodec_receive_packet(c, pkt) == 0) {
-      av_packet_rescale_ts(pkt, c->time_base, st->time_base);
-      pkt->stream_index = st->index;
-      av_interleaved_write_frame(oc, pkt);
-    }
-  };
-  for (int k = 0; k < n; ++k) {
-    av_frame_make_writable(f);
-    for (int y = 0; y < h; ++y)
-      for (int x = 0; x < w; ++x) f->data[0][y * f->linesize[0] + x] = uint8_t(x < 8 ? 235 : 16 + 8 * k);
-    for (int y = 0; y < h / 2; ++y)
-      for (int x = 0; x < w / 2; ++x) f->data[1][y * f->linesize[1] + x] = f->data[2][y * f->linesize[2] + x] = 128;
-    f->pts = k;
-    flush(f);
-  }
-  flush(nullptr);
-  av_write_trailer(oc);
-  uint8_t* buf = nullptr;
-  int size = avio_close_dyn_buf(oc->pb, &buf);
-  std::vector<uint8_t> out(buf, buf + size);
-  av_free(buf);
-  av_packet_free(&pkt);
-  av_frame_free(&f);
-  avcodec_free_context(&c);
-  avformat_free_context(oc);
-  return out;
-}
+using test_clips::make_clip;
 
 TEST(MediaVideoSampling, KeepsFrameZeroThenOnePerInterval) {
   std::vector<double> ts;

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""What 8 images add to a chat request's TTFT beyond the vision encoder (issue 12's target: <= 5 %).
+
+Starts `m3serve serve --device cpu` on a checkpoint with vision weights (the demo VL model of
+`M3_DEMO_VISION=1 scripts/make_demo_model.sh`), prefix caching off, and sends, per repetition, with max_tokens 1
+(latency ~= TTFT) and a fresh nonce:
+  text      the text-only request
+  images    the same text + N different JPEG data: URLs (new images every repetition: no media-cache hits)
+  samelen   a text-only request padded to the same prompt length as `images` (the prefill the image slots cost)
+The gateway and encoder wall times come from /metrics (request_media_{gateway,encode}_seconds), and the image
+request's whole HTTP-side preparation from request_preprocess_seconds.
+overhead = images - encode - samelen: what preprocessing, the request body (base64, JSON) and templating add.
+
+Usage: media_ttft.py --m3serve BIN --model DIR --template JINJA --jpegs DIR [--images 8] [--reps 5]
+(`bench_media --write-jpegs DIR N HxW` writes the JPEGs.) Python 3 standard library only.
+"""
+import argparse
+import base64
+import http.client
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+
+def post(port, path, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    data = json.dumps(body).encode()
+    t0 = time.perf_counter()
+    c.request("POST", path, data, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    out = r.read()
+    dt = time.perf_counter() - t0
+    if r.status != 200:
+        raise SystemExit(f"{path}: HTTP {r.status}: {out[:500]!r}")
+    return dt, json.loads(out)
+
+
+def metric_sums(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    out = {}
+    for name in ("request_media_gateway_seconds", "request_media_encode_seconds", "request_preprocess_seconds"):
+        for suffix in ("_sum", "_count"):
+            m = re.search(r"^m3serve:" + name + suffix + r"(?:\{[^}]*\})?\s+(\S+)$", text, re.M)
+            out[name + suffix] = float(m.group(1)) if m else 0.0
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m3serve", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--template", required=True)
+    ap.add_argument("--jpegs", required=True)
+    ap.add_argument("--images", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    files = sorted((os.path.join(a.jpegs, f) for f in os.listdir(a.jpegs) if f.endswith(".jpg")),
+                   key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
+    need = a.images * (a.reps + 1)
+    if len(files) < need:
+        raise SystemExit(f"need {need} JPEGs in {a.jpegs}, found {len(files)}")
+    urls = ["data:image/jpeg;base64," + base64.b64encode(open(f, "rb").read()).decode() for f in files[:need]]
+
+    proc = subprocess.Popen([a.m3serve, "serve", "--model", a.model, "--device", "cpu", "--chat-template", a.template,
+                             "--served-model-name", "m3", "--host", "127.0.0.1", "--port", "0",
+                             "--max-model-len", "16384", "--no-enable-prefix-caching", "--max-body-bytes", "256MiB"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = None
+        for line in proc.stdout:
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        if port is None:
+            raise SystemExit("server did not start")
+
+        def chat(parts):
+            return post(port, "/v1/chat/completions",
+                        {"model": "m3", "max_tokens": 1, "temperature": 0,
+                         "messages": [{"role": "user", "content": parts}]})
+
+        text = "Describe what these pictures have in common, in one word. Request {}."
+        res = {"text": [], "images": [], "samelen": []}
+        gw, enc, pre = [], [], []
+        for r in range(a.reps + 1):  # repetition 0 warms up and is dropped
+            nonce = f"{r}-{time.time_ns()}"
+            t_text, j_text = chat([{"type": "text", "text": text.format(nonce)}])
+            before = metric_sums(port)
+            imgs = [{"type": "image_url", "image_url": {"url": u}} for u in urls[r * a.images:(r + 1) * a.images]]
+            t_img, j_img = chat([{"type": "text", "text": text.format(nonce + "i")}] + imgs)
+            after = metric_sums(port)
+            # Text-only filler to the same prompt length (" x" is one token in Qwen3's BPE; checked below).
+            pad = j_img["usage"]["prompt_tokens"] - j_text["usage"]["prompt_tokens"]
+            t_same, j_same = chat([{"type": "text", "text": text.format(nonce + "s") + " x" * pad}])
+            if r == 0:
+                print(f"prompt tokens: text {j_text['usage']['prompt_tokens']}, images {j_img['usage']['prompt_tokens']}, "
+                      f"same-length text {j_same['usage']['prompt_tokens']}", flush=True)
+                continue
+            res["text"].append(t_text)
+            res["images"].append(t_img)
+            res["samelen"].append(t_same)
+            gw.append(after["request_media_gateway_seconds_sum"] - before["request_media_gateway_seconds_sum"])
+            enc.append(after["request_media_encode_seconds_sum"] - before["request_media_encode_seconds_sum"])
+            pre.append(after["request_preprocess_seconds_sum"] - before["request_preprocess_seconds_sum"])
+        med = {k: statistics.median(v) for k, v in res.items()}
+        g, e = statistics.median(gw), statistics.median(enc)
+        over = [i - en - s for i, en, s in zip(res["images"], enc, res["samelen"])]
+        o = statistics.median(over)
+        print(f"{a.images} images, {a.reps} repetitions, medians (ms):")
+        print(f"  text-only TTFT {1e3 * med['text']:.1f}, same-length text TTFT {1e3 * med['samelen']:.1f}, "
+              f"with images {1e3 * med['images']:.1f}")
+        p = statistics.median(pre)
+        rest = statistics.median([x - y - z for x, y, z in zip(pre, gw, enc)])
+        print(f"  media gateway {1e3 * g:.1f} (inside the images request), vision encoder {1e3 * e:.1f}; the images "
+              f"request's whole preprocess {1e3 * p:.1f}, of which not gateway or encoder (JSON, template, "
+              f"tokenise) {1e3 * rest:.1f}")
+        print(f"  images - encoder - same-length text = {1e3 * o:.1f} ms = {100 * o / med['samelen']:.1f} % of the "
+              f"same-length text TTFT; images - encoder - text-only = "
+              f"{100 * (med['images'] - e - med['text']) / med['text']:.1f} % of the text-only TTFT")
+        print("  per repetition (text, samelen, images, gateway, encode, preprocess) ms:")
+        for k in range(a.reps):
+            print("   ", ", ".join(f"{1e3 * x:.1f}" for x in
+                                   (res["text"][k], res["samelen"][k], res["images"][k], gw[k], enc[k], pre[k])))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
