@@ -20,14 +20,6 @@ namespace {
 
 constexpr double kGap = 1e-2;  // decisive row: reference top-2 gap ≥ 1 % of the row's max|logit|
 
-std::vector<int32_t> fixture_ids(const std::string& dir) {
-  SafeTensors gold = SafeTensors::open(dir + "/golden.safetensors");
-  const TensorRef& t = gold.get("input_ids");
-  std::vector<int32_t> v(size_t(t.numel()));
-  std::memcpy(v.data(), t.data, t.nbytes);
-  return v;
-}
-
 bool meets(const LogitStats& s, double agreement, double p50) {
   return s.decisive_agreement() >= agreement && s.err_p50 <= p50;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -9,6 +10,7 @@
 #include "backend/cpu/fp8.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "io/safetensors.h"
 #include "kv/sequence_kv.h"
 
 namespace m3::kvacc {
@@ -194,6 +196,14 @@ SelectionStats compare_selections(const M3Model& model, const ScriptedRun& run, 
       }
   }
   return s;
+}
+
+std::vector<int32_t> fixture_ids(const std::string& dir) {
+  SafeTensors gold = SafeTensors::open(dir + "/golden.safetensors");
+  const TensorRef& t = gold.get("input_ids");
+  std::vector<int32_t> v(size_t(t.numel()));
+  std::memcpy(v.data(), t.data, t.nbytes);
+  return v;
 }
 
 }  // namespace m3::kvacc

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kv/kv_cache.h"
@@ -53,5 +54,8 @@ struct SelectionStats {
 SelectionStats compare_selections(const M3Model& model, const ScriptedRun& fp32_run, KvDtype a_dtype,
                                   const std::vector<float>& a_scale, KvDtype b_dtype,
                                   const std::vector<float>& b_scale);
+
+// The token ids a golden fixture was recorded with (`input_ids` of <dir>/golden.safetensors).
+std::vector<int32_t> fixture_ids(const std::string& dir);
 
 }  // namespace m3::kvacc

@@ -16,14 +16,6 @@ using namespace m3::kvacc;
 
 namespace {
 
-std::vector<int32_t> fixture_ids(const std::string& dir) {
-  SafeTensors gold = SafeTensors::open(dir + "/golden.safetensors");
-  const TensorRef& t = gold.get("input_ids");
-  std::vector<int32_t> v(size_t(t.numel()));
-  std::memcpy(v.data(), t.data, t.nbytes);
-  return v;
-}
-
 void print_logits(const char* name, const LogitStats& s, double gap) {
   std::printf("| %s | %.2f %% (%lld/%lld) | %.2f %% (%lld/%lld, gap ≥ %.0e·max) | %.2e | %.2e | %.2e |\n", name,
               100 * s.agreement(), (long long)s.agree, (long long)s.rows, 100 * s.decisive_agreement(),
