@@ -179,10 +179,6 @@ int main(int argc, char** argv) {
             for (int i = 0; i < 3; ++i) ph[i].push_back(ms[i]);
           }
           kvm.profile_phases(false);
-          kvm.set_interleave(false);  // A/B: contiguous tile ranges per CTA
-          const std::vector<float> tc = bench::time_sorted_ms(fk, 2, 10);
-          kvm.set_interleave(true);
-          std::printf("|  | contiguous tile ranges instead of interleaved: %.3f ms | | | | |\n", tc[tc.size() / 2]);
           for (auto& v : ph) std::sort(v.begin(), v.end());
           std::printf("|  | phases: CSR build %.3f ms, attention %.3f ms, combine %.3f ms | | | | |\n", ph[0][4],
                       ph[1][4], ph[2][4]);

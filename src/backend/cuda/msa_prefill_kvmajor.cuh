@@ -43,9 +43,6 @@ class MsaPrefillKvMajor {
   // the last run's CSR build, attention and combine times in ms. Off by default (not capture-safe).
   void profile_phases(bool on);
   void phase_ms(float ms[3]);
-  // Tile order per CTA of the attention kernel: every gridDim.x-th tile (true) or a contiguous range (false); the
-  // A/B hook of the benchmark.
-  void set_interleave(bool on) { interleave_ = on; }
 
  private:
   int64_t T_ = 0, P_ = 0;
@@ -74,7 +71,6 @@ class MsaPrefillKvMajor {
     }
   } ev_;
   bool profile_ = false;
-  bool interleave_ = true;
 };
 
 }  // namespace m3::cuda
