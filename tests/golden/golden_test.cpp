@@ -16,6 +16,7 @@
 #include "kv/sequence_kv.h"
 #include "io/safetensors.h"
 #include "model/m3_model.h"
+#include "row_error.h"
 
 namespace fs = std::filesystem;
 
@@ -63,19 +64,7 @@ ModelRun run_model(const M3Model& model, const std::vector<int32_t>& ids, int64_
   return r;
 }
 
-// Max over rows of max|a − b| / max|b| (per row).
-double max_row_rel_error(const std::vector<float>& a, const std::vector<float>& b, int64_t cols) {
-  double worst = 0;
-  for (size_t r = 0; r * cols < b.size(); ++r) {
-    double scale = 1e-30, err = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      scale = std::max(scale, double(std::fabs(b[r * cols + c])));
-      err = std::max(err, double(std::fabs(a[r * cols + c] - b[r * cols + c])));
-    }
-    worst = std::max(worst, err / scale);
-  }
-  return worst;
-}
+using golden::max_row_rel_error;
 
 class Golden : public ::testing::TestWithParam<const char*> {};
 

@@ -19,6 +19,7 @@
 #include "kv/sequence_kv.h"
 #include "model/m3_model.h"
 #include "model/vision_model.h"
+#include "row_error.h"
 
 namespace fs = std::filesystem;
 
@@ -40,16 +41,7 @@ std::vector<int32_t> i32(const SafeTensors& st, const std::string& n) {
 double row_rel(const std::vector<float>& a, const std::vector<float>& b, int64_t cols) {
   EXPECT_EQ(a.size(), b.size());
   if (a.size() != b.size()) return INFINITY;
-  double worst = 0;
-  for (size_t r = 0; r * cols < b.size(); ++r) {
-    double scale = 1e-30, err = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      scale = std::max(scale, double(std::fabs(b[r * cols + c])));
-      err = std::max(err, double(std::fabs(a[r * cols + c] - b[r * cols + c])));
-    }
-    worst = std::max(worst, err / scale);
-  }
-  return worst;
+  return golden::max_row_rel_error(a, b, cols);
 }
 
 std::array<int, 3> grid(const SafeTensors& st, const std::string& n) {

@@ -11,6 +11,30 @@
 
 namespace m3::media::testing {
 
+// Standard base64 with padding: the tests' data: URLs.
+inline std::string base64_encode(const std::vector<uint8_t>& b) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string o;
+  size_t i = 0;
+  for (; i + 2 < b.size(); i += 3) {
+    const uint32_t v = uint32_t(b[i]) << 16 | uint32_t(b[i + 1]) << 8 | b[i + 2];
+    for (int k = 18; k >= 0; k -= 6) o += t[(v >> k) & 63];
+  }
+  if (i + 1 == b.size()) {
+    const uint32_t v = uint32_t(b[i]) << 16;
+    o += t[v >> 18 & 63];
+    o += t[v >> 12 & 63];
+    o += "==";
+  } else if (i + 2 == b.size()) {
+    const uint32_t v = uint32_t(b[i]) << 16 | uint32_t(b[i + 1]) << 8;
+    o += t[v >> 18 & 63];
+    o += t[v >> 12 & 63];
+    o += t[v >> 6 & 63];
+    o += '=';
+  }
+  return o;
+}
+
 inline uint32_t lowbias32(uint32_t x) {
   x ^= x >> 16;
   x *= 0x7feb352dU;

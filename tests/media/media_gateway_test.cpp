@@ -12,31 +12,13 @@
 namespace m3::media {
 namespace {
 
-std::string b64(const std::vector<uint8_t>& b) {
-  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string o;
-  size_t i = 0;
-  for (; i + 2 < b.size(); i += 3) {
-    uint32_t v = b[i] << 16 | b[i + 1] << 8 | b[i + 2];
-    for (int k = 18; k >= 0; k -= 6) o += t[(v >> k) & 63];
-  }
-  if (i + 1 == b.size()) {
-    uint32_t v = b[i] << 16;
-    o += t[v >> 18 & 63]; o += t[v >> 12 & 63]; o += "==";
-  } else if (i + 2 == b.size()) {
-    uint32_t v = b[i] << 16 | b[i + 1] << 8;
-    o += t[v >> 18 & 63]; o += t[v >> 12 & 63]; o += t[v >> 6 & 63]; o += '=';
-  }
-  return o;
-}
-
 std::string data_url(const std::string& path) {
-  return "data:image/png;base64," + b64(testing::read_file(path));
+  return "data:image/png;base64," + testing::base64_encode(testing::read_file(path));
 }
 
 TEST(MediaSource, Base64RoundTripsAndRejectsJunk) {
   std::vector<uint8_t> v = {0, 1, 2, 250, 251, 252, 7};
-  EXPECT_EQ(base64_decode(b64(v)), v);
+  EXPECT_EQ(base64_decode(testing::base64_encode(v)), v);
   EXPECT_THROW(base64_decode("ab$d"), MediaError);
   EXPECT_THROW(load_media_bytes("data:image/png,rawtext", {}), MediaError);
 }

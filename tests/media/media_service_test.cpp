@@ -18,27 +18,6 @@ namespace fs = std::filesystem;
 using server::ApiError;
 using server::ApiKind;
 
-std::string b64(const std::vector<uint8_t>& b) {
-  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string o;
-  size_t i = 0;
-  for (; i + 2 < b.size(); i += 3) {
-    uint32_t v = b[i] << 16 | b[i + 1] << 8 | b[i + 2];
-    for (int k = 18; k >= 0; k -= 6) o += t[(v >> k) & 63];
-  }
-  if (i + 1 == b.size()) {
-    o += t[b[i] >> 2];
-    o += t[(b[i] & 3) << 4];
-    o += "==";
-  } else if (i + 2 == b.size()) {
-    o += t[b[i] >> 2];
-    o += t[((b[i] & 3) << 4) | (b[i + 1] >> 4)];
-    o += t[(b[i + 1] & 15) << 2];
-    o += '=';
-  }
-  return o;
-}
-
 std::string body(const std::string& url) {
   return R"({"messages":[{"role":"user","content":[{"type":"text","text":"what is this"},)"
          R"({"type":"image_url","image_url":{"url":")" + url + R"("}}]}]})";
@@ -82,12 +61,12 @@ TEST(MediaService, EveryBadInputIsA400InvalidMediaNamingTheItem) {
   bomb[16] = 0; bomb[17] = 1; bomb[18] = 0x86; bomb[19] = 0xA0;
   bomb[20] = 0; bomb[21] = 1; bomb[22] = 0x86; bomb[23] = 0xA0;
   const std::pair<std::string, std::string> cases[] = {
-      {"data:image/png;base64," + b64(truncated), "image 0"},
-      {"data:image/png;base64," + b64(big), "size limit"},
-      {"data:image/png;base64," + b64(bomb), "image 0"},
+      {"data:image/png;base64," + testing::base64_encode(truncated), "image 0"},
+      {"data:image/png;base64," + testing::base64_encode(big), "size limit"},
+      {"data:image/png;base64," + testing::base64_encode(bomb), "image 0"},
       {"data:image/png;base64,@@@@", "base64"},
       {"data:image/png,rawbytes", "base64"},
-      {"data:text/plain;base64," + b64({'h', 'i', '!'}), "image 0"},
+      {"data:text/plain;base64," + testing::base64_encode({'h', 'i', '!'}), "image 0"},
       {"https://example.com/cat.png", "image 0"},  // remote disabled in GatewayOptions by default
       {"/etc/passwd", "outside the allowed directory"},
       {(root / ".." / "x.png").string(), "outside the allowed directory"},
@@ -100,7 +79,8 @@ TEST(MediaService, EveryBadInputIsA400InvalidMediaNamingTheItem) {
     EXPECT_NE(msg.find(want), std::string::npos) << url.substr(0, 60) << ": " << msg;
   }
   // Valid media (a data: URL, an allowed local file) pass the gateway and reach the not-served 400.
-  for (const std::string& url : {"data:image/png;base64," + b64(png), (root / "ok.png").string()}) {
+  for (const std::string& url :
+       {"data:image/png;base64," + testing::base64_encode(png), (root / "ok.png").string()}) {
     auto [status, code, msg] = s.prepare(url);
     EXPECT_EQ(status, 400);
     EXPECT_EQ(code, "unsupported_parameter") << msg;
@@ -112,7 +92,7 @@ TEST(MediaService, ServedMediaExpandTheAnchorBeforeTokenisation) {
   M3_REQUIRE_TOKENIZER();
   Svc s({}, /*serve=*/true);
   const auto png = testing::read_file("tests/media/photos/palette_color.png");  // 10×10 → 4 slot tokens
-  auto job = s.svc->prepare(ApiKind::Chat, body("data:image/png;base64," + b64(png)));
+  auto job = s.svc->prepare(ApiKind::Chat, body("data:image/png;base64," + testing::base64_encode(png)));
   const std::string text = s.svc->config().tokenizer->decode(job.engine_requests[0].prompt, false);
   EXPECT_NE(text.find("]<]start of image[>[]<]image[>[]<]image[>[]<]image[>[]<]image[>[]<]end of image[>["),
             std::string::npos)
