@@ -246,12 +246,18 @@ def main():
             latest = json.load(open(latest_path))
         except ValueError:
             print(f"warning: {latest_path} is not JSON; rewriting it", file=sys.stderr)
-    keep = {(x["traffic"], x["concurrency"], x["backend"]) for x in records}
-    merged = [x for x in latest.get("records", []) if (x.get("traffic"), x.get("concurrency"), x.get("backend")) not in keep]
+    # A long run's record is kept per context length (a 60k and a 1M prompt are different measurements).
+    def rec_key(x):
+        ctx = x.get("context_tokens") or 0
+        return (x.get("traffic"), x.get("concurrency"), x.get("backend"),
+                round(ctx / 1000) if x.get("traffic") == "long" else None)
+    keep = {rec_key(x) for x in records}
+    merged = [x for x in latest.get("records", []) if rec_key(x) not in keep]
     merged += records
-    merged.sort(key=lambda x: (x.get("traffic", ""), x.get("backend", ""), x.get("concurrency", 0)))
+    merged.sort(key=lambda x: (x.get("traffic", ""), x.get("backend", ""), x.get("concurrency", 0),
+                               x.get("context_tokens", 0)))
     latest = {"description": "Latest end-to-end records (scripts/gpu_e2e_bench.sh → scripts/e2e_report.py), one per "
-                             "traffic x concurrency x backend; docs/BENCHMARKS.md explains the fields.",
+                             "traffic x concurrency x backend (long runs also per context length); docs/BENCHMARKS.md explains the fields.",
               "updated": date, "records": merged}
     json.dump(latest, open(latest_path, "w"), indent=2)
     print(f"wrote {md_path} ({len(rows)} runs) and {latest_path} ({len(records)} records updated)")
