@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/moe_grouped.cuh"
+#include "backend/cuda/moe_grouped_wgmma.cuh"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "gpu_test_util.h"
@@ -80,13 +81,13 @@ struct GpuRun {
 
 // x0 + MoE(xn) on the GPU; scratch poisoned first (every used element must be written).
 GpuRun run_gpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
-            cuda::MoeGroupedScratch& scr) {
+            cuda::MoeGroupedScratch& scr, cuda::MoeGemmPath path = cuda::MoeGemmPath::Auto) {
   Dev<float> dxn(xn), dx(x0);
   cuda::moe_reserve(scr, T, L.sh.H, L.sh.E, L.sh.K, L.sh.I, L.sh.Is);
   M3_CUDA_CHECK(cudaMemset(scr.y.get(), 0xFF, scr.y.size() * 4));
   M3_CUDA_CHECK(cudaMemset(scr.act.get(), 0xFF, scr.act.size() * 2));
   M3_CUDA_CHECK(cudaMemset(scr.logits.get(), 0xFF, scr.logits.size() * 4));
-  cuda::moe_grouped_forward(L.w, dxn.p(), T, L.sh.H, dx.p(), scr, nullptr);
+  cuda::moe_grouped_forward(L.w, dxn.p(), T, L.sh.H, dx.p(), scr, nullptr, nullptr, path);
   GpuRun r;
   r.x = dx.get();
   r.logits.resize(size_t(T * L.sh.E)), r.ids.resize(size_t(T * L.sh.K)), r.weights.resize(size_t(T * L.sh.K));
@@ -197,12 +198,18 @@ std::string name_of(const Shape& s, int64_t T) {
   return b;
 }
 
-void check_case(const Shape& s, int64_t T, uint64_t seed) {
+std::string path_name(const Shape& s, int64_t T, cuda::MoeGemmPath path) {
+  if (path == cuda::MoeGemmPath::Auto) path = cuda::moe_gemm_path(T, s.H, s.E, s.K, s.I, s.Is);
+  if (path == cuda::MoeGemmPath::Wgmma) return " wgmma BM128";
+  return cuda::moe_tile_rows(T, s.E, s.K) == 16 ? " BM16" : " BM64";
+}
+
+void check_case(const Shape& s, int64_t T, uint64_t seed, cuda::MoeGemmPath path = cuda::MoeGemmPath::Auto) {
   Layer L(s, seed);
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;
-  const GpuRun g = run_gpu(L, xn, x0, T, scr);
-  check_against_cpu(L, xn, x0, T, g, name_of(s, T) + (cuda::moe_tile_rows(T, s.E, s.K) == 16 ? " BM16" : " BM64"));
+  const GpuRun g = run_gpu(L, xn, x0, T, scr, path);
+  check_against_cpu(L, xn, x0, T, g, name_of(s, T) + path_name(s, T, path));
 }
 
 TEST(GpuMoe, GroupedMoeMatchesCpuReferenceAtSmallWidths) {
@@ -236,14 +243,13 @@ TEST(GpuMoe, ExpertWithNoTokensAndExpertWithAllTokens) {
   check_against_cpu(L, xn, x0, T, g, "all tokens on expert 0, none on expert 1");
 }
 
-TEST(GpuMoe, CudaGraphReplayIsBitwiseEqualToEager) {
-  M3_SKIP_WITHOUT_GPU();
+void check_graph_replay(cuda::MoeGemmPath path) {
   const Shape s{256, 16, 4, 128, 128};
   const int64_t T = 24;
   Layer L(s, 31);
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;
-  const GpuRun eager = run_gpu(L, xn, x0, T, scr);  // also reserves the scratch: nothing allocates under capture
+  const GpuRun eager = run_gpu(L, xn, x0, T, scr, path);  // also reserves the scratch: nothing allocates under capture
 
   Dev<float> dxn(xn), dx0(x0), dx(size_t(T * s.H));
   cudaStream_t st;
@@ -252,7 +258,7 @@ TEST(GpuMoe, CudaGraphReplayIsBitwiseEqualToEager) {
   cudaGraphExec_t exec;
   M3_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   M3_CUDA_CHECK(cudaMemcpyAsync(dx.p(), dx0.p(), size_t(T * s.H) * 4, cudaMemcpyDeviceToDevice, st));
-  cuda::moe_grouped_forward(L.w, dxn.p(), T, s.H, dx.p(), scr, st);
+  cuda::moe_grouped_forward(L.w, dxn.p(), T, s.H, dx.p(), scr, st, nullptr, path);
   M3_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
   M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int rep = 0; rep < 3; ++rep) {
@@ -267,11 +273,17 @@ TEST(GpuMoe, CudaGraphReplayIsBitwiseEqualToEager) {
     const std::vector<float> got = dx.get();
     EXPECT_EQ(0, std::memcmp(got.data(), eager.x.data(), got.size() * 4)) << "replay " << rep;
   }
-  std::printf("[gpu-op] moe_grouped graph replay (T %lld, E %lld, k %lld): 3 replays bitwise equal to eager\n",
-              (long long)T, (long long)s.E, (long long)s.K);
+  std::printf("[gpu-op] moe_grouped graph replay (T %lld, E %lld, k %lld%s): 3 replays bitwise equal to eager\n",
+              (long long)T, (long long)s.E, (long long)s.K, path_name(s, T, path).c_str());
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
+}
+
+TEST(GpuMoe, CudaGraphReplayIsBitwiseEqualToEager) {
+  M3_SKIP_WITHOUT_GPU();
+  check_graph_replay(cuda::MoeGemmPath::Auto);
+  check_graph_replay(cuda::MoeGemmPath::Wgmma);
 }
 
 TEST(GpuMoe, ResultsDoNotDependOnOtherRowsInTheBatch) {
@@ -295,6 +307,82 @@ TEST(GpuMoe, ResultsDoNotDependOnOtherRowsInTheBatch) {
   }
 }
 
+// The wgmma GEMMs of long prefills (moe_grouped_wgmma.cuh), forced at sizes the CPU reference can check: ragged
+// 128-row tiles, tiles whose second 64-row half is empty (no MMA), a shared expert wider and narrower than the routed
+// ones (gate/up column tiles skipped for the narrower), no shared expert.
+TEST(GpuMoe, WgmmaGemmsMatchCpuReference) {
+  M3_SKIP_WITHOUT_GPU();
+  const auto wg = cuda::MoeGemmPath::Wgmma;
+  check_case(Shape{512, 16, 4, 128, 256}, 300, 51, wg);  // shared wider than the experts
+  check_case(Shape{512, 16, 4, 256, 128}, 150, 52, wg);  // shared narrower
+  check_case(Shape{256, 8, 2, 128, 0}, 100, 53, wg);     // no shared expert
+  check_case(Shape{256, 8, 2, 128, 128}, 1, 54, wg);     // one row: every tile almost empty
+  check_case(Shape{6144, 128, 4, 3072, 3072}, 3, 55, wg);  // M3 widths
+}
+
+TEST(GpuMoe, WgmmaGemmsWithOneExpertTakingEveryToken) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape s{256, 8, 2, 128, 128};
+  const int64_t T = 300;  // expert 0: 300 rows = 2 full tiles + 44 rows (second half of that tile idle)
+  Layer L(s, 61, /*bias0=*/100.f, /*bias1=*/-100.f);
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const GpuRun g = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Wgmma);
+  for (int64_t t = 0; t < T; ++t) EXPECT_EQ(g.ids[size_t(t * s.K)], 0) << t;
+  check_against_cpu(L, xn, x0, T, g, "wgmma, all tokens on expert 0, none on expert 1");
+}
+
+// At M3's widths and a prefill-sized step (≈ 78 rows per expert, some experts over one tile) the two GEMM paths
+// differ only in fp32 accumulation order (and the odd bf16 rounding of act that follows from it).
+TEST(GpuMoe, WgmmaAndMmaSyncPathsAgreeAtM3Widths) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape s{6144, 128, 4, 3072, 3072};
+  const int64_t T = 2500;
+  Layer L(s, 71);
+  ASSERT_EQ(cuda::moe_gemm_path(T, s.H, s.E, s.K, s.I, s.Is), cuda::MoeGemmPath::Wgmma);
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::MmaSync);
+  const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Wgmma);
+  EXPECT_EQ(a.ids, b.ids);
+  double diff = 0, delta = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < a.x.size(); ++i) {
+    if (!std::isfinite(b.x[i])) ++bad;
+    diff = std::max(diff, double(std::abs(a.x[i] - b.x[i])));
+    delta = std::max(delta, double(std::abs(a.x[i] - x0[i])));
+  }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_GT(delta, 0.0);
+  EXPECT_LE(diff, 1e-3 * delta);
+  std::printf("[gpu-op] moe_grouped T %lld at M3 widths: wgmma vs mma.sync max|diff| %.3g of max|moe out| %.3g, "
+              "tiles %d\n",
+              (long long)T, diff, delta, b.tiles);
+}
+
+// Inside one path a row's result is the same bits whatever else is in the batch (the k order of every output
+// element is fixed): a prefill chunk's rows do not depend on how the chunk was cut, as long as the path is the same.
+TEST(GpuMoe, WgmmaResultsDoNotDependOnOtherRowsInTheBatch) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape s{256, 8, 2, 128, 128};
+  const int64_t T = 260;
+  Layer L(s, 81);
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const auto wg = cuda::MoeGemmPath::Wgmma;
+  const GpuRun full = run_gpu(L, xn, x0, T, scr, wg);
+  const std::vector<int64_t> rows{259, 0, 17, 5, 130, 64, 3};
+  std::vector<float> sxn, sx0;
+  for (int64_t r : rows) {
+    sxn.insert(sxn.end(), xn.begin() + r * s.H, xn.begin() + (r + 1) * s.H);
+    sx0.insert(sx0.end(), x0.begin() + r * s.H, x0.begin() + (r + 1) * s.H);
+  }
+  const GpuRun sub = run_gpu(L, sxn, sx0, int64_t(rows.size()), scr, wg);
+  for (size_t i = 0; i < rows.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(&sub.x[i * s.H], &full.x[size_t(rows[i] * s.H)], size_t(s.H) * 4))
+        << "row " << rows[i] << " alone vs in the batch of " << T;
+}
+
 TEST(GpuMoe, UnsupportedShapesAreRefused) {
   M3_SKIP_WITHOUT_GPU();
   cuda::MoeGroupedScratch scr;
@@ -303,6 +391,15 @@ TEST(GpuMoe, UnsupportedShapesAreRefused) {
   EXPECT_THROW(cuda::moe_reserve(scr, 4, 128, 512, 2, 64, 64), Error);  // E > 256
   EXPECT_FALSE(cuda::moe_grouped_supported(128, 8, 9, 64, 0));          // top_k > 8
   EXPECT_TRUE(cuda::moe_grouped_supported(6144, 128, 4, 3072, 3072));
+  EXPECT_TRUE(cuda::moe_wgmma_supported(6144, 3072, 3072));
+  EXPECT_FALSE(cuda::moe_wgmma_supported(128, 64, 64));  // H not a multiple of 256, I not of 128
+  EXPECT_EQ(cuda::moe_gemm_path(64, 6144, 128, 4, 3072, 3072), cuda::MoeGemmPath::MmaSync);    // decode-sized
+  EXPECT_EQ(cuda::moe_gemm_path(8192, 6144, 128, 4, 3072, 3072), cuda::MoeGemmPath::Wgmma);    // prefill
+  EXPECT_EQ(cuda::moe_gemm_path(8192, 128, 8, 2, 64, 64), cuda::MoeGemmPath::MmaSync);         // widths
+  // Forcing the wgmma GEMMs on widths they do not take is an error, not a wrong result.
+  Layer L(Shape{128, 8, 2, 64, 64}, 91);
+  const std::vector<float> xn(size_t(4 * 128), 0.5f), x0(size_t(4 * 128), 0.f);
+  EXPECT_THROW(run_gpu(L, xn, x0, 4, scr, cuda::MoeGemmPath::Wgmma), Error);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // bench_moe: the grouped MoE (backend/cuda/moe_grouped.cuh) at M3's widths — hidden 6144, 128 experts, top-4,
-// expert width 3072, shared expert 3072 — for T = 1, 8, 32, 64 (decode) and a 4096-token prefill.
+// expert width 3072, shared expert 3072 — for T = 1, 8, 32, 64 (decode) and 512 … 16384-token prefills, where both
+// grouped-GEMM paths (mma.sync and wgmma, moe_grouped_wgmma.cuh) are also timed side by side.
 //
 // Protocol (the MSA_KERNELS benchmark protocol, adapted): a CUDA graph of `rot` back-to-back calls on rotated
 // inputs (distinct xn per call, so each call chooses its own experts; one call's weights, ≥ 566 MB, are > 10× L2),
@@ -182,13 +183,13 @@ int main(int argc, char** argv) {
     std::printf("| T | calls/graph | median µs | CV | experts read/call | bytes/call MB | floor µs | floor/measured | "
                 "TFLOP/s | read floor µs | read floor/measured | sync path (eager) µs |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    std::vector<int64_t> Ts = {1, 8, 32, 64, 4096};
+    std::vector<int64_t> Ts = {1, 8, 32, 64, 512, 1024, 2048, 4096, 8192, 16384};
     if (quick) Ts = {1, 64};
     m3::cuda::MoeGroupedScratch scr;
-    m3::cuda::moe_reserve(scr, 4096, H, E, K, I, Is);  // everything allocated before any capture
-    std::vector<std::string> breakdown;
+    m3::cuda::moe_reserve(scr, Ts.back(), H, E, K, I, Is);  // everything allocated before any capture
+    std::vector<std::string> breakdown, paths;
     for (int64_t T : Ts) {
-      const int rot = T >= 1024 ? 2 : 8;
+      const int rot = T >= 512 ? 2 : 8;
       std::vector<DeviceBuffer<float>> xn(static_cast<size_t>(rot)), x(static_cast<size_t>(rot));
       for (int r = 0; r < rot; ++r) {
         xn[r].grow(size_t(T * H)), x[r].grow(size_t(T * H));
@@ -204,11 +205,15 @@ int main(int argc, char** argv) {
         active += c[1];
       }
       active /= rot;
-      const Timing t = time_graph(
-          [&](cudaStream_t s) {
-            for (int r = 0; r < rot; ++r) m3::cuda::moe_grouped_forward(w, xn[r].get(), T, H, x[r].get(), scr, s);
-          },
-          rot);
+      auto time_path = [&](m3::cuda::MoeGemmPath path) {
+        return time_graph(
+            [&](cudaStream_t s) {
+              for (int r = 0; r < rot; ++r)
+                m3::cuda::moe_grouped_forward(w, xn[r].get(), T, H, x[r].get(), scr, s, nullptr, path);
+            },
+            rot);
+      };
+      const Timing t = time_path(m3::cuda::MoeGemmPath::Auto);
       const double bytes = active * expert_bytes + shared_bytes + double(E * H * 4) + double(T * H * 12);
       const double floor_us = bytes / (copy * 1e3);
       const double flops = 2.0 * double(T * K + T) * 3.0 * double(I) * double(H);
@@ -239,6 +244,16 @@ int main(int argc, char** argv) {
       std::printf("| %lld | %d | %.1f | %.3f | %.2f | %.0f | %.1f | %.0f %% | %.1f | %.1f | %.0f %% | %s |\n",
                   (long long)T, rot, t.median_us, t.cv, active, bytes / 1e6, floor_us, 100.0 * floor_us / t.median_us,
                   flops / (t.median_us * 1e6), rfloor_us, 100.0 * rfloor_us / t.median_us, sync_s);
+      // Prefill-sized steps: both GEMM paths forced, same inputs (the Auto row above is one of them).
+      if (T >= 512) {
+        const Timing tm = time_path(m3::cuda::MoeGemmPath::MmaSync), tw = time_path(m3::cuda::MoeGemmPath::Wgmma);
+        char b[256];
+        std::snprintf(b, sizeof b, "| %lld | %.1f | %.1f | %.1f | %.1f | %.2f | %s |", (long long)T, tm.median_us,
+                      flops / (tm.median_us * 1e6), tw.median_us, flops / (tw.median_us * 1e6),
+                      tm.median_us / tw.median_us,
+                      m3::cuda::moe_gemm_path(T, H, E, K, I, Is) == m3::cuda::MoeGemmPath::Wgmma ? "wgmma" : "mma.sync");
+        paths.push_back(b);
+      }
       // Per-kernel breakdown, eager (launch gaps included in the kernel that follows): median of 9.
       {
         m3::cuda::MoeStageEvents me;
@@ -269,6 +284,10 @@ int main(int argc, char** argv) {
     std::printf("\nEager breakdown (µs, median of 9; events between the launches):\n\n"
                 "| T | router | route + group | gate/up + SwiGLU | down | combine |\n|---|---|---|---|---|---|\n");
     for (const auto& l : breakdown) std::printf("%s\n", l.c_str());
+    std::printf("\nGEMM paths at prefill sizes (whole MoE call, graph of rotated calls, median µs; TFLOP/s on the "
+                "routed + shared expert FLOPs):\n\n| T | mma.sync µs | TFLOP/s | wgmma µs | TFLOP/s | speed-up | Auto |\n"
+                "|---|---|---|---|---|---|---|\n");
+    for (const auto& l : paths) std::printf("%s\n", l.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_moe: %s\n", e.what());

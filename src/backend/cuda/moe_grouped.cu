@@ -2,6 +2,7 @@
 // tensor-core GEMMs (SwiGLU-OAI fused into gate/up), a per-token combine in slot order. No host sync, no
 // routing-dependent launch parameter.
 #include "backend/cuda/moe_grouped.cuh"
+#include "backend/cuda/moe_grouped_wgmma.cuh"
 
 #include <algorithm>
 
@@ -420,6 +421,11 @@ bool moe_grouped_supported(int64_t H, int64_t E, int64_t top_k, int64_t I, int64
 
 int moe_tile_rows(int64_t T, int64_t E, int64_t top_k) { return T * top_k <= 24 * E ? 16 : 64; }
 
+MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is) {
+  return moe_wgmma_supported(H, I, Is) && T * top_k >= kMoeWgmmaMinRowsPerExpert * E ? MoeGemmPath::Wgmma
+                                                                                      : MoeGemmPath::MmaSync;
+}
+
 void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is) {
   M3_CUDA_REQUIRE(moe_grouped_supported(H, E, top_k, I, Is),
                   "moe_reserve: unsupported shape H %lld, E %lld, top_k %lld, I %lld, shared I %lld", (long long)H,
@@ -433,7 +439,7 @@ void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int6
 }
 
 void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T, int64_t H, float* x,
-                         MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks) {
+                         MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks, MoeGemmPath path) {
   auto mark = [&](int i) {
     if (marks) M3_CUDA_CHECK(cudaEventRecord(marks->ev[i], s));
   };
@@ -459,7 +465,12 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
                          128, 0, s>>>(xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get());
   M3_CUDA_LAUNCH_CHECK();
   mark(1);
-  const int BM = moe_tile_rows(T, E, K);
+  if (path == MoeGemmPath::Auto) path = moe_gemm_path(T, H, E, K, I, Is);
+  M3_CUDA_REQUIRE(path != MoeGemmPath::Wgmma || moe_wgmma_supported(H, I, Is),
+                  "moe_grouped_forward: the wgmma GEMMs do not take H %lld, I %lld, shared I %lld", (long long)H,
+                  (long long)I, (long long)Is);
+  const bool wgmma = path == MoeGemmPath::Wgmma;
+  const int BM = wgmma ? kMoeWgmmaRows : moe_tile_rows(T, E, K);
   group_kernel<<<1, kGroupThreads, size_t(34 * E) * 4, s>>>(
       scr.logits.get(), int(T), int(E), int(K), w.router_bias, w.routed_scale, BM, shared ? 1 : 0, scr.ids.get(),
       scr.weights.get(), scr.offsets.get(), scr.row_tok.get(), scr.row_slot.get(), scr.tiles.get(),
@@ -481,7 +492,22 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
   GemmParams pd = p;
   pd.a = scr.act.get(), pd.lda = std::max(I, Is), pd.w = w.down, pd.w_shared = w.shared_down;
   const dim3 grid_dn(unsigned(H / kBN), ntiles);
-  if (BM == 16) {
+  if (wgmma) {
+    // Grouped rows of this call: T·K routed + T shared. xg (the gathered A of gate/up) lives in y, which only the
+    // down GEMM writes, after gate/up has read xg.
+    MoeWgmmaRouting rt;
+    rt.offsets = scr.offsets.get(), rt.row_tok = scr.row_tok.get(), rt.row_slot = scr.row_slot.get();
+    rt.tiles = scr.tiles.get(), rt.counters = scr.counters.get(), rt.E = int(E);
+    rt.cap_rows = TK + (shared ? T : 0);
+    rt.cap_tiles = max_tiles(T, E, K, kMoeWgmmaRows, shared);
+    __nv_bfloat16* xg = reinterpret_cast<__nv_bfloat16*>(scr.y.get());
+    moe_gather_rows(scr.xb.get(), H, rt, xg, s);
+    moe_gate_up_wgmma(static_cast<const __nv_bfloat16*>(xg), H, w.gate_up, shared ? w.shared_gate_up : nullptr, I, Is,
+                      w.alpha, w.limit, rt, scr.act.get(), p.ld_act, s);
+    mark(3);
+    moe_down_wgmma(static_cast<const __nv_bfloat16*>(scr.act.get()), p.ld_act, w.down,
+                   shared ? w.shared_down : nullptr, H, I, Is, rt, scr.y.get(), s);
+  } else if (BM == 16) {
     launch_gemm<16, 1, kStagesSmall, true>(pg, grid_gu, s);
     mark(3);
     launch_gemm<16, 1, kStagesSmall, false>(pd, grid_dn, s);

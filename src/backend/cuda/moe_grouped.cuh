@@ -65,10 +65,20 @@ void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int6
 struct MoeStageEvents {
   cudaEvent_t ev[6];
 };
-void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T, int64_t H, float* x,
-                         MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks = nullptr);
+// Which kernels run the two grouped GEMMs: the mma.sync ones of this file (16- or 64-row tiles), or the wgmma ones
+// of moe_grouped_wgmma.cuh (128-row tiles, for long prefills). Auto: moe_gemm_path.
+enum class MoeGemmPath : uint8_t { Auto, MmaSync, Wgmma };
 
-// Rows per GEMM tile the forward picks for T rows (16 for decode-sized steps, 64 for prefill).
+void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T, int64_t H, float* x,
+                         MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks = nullptr,
+                         MoeGemmPath path = MoeGemmPath::Auto);
+
+// What Auto picks for T rows: wgmma when the widths fit it (moe_wgmma_supported) and the step routes at least
+// kMoeWgmmaMinRowsPerExpert rows per expert on average (its 128-row tiles are then mostly full), else mma.sync.
+constexpr int64_t kMoeWgmmaMinRowsPerExpert = 64;
+MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is);
+
+// Rows per mma.sync GEMM tile the forward picks for T rows (16 for decode-sized steps, 64 for prefill).
 int moe_tile_rows(int64_t T, int64_t E, int64_t top_k);
 
 }  // namespace m3::cuda
