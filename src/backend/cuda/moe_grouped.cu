@@ -13,7 +13,8 @@ namespace m3::cuda {
 namespace {
 
 constexpr int kRouterTT = 8;        // tokens per router CTA (router rows are re-read once per 8 tokens)
-constexpr int kRouterExperts = 4;   // experts per router CTA (one per warp)
+constexpr int kRouterExperts = 4;   // warps per router CTA (each 1 or 8 experts)
+constexpr int64_t kRouterWideRows = 256;  // steps of at least this many rows give each router warp 8 experts
 constexpr int kGroupThreads = 1024;
 constexpr int kMaxE = 256, kMaxK = 8;
 constexpr int kBN = 64;             // GEMM columns per CTA (gate/up: 32 gate + 32 up)
@@ -26,15 +27,22 @@ __device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
   return ka > kb || (ka == kb && a < b);
 }
 
-// logits[t, e] = Σ_h xn[t, h]·router[e, h]. CTA = (8 tokens, 4 experts); warp = one expert; lane j sums the
-// float4 columns j, j + 32, … in order, then a butterfly sum: the order depends on H only, never on T or on which
-// other tokens share the CTA. CTAs of column 0 also write xn as bf16 (the A operand of the gate/up GEMM).
+// logits[t, e] = Σ_h xn[t, h]·router[e, h]. CTA = (8 tokens, 4 warps); warp = EW experts; lane j sums the float4
+// columns j, j + 32, … in order, then a butterfly sum: the order depends on H only, never on T, on EW or on which
+// other tokens share the CTA, so a token's logits are the same bits in a decode step and in a long prefill. EW = 1
+// for small steps (many CTAs to stream the router), 8 for long ones (8 × 8 outputs per warp: 16 loads per 256 FMAs
+// instead of 9 per 32). CTAs of column 0 also write xn as bf16 (the A operand of the gate/up GEMM); CTA (0, 0) zeroes
+// the per-expert counts that route_kernel fills.
+template <int EW>
 __global__ void __launch_bounds__(128) router_logits_kernel(const float* __restrict__ xn, int T, int H,
                                                             const float* __restrict__ router, int E,
                                                             float* __restrict__ logits,
-                                                            __nv_bfloat16* __restrict__ xb) {
+                                                            __nv_bfloat16* __restrict__ xb,
+                                                            int32_t* __restrict__ counts) {
   const int t0 = blockIdx.x * kRouterTT, nt = min(kRouterTT, T - t0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (blockIdx.x == 0 && blockIdx.y == 0)
+    for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   if (blockIdx.y == 0) {
     const int half = H / 2;
     for (int i = threadIdx.x; i < nt * half; i += blockDim.x) {
@@ -43,40 +51,90 @@ __global__ void __launch_bounds__(128) router_logits_kernel(const float* __restr
       reinterpret_cast<__nv_bfloat162*>(xb + int64_t(t0 + t) * H)[c] = __floats2bfloat162_rn(v.x, v.y);
     }
   }
-  const int e = blockIdx.y * kRouterExperts + warp;
-  if (e >= E) return;
-  const float4* w4 = reinterpret_cast<const float4*>(router + int64_t(e) * H);
-  float acc[kRouterTT];
+  const int e0 = (blockIdx.y * kRouterExperts + warp) * EW;
+  if (e0 >= E) return;
+  const float4* w4[EW];
 #pragma unroll
-  for (int t = 0; t < kRouterTT; ++t) acc[t] = 0.f;
-  // Unrolled so 8 iterations' loads are in flight (a decode step has 32 CTAs here); the FMA order is unchanged.
-#pragma unroll 8
+  for (int i = 0; i < EW; ++i) w4[i] = reinterpret_cast<const float4*>(router + int64_t(min(e0 + i, E - 1)) * H);
+  float acc[EW][kRouterTT];
+#pragma unroll
+  for (int i = 0; i < EW; ++i)
+#pragma unroll
+    for (int t = 0; t < kRouterTT; ++t) acc[i][t] = 0.f;
+  // Unrolled so several iterations' loads are in flight (a decode step has 32 CTAs here); the FMA order per output
+  // is unchanged.
+#pragma unroll(EW == 1 ? 8 : 2)
   for (int c = lane; c < H / 4; c += 32) {
-    const float4 w = w4[c];
+    float4 w[EW];
+#pragma unroll
+    for (int i = 0; i < EW; ++i) w[i] = w4[i][c];
 #pragma unroll
     for (int t = 0; t < kRouterTT; ++t) {
       if (t < nt) {
         const float4 v = reinterpret_cast<const float4*>(xn + int64_t(t0 + t) * H)[c];
-        acc[t] = fmaf(w.x, v.x, acc[t]);
-        acc[t] = fmaf(w.y, v.y, acc[t]);
-        acc[t] = fmaf(w.z, v.z, acc[t]);
-        acc[t] = fmaf(w.w, v.w, acc[t]);
+#pragma unroll
+        for (int i = 0; i < EW; ++i) {
+          acc[i][t] = fmaf(w[i].x, v.x, acc[i][t]);
+          acc[i][t] = fmaf(w[i].y, v.y, acc[i][t]);
+          acc[i][t] = fmaf(w[i].z, v.z, acc[i][t]);
+          acc[i][t] = fmaf(w[i].w, v.w, acc[i][t]);
+        }
       }
     }
   }
 #pragma unroll
-  for (int t = 0; t < kRouterTT; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0 && t < nt) logits[int64_t(t0 + t) * E + e] = v;
+  for (int i = 0; i < EW; ++i)
+#pragma unroll
+    for (int t = 0; t < kRouterTT; ++t) {
+      const float v = warp_sum(acc[i][t]);
+      if (lane == 0 && t < nt && e0 + i < E) logits[int64_t(t0 + t) * E + e0 + i] = v;
+    }
+}
+
+// Routing, one warp per token (cpu::moe_route's rule). Round k picks the best expert ranking strictly after round
+// k−1's pick in the total order (choice desc, id asc): the CPU's partial_sort order without an "already taken" set.
+// counts[e] += the token's picks of e (zeroed by router_logits_kernel; the totals do not depend on atomic order).
+__global__ void __launch_bounds__(256) route_kernel(const float* __restrict__ logits, int T, int E, int K,
+                                                    const float* __restrict__ bias, float scale,
+                                                    int32_t* __restrict__ ids, float* __restrict__ weights,
+                                                    int32_t* __restrict__ counts) {
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (t >= T) return;
+  const float* l = logits + int64_t(t) * E;
+  float prev_c = 0.f, sum = 0.f;
+  int prev_e = -1, mine = -1;
+  for (int k = 0; k < K; ++k) {
+    int best = -1;
+    float best_c = 0.f;
+    for (int e = lane; e < E; e += 32) {
+      float c = sigmoidf_(l[e]) + (bias ? bias[e] : 0.0f);
+      if (isnan(c)) c = -INFINITY;
+      if (prev_e >= 0 && !ranks_before(prev_c, prev_e, c, e)) continue;
+      if (best < 0 || ranks_before(c, e, best_c, best)) best = e, best_c = c;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float oc = __shfl_xor_sync(0xffffffffu, best_c, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, best, o);
+      if (oe >= 0 && (best < 0 || ranks_before(oc, oe, best_c, best))) best = oe, best_c = oc;
+    }
+    if (lane == k) mine = best;
+    sum += sigmoidf_(l[best]);  // every lane: same picks, same order as the CPU's sum
+    prev_c = best_c, prev_e = best;
+    if (lane == 0) atomicAdd(&counts[best], 1);
+  }
+  if (lane < K) {
+    ids[int64_t(t) * K + lane] = mine;
+    weights[int64_t(t) * K + lane] = sigmoidf_(l[mine]) / sum * scale;
   }
 }
 
-// One CTA: route every token (warp per token), histogram, scan, stable scatter, shared rows, tile list.
+// One CTA: histogram (from route_kernel's counts), scan, stable scatter, shared rows, tile list.
 // smem: cnt[E], base[E], wc[32][E].
-__global__ void __launch_bounds__(kGroupThreads) group_kernel(const float* __restrict__ logits, int T, int E, int K,
-                                                              const float* __restrict__ bias, float scale, int BM,
-                                                              int has_shared, int32_t* __restrict__ ids,
-                                                              float* __restrict__ weights,
+__global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __restrict__ counts, int T, int E, int K,
+                                                              int BM, int has_shared,
+                                                              const int32_t* __restrict__ ids,
                                                               int32_t* __restrict__ offsets,
                                                               int32_t* __restrict__ row_tok,
                                                               int32_t* __restrict__ row_slot,
@@ -87,41 +145,8 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const float* __res
   int32_t* base = gsm + E;
   int32_t* wc = gsm + 2 * E;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int e = tid; e < E; e += kGroupThreads) cnt[e] = 0;
+  for (int e = tid; e < E; e += kGroupThreads) cnt[e] = counts[e];
   __syncthreads();
-
-  // Routing. Round k picks the best expert ranking strictly after round k−1's pick in the total order
-  // (choice desc, id asc): the CPU's partial_sort order without an "already taken" set.
-  for (int t = warp; t < T; t += kGroupThreads / 32) {
-    const float* l = logits + int64_t(t) * E;
-    float prev_c = 0.f, sum = 0.f;
-    int prev_e = -1, mine = -1;
-    for (int k = 0; k < K; ++k) {
-      int best = -1;
-      float best_c = 0.f;
-      for (int e = lane; e < E; e += 32) {
-        float c = sigmoidf_(l[e]) + (bias ? bias[e] : 0.0f);
-        if (isnan(c)) c = -INFINITY;
-        if (prev_e >= 0 && !ranks_before(prev_c, prev_e, c, e)) continue;
-        if (best < 0 || ranks_before(c, e, best_c, best)) best = e, best_c = c;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float oc = __shfl_xor_sync(0xffffffffu, best_c, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, best, o);
-        if (oe >= 0 && (best < 0 || ranks_before(oc, oe, best_c, best))) best = oe, best_c = oc;
-      }
-      if (lane == k) mine = best;
-      sum += sigmoidf_(l[best]);  // every lane: same picks, same order as the CPU's sum
-      prev_c = best_c, prev_e = best;
-      if (lane == 0) atomicAdd(&cnt[best], 1);
-    }
-    if (lane < K) {
-      ids[int64_t(t) * K + lane] = mine;
-      weights[int64_t(t) * K + lane] = sigmoidf_(l[mine]) / sum * scale;
-    }
-  }
-  __syncthreads();  // ids (global) and cnt visible to the whole CTA
 
   const int TK = T * K;
   // Group offsets and the tile list: warp 0 scans (rows, tiles) of 32 groups at a time; group E = shared.
@@ -398,18 +423,19 @@ int64_t max_tiles(int64_t T, int64_t E, int64_t K, int BM, bool shared) {
 }
 
 struct Sizes {
-  size_t logits, tk, xb, offsets, rows, tiles, act, y;
+  size_t logits, tk, xb, offsets, rows, tiles, act, y, counts;
 };
 Sizes sizes_for(int64_t T, int64_t H, int64_t E, int64_t K, int64_t I, int64_t Is) {
   const int64_t R = T * K + T;
   return Sizes{size_t(T * E), size_t(T * K), size_t(T * H), size_t(E + 2), size_t(R),
-               size_t(2 * max_tiles(T, E, K, 16, true)), size_t(R * std::max(I, Is)), size_t(R * H)};
+               size_t(2 * max_tiles(T, E, K, 16, true)), size_t(R * std::max(I, Is)), size_t(R * H), size_t(E)};
 }
 
 bool fits(const MoeGroupedScratch& s, const Sizes& z) {
   return s.logits.size() >= z.logits && s.ids.size() >= z.tk && s.weights.size() >= z.tk && s.xb.size() >= z.xb &&
          s.offsets.size() >= z.offsets && s.row_tok.size() >= z.rows && s.row_slot.size() >= z.rows &&
-         s.tiles.size() >= z.tiles && s.counters.size() >= 2 && s.act.size() >= z.act && s.y.size() >= z.y;
+         s.tiles.size() >= z.tiles && s.counters.size() >= 2 && s.act.size() >= z.act && s.y.size() >= z.y &&
+         s.counts.size() >= z.counts;
 }
 
 }  // namespace
@@ -434,7 +460,7 @@ void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int6
   const Sizes z = sizes_for(std::max<int64_t>(T_max, 1), H, E, top_k, I, Is);
   s.logits.grow(z.logits), s.ids.grow(z.tk), s.weights.grow(z.tk), s.xb.grow(z.xb), s.offsets.grow(z.offsets);
   s.row_tok.grow(z.rows), s.row_slot.grow(z.rows), s.tiles.grow(z.tiles), s.counters.grow(2), s.act.grow(z.act);
-  s.y.grow(z.y);
+  s.y.grow(z.y), s.counts.grow(z.counts);
   s.cap_T = std::max(s.cap_T, T_max), s.cap_H = H, s.cap_E = E, s.cap_K = top_k, s.cap_I = std::max(I, Is);
 }
 
@@ -461,8 +487,15 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
   }
 
   mark(0);
-  router_logits_kernel<<<dim3(unsigned((T + kRouterTT - 1) / kRouterTT), unsigned((E + kRouterExperts - 1) / kRouterExperts)),
-                         128, 0, s>>>(xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get());
+  // Experts per router warp: a function of T only (launch shape), never of the summation order.
+  const unsigned router_tiles = unsigned((T + kRouterTT - 1) / kRouterTT);
+  if (T >= kRouterWideRows)
+    router_logits_kernel<8><<<dim3(router_tiles, unsigned((E + 8 * kRouterExperts - 1) / (8 * kRouterExperts))), 128, 0,
+                              s>>>(xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(),
+                                   scr.counts.get());
+  else
+    router_logits_kernel<1><<<dim3(router_tiles, unsigned((E + kRouterExperts - 1) / kRouterExperts)), 128, 0, s>>>(
+        xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get());
   M3_CUDA_LAUNCH_CHECK();
   mark(1);
   if (path == MoeGemmPath::Auto) path = moe_gemm_path(T, H, E, K, I, Is);
@@ -471,10 +504,14 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
                   (long long)I, (long long)Is);
   const bool wgmma = path == MoeGemmPath::Wgmma;
   const int BM = wgmma ? kMoeWgmmaRows : moe_tile_rows(T, E, K);
-  group_kernel<<<1, kGroupThreads, size_t(34 * E) * 4, s>>>(
-      scr.logits.get(), int(T), int(E), int(K), w.router_bias, w.routed_scale, BM, shared ? 1 : 0, scr.ids.get(),
-      scr.weights.get(), scr.offsets.get(), scr.row_tok.get(), scr.row_slot.get(), scr.tiles.get(),
-      scr.counters.get());
+  route_kernel<<<unsigned((T + 7) / 8), 256, 0, s>>>(scr.logits.get(), int(T), int(E), int(K), w.router_bias,
+                                                     w.routed_scale, scr.ids.get(), scr.weights.get(),
+                                                     scr.counts.get());
+  M3_CUDA_LAUNCH_CHECK();
+  group_kernel<<<1, kGroupThreads, size_t(34 * E) * 4, s>>>(scr.counts.get(), int(T), int(E), int(K), BM,
+                                                            shared ? 1 : 0, scr.ids.get(), scr.offsets.get(),
+                                                            scr.row_tok.get(), scr.row_slot.get(), scr.tiles.get(),
+                                                            scr.counters.get());
   M3_CUDA_LAUNCH_CHECK();
   mark(2);
 

@@ -1,15 +1,17 @@
 // Grouped MoE on the device with no host synchronisation (issue 9 item 4; docs/KERNELS.md §10).
 //
-// Five launches, every launch parameter a function of the step's row count T only (never of the routing), so the
+// Six launches (seven on the wgmma path), every launch parameter a function of the step's row count T only (never of the routing), so the
 // call can be captured in a CUDA graph per batch-size bucket:
 //   1. moe_router_logits: logits [T, E] = xn · routerᵀ in fp32, a fixed reduction order per (token, expert) (the
 //      same bits whatever else is in the batch); the first column of CTAs also writes xn as bf16 [T, H].
-//   2. moe_group: one CTA — routing (cpu::moe_route's rule: top-k of sigmoid + bias, NaN last, ties to the lower id;
-//      weights = unbiased sigmoid renormalised × scale), histogram of the T·K (token, slot) pairs by expert,
+//   2. moe_route (a warp per token, many CTAs) — routing (cpu::moe_route's rule: top-k of sigmoid + bias, NaN last,
+//      ties to the lower id; weights = unbiased sigmoid renormalised × scale) and the per-expert counts; then
+//      moe_group: one CTA — histogram of the T·K (token, slot) pairs by expert,
 //      exclusive scan → group offsets, a stable scatter (pairs of an expert keep ascending t·K + k order), the
 //      shared expert as group E over all T tokens, and the tile list (group, first row) of the grouped GEMMs.
 //   3. moe_gemm<gate_up>: grouped bf16 GEMM on mma.sync tensor cores; a CTA = (64 columns: 32 gate + the matching
-//      32 up rows, one tile of BM grouped rows); SwiGLU-OAI fused in the epilogue → act bf16 [rows, I].
+//      32 up rows, one tile of BM grouped rows); SwiGLU-OAI fused in the epilogue → act bf16 [rows, I]. Long
+//      prefills take the wgmma GEMMs of moe_grouped_wgmma.cuh instead (rows gathered first; same results).
 //   4. moe_gemm<down>: act · downᵀ → y fp32 [slot, H] (slot = t·K + k, shared rows at T·K + t): no atomics.
 //   5. moe_combine: x[t] += Σ_k w[t,k]·y[t·K+k] + y[T·K+t], summed in slot order like M3Model::forward.
 // The GEMM grids are sized at capacity (every possible tile); CTAs past the device-side tile count exit at once.
@@ -48,6 +50,7 @@ struct MoeGroupedScratch {
   DeviceBuffer<int32_t> row_slot;       // [T·K + T] grouped row → output slot
   DeviceBuffer<int32_t> tiles;          // [2 · max tiles]: (group, first grouped row)
   DeviceBuffer<int32_t> counters;       // [2]: tile count, routed experts with ≥ 1 row (for the bench floor)
+  DeviceBuffer<int32_t> counts;         // [E]: routed rows per expert (route_kernel → group_kernel)
   DeviceBuffer<__nv_bfloat16> act;      // [T·K + T, max(I, Is)]
   DeviceBuffer<float> y;                // [T·K + T, H]
 };
