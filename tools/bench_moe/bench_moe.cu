@@ -8,13 +8,14 @@
 // ceiling measured in the same run, where bytes = weights of the experts the calls actually chose (counted on the
 // device by the grouping kernel) + the shared expert + the router + activations (xn read, x read and written).
 // Also timed: the previous synchronous path (moe_forward_sync: host sync + one cuBLASLt GEMM per expert), eager.
-//   bench_moe [--quick]
+//   bench_moe [--quick | --t T]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -145,6 +146,7 @@ double copy_ceiling_gbps() {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int64_t only_T = argc > 2 && std::strcmp(argv[1], "--t") == 0 ? std::atoll(argv[2]) : 0;  // one step size
   try {
     cudaDeviceProp prop{};
     M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -185,6 +187,7 @@ int main(int argc, char** argv) {
                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<int64_t> Ts = {1, 8, 32, 64, 512, 1024, 2048, 4096, 8192, 16384};
     if (quick) Ts = {1, 64};
+    if (only_T > 0) Ts = {only_T};
     m3::cuda::MoeGroupedScratch scr;
     m3::cuda::moe_reserve(scr, Ts.back(), H, E, K, I, Is);  // everything allocated before any capture
     std::vector<std::string> breakdown, paths;
