@@ -44,11 +44,17 @@ __global__ void __launch_bounds__(128) router_logits_kernel(const float* __restr
   if (blockIdx.x == 0 && blockIdx.y == 0)
     for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   if (blockIdx.y == 0) {
-    const int half = H / 2;
-    for (int i = threadIdx.x; i < nt * half; i += blockDim.x) {
-      const int t = i / half, c = i % half;
-      const float2 v = reinterpret_cast<const float2*>(xn + int64_t(t0 + t) * H)[c];
-      reinterpret_cast<__nv_bfloat162*>(xb + int64_t(t0 + t) * H)[c] = __floats2bfloat162_rn(v.x, v.y);
+    // Unrolled, no division: a thread keeps several independent loads in flight (this copy is on the critical path
+    // of every long step's first wave).
+    for (int t = 0; t < nt; ++t) {
+      const float4* src = reinterpret_cast<const float4*>(xn + int64_t(t0 + t) * H);
+      uint2* dst = reinterpret_cast<uint2*>(xb + int64_t(t0 + t) * H);
+#pragma unroll 4
+      for (int c = threadIdx.x; c < H / 4; c += 128) {
+        const float4 v = src[c];
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        dst[c] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+      }
     }
   }
   const int e0 = (blockIdx.y * kRouterExperts + warp) * EW;
@@ -56,6 +62,12 @@ __global__ void __launch_bounds__(128) router_logits_kernel(const float* __restr
   const float4* w4[EW];
 #pragma unroll
   for (int i = 0; i < EW; ++i) w4[i] = reinterpret_cast<const float4*>(router + int64_t(min(e0 + i, E - 1)) * H);
+  // Rows past the step's end read the last row again (always valid memory, results never stored): no branch around
+  // the loads, so all of an iteration's loads issue before the first FMA waits (a guarded load per token made the
+  // kernel wait for 8 load latencies in a row per iteration).
+  const float4* x4[kRouterTT];
+#pragma unroll
+  for (int t = 0; t < kRouterTT; ++t) x4[t] = reinterpret_cast<const float4*>(xn + int64_t(t0 + min(t, nt - 1)) * H);
   float acc[EW][kRouterTT];
 #pragma unroll
   for (int i = 0; i < EW; ++i)
@@ -63,24 +75,22 @@ __global__ void __launch_bounds__(128) router_logits_kernel(const float* __restr
     for (int t = 0; t < kRouterTT; ++t) acc[i][t] = 0.f;
   // Unrolled so several iterations' loads are in flight (a decode step has 32 CTAs here); the FMA order per output
   // is unchanged.
-#pragma unroll(EW == 1 ? 8 : 2)
+#pragma unroll(EW == 1 ? 4 : 1)
   for (int c = lane; c < H / 4; c += 32) {
-    float4 w[EW];
+    float4 w[EW], v[kRouterTT];
 #pragma unroll
     for (int i = 0; i < EW; ++i) w[i] = w4[i][c];
 #pragma unroll
-    for (int t = 0; t < kRouterTT; ++t) {
-      if (t < nt) {
-        const float4 v = reinterpret_cast<const float4*>(xn + int64_t(t0 + t) * H)[c];
+    for (int t = 0; t < kRouterTT; ++t) v[t] = x4[t][c];
 #pragma unroll
-        for (int i = 0; i < EW; ++i) {
-          acc[i][t] = fmaf(w[i].x, v.x, acc[i][t]);
-          acc[i][t] = fmaf(w[i].y, v.y, acc[i][t]);
-          acc[i][t] = fmaf(w[i].z, v.z, acc[i][t]);
-          acc[i][t] = fmaf(w[i].w, v.w, acc[i][t]);
-        }
+    for (int t = 0; t < kRouterTT; ++t)
+#pragma unroll
+      for (int i = 0; i < EW; ++i) {
+        acc[i][t] = fmaf(w[i].x, v[t].x, acc[i][t]);
+        acc[i][t] = fmaf(w[i].y, v[t].y, acc[i][t]);
+        acc[i][t] = fmaf(w[i].z, v[t].z, acc[i][t]);
+        acc[i][t] = fmaf(w[i].w, v[t].w, acc[i][t]);
       }
-    }
   }
 #pragma unroll
   for (int i = 0; i < EW; ++i)
