@@ -18,6 +18,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/fp8_gemm.cuh"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/mlp_moe.cuh"
 #include "backend/cuda/msa_decode.cuh"
 #include "backend/cuda/msa_decode_index.cuh"
@@ -129,12 +130,19 @@ struct CudaExecutor::Impl {
   // Cache (issue 9): per-layer pools, one page id addresses K, V and index-K of every layer (docs/KV_CACHE.md):
   //   K_l, V_l [P, Hkv, B, D] and IK_l [P, B, Di] (sparse layers only), elements of kv_type. A layer's slabs are
   //   contiguous (TMA, strided virtual-page views) and each pool could get its own dtype or shard later.
+  // E4M3 (--kv-cache-dtype fp8): per-tensor scales per layer (value = e4m3 · scale), the options' values until a
+  // calibration sets them; ignored for bf16 / fp32.
   struct LayerPools {
     DeviceBuffer<uint8_t> k, v, ik;
+    float k_scale = 1.f, v_scale = 1.f, ik_scale = 1.f;
   };
   cuda::KvType kv_type = cuda::KvType::F32;
   std::vector<LayerPools> kvp;
   int64_t kv_page_elems = 0, ik_page_elems = 0;  // Hkv·B·D and B·Di
+  // E4M3 only: bf16 staging of ONE layer's pages, K, V [P + 1, Hkv, B, D] and index-K [P + 1, B, Di]. Before a
+  // layer's prefill attention the step's pages are dequantised there (same page ids) and the bf16 prefill kernels
+  // read it (docs/FP8.md §8.2). Zeroed at allocation (the union-tile prefill reads whole pages: see alloc_kv).
+  DeviceBuffer<uint8_t> stage_k, stage_v, stage_ik;
 
   // Step state. The rows of a step go up in ONE copy from pinned staging (upload_step): [ids | pos | row_seq | slot |
   // head_rows | pt_indptr | pt_pages], each part at a fixed offset for a given (T, S, head rows), so a decode graph
@@ -172,6 +180,9 @@ struct CudaExecutor::Impl {
   }
   void upload(const M3Weights& w);
   void alloc_kv(int32_t num_pages);
+  // --kv-cache-dtype fp8: every path a step may take must have an e4m3 reader (the tensor-core decode) or go through
+  // the staging pool into a bf16 tensor-core prefill kernel; refuses everything else with the reason.
+  void check_fp8_kv() const;
   // The device storage of one weight slot (model/weight_plan.h), allocated on first use; what the streaming loader
   // and the dummy fill write into.
   // fp8_ok: the slot may be stored as FP8 (its checkpoint pieces are MXFP8, or dummy weights); with
@@ -203,6 +214,32 @@ struct CudaExecutor::Impl {
                                 kv_type};
   }
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, ForwardTrace* trace);
+  // The tensor-core paged decode of one layer over planned page lists (q in qb, bf16 output in attnb), in the
+  // instantiation of the cache's element type (e4m3: the layer's k_scale / v_scale).
+  void run_decode_tc(cuda::PagedDecodeTc& k, const cuda::DevPagedKV& kv, const LayerPools& lp, const int32_t* indptr,
+                     const int32_t* indices, const int32_t* last_len, int64_t T, cudaStream_t s) {
+    const int64_t B = c.sparse_block_size, D = c.head_dim;
+    auto fill = [&](auto& pa) {
+      pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
+      pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
+      pa.stride_page = B * D, pa.stride_tok = D;
+      pa.indptr = indptr, pa.indices = indices, pa.last_len = last_len;
+      pa.R = int(T * c.num_kv_heads), pa.G = int(c.num_q_heads / c.num_kv_heads);
+      pa.scale = 1.0f / std::sqrt(float(D));
+    };
+    if (kv.type == cuda::KvType::E4M3) {
+      cuda::PagedDecodeTcArgs<cuda::e4m3_t> pa;
+      fill(pa);
+      pa.k = static_cast<const cuda::e4m3_t*>(kv.k), pa.v = static_cast<const cuda::e4m3_t*>(kv.v);
+      pa.k_scale = lp.k_scale, pa.v_scale = lp.v_scale;
+      k.run(pa, s);
+    } else {
+      cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
+      fill(pa);
+      pa.k = static_cast<const __nv_bfloat16*>(kv.k), pa.v = static_cast<const __nv_bfloat16*>(kv.v);
+      k.run(pa, s);
+    }
+  }
   // The forward up to the LM head: logits [head rows, V] stay in `logits` on the device (forward() copies them out,
   // forward_sample() samples them there).
   StepRows forward_device(std::span<const SeqInput> seqs, ForwardTrace* trace);
@@ -247,6 +284,7 @@ CudaExecutor::Impl::Impl(const M3Config& cfg, CudaExecutorOptions o)
            c.num_kv_heads);
   M3_CHECK(c.num_q_heads % c.num_kv_heads == 0, "CUDA executor: {} query heads not a multiple of {} KV heads",
            c.num_q_heads, c.num_kv_heads);
+  if (opt.fp8_kv) check_fp8_kv();  // before anything is allocated
   M3_CUDA_CHECK(cudaSetDevice(opt.device));
   M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<cuda::Gemm>();
@@ -360,12 +398,13 @@ DeviceSlot CudaExecutor::Impl::bind(const WeightSlot& s, bool fp8_ok) {
 }
 
 void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
-  // KV pools: bf16 with bf16 weights (serving), fp32 with fp32 weights (the exact verification path).
+  // KV pools: bf16 with bf16 weights (serving), fp32 with fp32 weights (the exact verification path), e4m3 with
+  // --kv-cache-dtype fp8 (plus the bf16 staging pool of one layer).
   const int64_t B = c.sparse_block_size, D = c.head_dim;
-  kv_type = wt == cuda::WType::BF16 ? cuda::KvType::BF16 : cuda::KvType::F32;
+  kv_type = opt.fp8_kv ? cuda::KvType::E4M3 : wt == cuda::WType::BF16 ? cuda::KvType::BF16 : cuda::KvType::F32;
   kv_page_elems = c.num_kv_heads * B * D;
   ik_page_elems = B * c.index_head_dim;
-  const int64_t page_bytes = CudaExecutor::page_bytes_for(c, kv_type == cuda::KvType::BF16);
+  const int64_t page_bytes = CudaExecutor::page_bytes_for(c, opt);
   if (num_pages <= 0) {
     // Automatic size: 90 % of the free device memory minus 1 GiB of headroom for activations and workspaces, at
     // most 64 sequences of max_position_embeddings tokens.
@@ -389,10 +428,12 @@ void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
   // the union-tile prefill (msa_prefill_tc.cu) loads whole pages by TMA and multiplies the masked probabilities
   // (exact zeros) by every V row of the page: those rows must be finite. Afterwards a slot only ever holds what the
   // model wrote, so the invariant lasts as pages are reused.
-  const int fill = kv_type == cuda::KvType::BF16 ? 0 : 0xFF;
+  // e4m3: zeros too (code 0 is +0), for the same reason: the staging copies of unwritten slots must be finite.
+  const int fill = kv_type == cuda::KvType::F32 ? 0xFF : 0;
   kvp.resize(size_t(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     LayerPools& lp = kvp[size_t(l)];
+    lp.k_scale = opt.kv_k_scale, lp.v_scale = opt.kv_v_scale, lp.ik_scale = opt.kv_index_scale;
     const size_t kv_bytes = size_t(alloc_pages) * size_t(kv_page_elems) * esz;
     lp.k.grow(kv_bytes);
     lp.v.grow(kv_bytes);
@@ -404,7 +445,41 @@ void CudaExecutor::Impl::alloc_kv(int32_t num_pages) {
       M3_CUDA_CHECK(cudaMemset(lp.ik.get(), fill, ik_bytes));
     }
   }
+  if (kv_type == cuda::KvType::E4M3) {
+    const size_t kv_bytes = size_t(alloc_pages) * size_t(kv_page_elems) * 2;
+    stage_k.grow(kv_bytes), stage_v.grow(kv_bytes);
+    M3_CUDA_CHECK(cudaMemset(stage_k.get(), 0, kv_bytes));
+    M3_CUDA_CHECK(cudaMemset(stage_v.get(), 0, kv_bytes));
+    if (c.num_sparse_layers() > 0) {
+      const size_t ik_bytes = size_t(alloc_pages) * size_t(ik_page_elems) * 2;
+      stage_ik.grow(ik_bytes);
+      M3_CUDA_CHECK(cudaMemset(stage_ik.get(), 0, ik_bytes));
+    }
+  }
   M3_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void CudaExecutor::Impl::check_fp8_kv() const {
+  M3_CHECK(opt.bf16_weights,
+           "CUDA executor: --kv-cache-dtype fp8 needs bf16 (or fp8) weights; the float32 verification path keeps a "
+           "float32 cache");
+  M3_CHECK(opt.attention != AttentionBackend::MsaV1,
+           "CUDA executor: --kv-cache-dtype fp8 does not run with --attention msa-v1 (the v1 kernels read float32 / "
+           "bfloat16 caches only)");
+  for (float sc : {opt.kv_k_scale, opt.kv_v_scale, opt.kv_index_scale})
+    M3_CHECK(std::isfinite(sc) && sc > 0.f, "CUDA executor: FP8 KV scale {} (must be finite and > 0)", sc);
+  const int64_t G = c.num_q_heads / c.num_kv_heads;
+  M3_CHECK(c.head_dim == 128 && c.sparse_block_size == 128 && G == 16,
+           "CUDA executor: --kv-cache-dtype fp8 needs head dim 128, 128-token pages and 16 query heads per KV head "
+           "(the tensor-core kernels' shapes); this model has head dim {}, pages of {}, {} query heads per KV head",
+           c.head_dim, c.sparse_block_size, G);
+  const bool sparse = opt.attention != AttentionBackend::Dense && c.num_sparse_layers() > 0;
+  const int64_t Hi = c.index_num_heads, K = c.sparse_topk_blocks;
+  M3_CHECK(!sparse || (c.index_head_dim == 128 && Hi >= 1 && Hi <= cuda::MsaDecodeIndex::kMaxHeads && 128 % Hi == 0 &&
+                       K <= 16 && K <= cuda::MsaDecodeIndex::kMaxTopK && K <= cuda::MsaIndexerTc::kMaxTopK),
+           "CUDA executor: --kv-cache-dtype fp8 needs index dim 128, 1 to {} index heads and top-k ≤ 16 (the "
+           "tensor-core indexers' shapes); this model has index dim {}, {} index heads, top-{}",
+           cuda::MsaDecodeIndex::kMaxHeads, c.index_head_dim, Hi, K);
 }
 
 StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, ForwardTrace* trace) {
@@ -452,7 +527,10 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
   const int max_n = plan_rows.max_new_tokens;
   const int64_t T = plan_rows.num_rows();
   const cuda::DevStepRows rows{d_pos, d_row_seq, d_pt_indptr, d_pt_pages, int(T)};
-  const bool decode = max_n <= 16;  // decode / speculative verify rows: split-K and the decode indexer launch
+  const bool fp8kv = kv_type == cuda::KvType::E4M3;
+  // Decode / speculative verify rows: split-K and the decode indexer launch. An e4m3 cache has no v1 decode reader,
+  // so a decode step too large for the tensor-core decode kernels runs the (staged) prefill kernels instead.
+  const bool decode = max_n <= 16 && !(fp8kv && T > cuda::MsaDecodeIndex::kMaxRows);
   prof.begin(decode, s);
   const int64_t ppu = Hkv;  // virtual pages per physical page in a per-layer pool [P, Hkv, B, D]
   const bool dense_only = opt.attention == AttentionBackend::Dense;  // MSA layers run dense attention (baseline)
@@ -463,7 +541,10 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
   // Which kernels run this step. Tensor-core kernels need a bf16 cache, head dim 128 and 128-token pages; the
   // decode ones G ∈ {8, 16} and ≤ 2048 rows, the fused decode indexer index dim 128, ≤ 4 index heads and top-k ≤ 16,
   // the union-tile prefill G = 16 and top-k ≤ 16. Anything else, and --attention msa-v1, runs the v1 kernels.
-  const bool tc = opt.attention != AttentionBackend::MsaV1 && kv_type == cuda::KvType::BF16 && D == 128 && B == 128;
+  // e4m3 (--kv-cache-dtype fp8): the decode kernels' e4m3 instantiations; prefill runs the bf16 kernels over the
+  // staging pool (check_fp8_kv guarantees the shapes, so every step takes the tensor-core kernels).
+  const bool tc = opt.attention != AttentionBackend::MsaV1 && (kv_type == cuda::KvType::BF16 || fp8kv) && D == 128 &&
+                  B == 128;
   const bool tc_decode = tc && decode && (G == 8 || G == 16) && T <= cuda::MsaDecodeIndex::kMaxRows;
   const bool tc_index = tc_decode && any_sparse && Di == 128 && Hi <= cuda::MsaDecodeIndex::kMaxHeads &&
                         K <= cuda::MsaDecodeIndex::kMaxTopK;
@@ -471,6 +552,9 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
   const bool tc_dense_prefill = tc && !decode && any_dense && G == 16;  // union kernel in dense causal mode
   const bool tc_prefill_index =  // MsaIndexerTc::run_topk
       tc_prefill && Di == 128 && Hi >= 1 && 128 % Hi == 0 && K <= cuda::MsaIndexerTc::kMaxTopK;
+  M3_CHECK(!fp8kv || (decode ? tc_decode && (!any_sparse || tc_index)
+                              : (!any_sparse || (tc_prefill && tc_prefill_index)) && (!any_dense || tc_dense_prefill)),
+           "CUDA executor: an FP8 KV step without its tensor-core kernels (check_fp8_kv missed a shape)");
   if (tc_dense_prefill) msa_union.plan(T, int(Hkv), int(G), int(D), int(B), 16);
   if (tc_prefill) msa_sparse.plan(T, int(Hkv), int(G), int(D), int(B), int(K), int64_t(pool->capacity()));
   // graph: only device-side plans with capacity launch shapes (graph_eligible guarantees the tensor-core decode).
@@ -534,6 +618,14 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
   for (int l = 0; l < c.num_layers; ++l) {
     DevLayer& L = layers[l];
     const cuda::DevPagedKV kv = kv_view(l);
+    const LayerPools& lp = kvp[size_t(l)];
+    // FP8 prefill: the staging pool's page ids are the cache's; K is staged unscaled (k_scale goes into the softmax
+    // scale, as in the e4m3 decode kernel), V and index-K with their scales.
+    const int64_t n_step_pages = int64_t(plan_rows.pt_pages.size());
+    const bool stage = fp8kv && !decode;
+    const uint16_t* kv_k16 = stage ? reinterpret_cast<const uint16_t*>(stage_k.get()) : static_cast<const uint16_t*>(kv.k);
+    const uint16_t* kv_v16 = stage ? reinterpret_cast<const uint16_t*>(stage_v.get()) : static_cast<const uint16_t*>(kv.v);
+    const float prefill_scale = stage ? scale * lp.k_scale : scale;
     // ---- attention -------------------------------------------------------------------------------------------
     // bf16 weights: the norm writes the GEMM input in bf16 once (no fp32 copy, no per-GEMM rounding kernel) and q /
     // index q come out of their norm + RoPE in bf16 where a tensor-core kernel reads them — bit-identical to
@@ -557,10 +649,18 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     a.n_k = int(Hkv), a.k_col0 = int(Hq * D), a.k_w = L.k_norm.get(), a.k_cache = kv.k, a.k_head_stride = B * D;
     a.n_v = int(Hkv), a.v_col0 = int((Hq + Hkv) * D), a.v_cache = kv.v, a.v_head_stride = B * D;
     a.cache_type = kv.type;
+    a.k_scale = lp.k_scale, a.v_scale = lp.v_scale;
     a.pos = d_pos, a.slot_page = d_slot, a.page_stride = kv.page_stride, a.block_size = int(B);
     a.inv_freq = inv_freq.get(), a.rotary_dim = c.rotary_dim, a.eps = c.rms_norm_eps;
     cuda::heads_norm_rope(a, s);
-    prof.mark(GpuStepProfile::kAttention, s);  // q/k norm, RoPE and the K/V cache write
+    if (stage) {  // after the write: the chunk's own K/V are read back as the e4m3 values decode will see
+      using bf = __nv_bfloat16;
+      cuda::kv_dequantize_pages_e4m3(static_cast<const cuda::e4m3_t*>(kv.k), kv_page_elems, d_pt_pages,
+                                     n_step_pages, 1.f, reinterpret_cast<bf*>(stage_k.get()), s);
+      cuda::kv_dequantize_pages_e4m3(static_cast<const cuda::e4m3_t*>(kv.v), kv_page_elems, d_pt_pages,
+                                     n_step_pages, lp.v_scale, reinterpret_cast<bf*>(stage_v.get()), s);
+    }
+    prof.mark(GpuStepProfile::kAttention, s);  // q/k norm, RoPE and the K/V cache write (+ FP8 staging)
 
     bool o_bf16 = false;  // the attention output is in attnb (bf16) instead of attn
     if (sparse_layer) {
@@ -576,32 +676,40 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
       const cuda::DevPagedIndexK ikv = ik_view(l);
       b.n_k = 1, b.k_col0 = int(Hi * Di), b.k_w = L.index_k_norm.get(), b.k_cache = ikv.ik, b.k_head_stride = 0;
       b.cache_type = ikv.type;
+      b.k_scale = lp.ik_scale;  // the index branch writes with k_scale
       b.pos = d_pos, b.slot_page = d_slot, b.page_stride = ikv.page_stride, b.block_size = int(B);
       b.inv_freq = inv_freq.get(), b.rotary_dim = c.rotary_dim, b.eps = c.rms_norm_eps;
       cuda::heads_norm_rope(b, s);
-      prof.mark(GpuStepProfile::kIndexer, s);  // index projection, norm, RoPE, index-K write
+      if (stage)
+        cuda::kv_dequantize_pages_e4m3(static_cast<const cuda::e4m3_t*>(ikv.ik), ik_page_elems, d_pt_pages,
+                                       n_step_pages, lp.ik_scale,
+                                       reinterpret_cast<__nv_bfloat16*>(stage_ik.get()), s);
+      prof.mark(GpuStepProfile::kIndexer, s);  // index projection, norm, RoPE, index-K write (+ FP8 staging)
       const int32_t* sel = d_sel.get();  // [Hi, T, K]
       if (tc_index) {
         // Fused scorer + top-k + page-list emit, then the tensor-core paged decode over the emitted lists.
-        dec_index.run(reinterpret_cast<const __nv_bfloat16*>(iqb.get()),
-                      cuda::DevPagedIndexKT<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(ikv.ik), ikv.page_stride},
-                      rows, s);
+        const auto* iqp = reinterpret_cast<const __nv_bfloat16*>(iqb.get());
+        if (fp8kv)
+          dec_index.run(iqp,
+                        cuda::DevPagedIndexKT<cuda::e4m3_t>{static_cast<const cuda::e4m3_t*>(ikv.ik), ikv.page_stride,
+                                                            lp.ik_scale},
+                        rows, s);
+        else
+          dec_index.run(iqp,
+                        cuda::DevPagedIndexKT<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(ikv.ik),
+                                                             ikv.page_stride},
+                        rows, s);
         sel = dec_index.selection();
         prof.mark(GpuStepProfile::kIndexer, s);
-        cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
-        pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
-        pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
-        pa.k = static_cast<const __nv_bfloat16*>(kv.k), pa.v = static_cast<const __nv_bfloat16*>(kv.v);
-        pa.stride_page = B * D, pa.stride_tok = D;
-        pa.indptr = dec_index.attn_indptr(), pa.indices = dec_index.attn_indices();
-        pa.last_len = dec_index.attn_last_len();
-        pa.R = int(T * Hkv), pa.G = int(G), pa.scale = scale;
-        sparse_tc.run(pa, s);
+        run_decode_tc(sparse_tc, kv, lp, dec_index.attn_indptr(), dec_index.attn_indices(), dec_index.attn_last_len(),
+                      T, s);
         prof.mark(GpuStepProfile::kAttention, s);
         o_bf16 = true;
       } else {
         if (tc_prefill_index) {  // scores + top-k fused: no score matrix (msa_indexer_tc.cuh)
-          indexer_tc.run_topk(iqb.get(), static_cast<const uint16_t*>(ikv.ik), ikv.page_stride,
+          const uint16_t* ik16 =
+              stage ? reinterpret_cast<const uint16_t*>(stage_ik.get()) : static_cast<const uint16_t*>(ikv.ik);
+          indexer_tc.run_topk(iqb.get(), ik16, ikv.page_stride,
                               int64_t(pool->capacity()), rows, int(K), d_sel.get(), s);
         } else {
           indexer.run(iq.get(), ikv, rows, scores.get(), s);
@@ -610,10 +718,10 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         }
         prof.mark(GpuStepProfile::kIndexer, s);
         if (tc_prefill) {
-          const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
-                                         kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
+          const cuda::DevPagedKVBf16 kvb{kv_k16, kv_v16, kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B),
+                                         int(D)};
           // bf16 output straight into the O projection's input (the fp32 copy would only be rounded there)
-          msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, scale, attn.get(), s, attnb.get());
+          msa_sparse.run(qb.get(), d_sel.get(), rows, kvb, prefill_scale, attn.get(), s, attnb.get());
           o_bf16 = true;
           if (opt.validate) msa_sparse.check(s);
         } else if (decode) {
@@ -638,19 +746,12 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         }
       }
     } else if (tc_decode) {
-      cuda::PagedDecodeTcArgs<__nv_bfloat16> pa;
-      pa.q = reinterpret_cast<const __nv_bfloat16*>(qb.get());
-      pa.out = reinterpret_cast<__nv_bfloat16*>(attnb.get());
-      pa.k = static_cast<const __nv_bfloat16*>(kv.k), pa.v = static_cast<const __nv_bfloat16*>(kv.v);
-      pa.stride_page = B * D, pa.stride_tok = D;
-      pa.indptr = dense.indptr(), pa.indices = dense.indices(), pa.last_len = dense.last_len();
-      pa.R = int(T * Hkv), pa.G = int(G), pa.scale = scale;
-      dense_tc.run(pa, s);
+      run_decode_tc(dense_tc, kv, lp, dense.indptr(), dense.indices(), dense.last_len(), T, s);
       o_bf16 = true;
     } else if (tc_dense_prefill) {
-      const cuda::DevPagedKVBf16 kvb{static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
-                                     kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B), int(D)};
-      msa_union.run_dense(qb.get(), rows, kvb, scale, attn.get(), s, attnb.get());
+      const cuda::DevPagedKVBf16 kvb{kv_k16, kv_v16, kv.page_stride, int64_t(pool->capacity()), int(Hkv), int(B),
+                                     int(D)};
+      msa_union.run_dense(qb.get(), rows, kvb, prefill_scale, attn.get(), s, attnb.get());
       o_bf16 = true;
     } else {
       dense.run(q.get(), kv, scale, attn.get(), s);
@@ -820,15 +921,15 @@ int64_t CudaExecutor::weight_device_bytes() const {
 
 int CudaExecutor::fp8_matrices() const { return impl_->fp8_count; }
 
-int64_t CudaExecutor::page_bytes_for(const M3Config& c, bool bf16_kv) {
-  const int64_t B = c.sparse_block_size, esz = bf16_kv ? 2 : 4;
-  return esz * (int64_t(c.num_layers) * 2 * c.num_kv_heads * B * c.head_dim +
-                int64_t(c.num_sparse_layers()) * B * c.index_head_dim);
+int64_t CudaExecutor::page_bytes_for(const M3Config& c, const CudaExecutorOptions& o) {
+  const int64_t B = c.sparse_block_size, esz = o.fp8_kv ? 1 : o.bf16_weights ? 2 : 4;
+  const int64_t kv = 2 * c.num_kv_heads * B * c.head_dim, ik = B * c.index_head_dim;
+  const int64_t pools = esz * (int64_t(c.num_layers) * kv + int64_t(c.num_sparse_layers()) * ik);
+  const int64_t staging = o.fp8_kv ? 2 * (kv + (c.num_sparse_layers() > 0 ? ik : 0)) : 0;  // one layer, bf16
+  return pools + staging;
 }
 
-int64_t CudaExecutor::page_bytes() const {
-  return page_bytes_for(impl_->c, impl_->kv_type == cuda::KvType::BF16);
-}
+int64_t CudaExecutor::page_bytes() const { return page_bytes_for(impl_->c, impl_->opt); }
 
 CudaExecutor::~CudaExecutor() = default;
 
@@ -862,7 +963,7 @@ int CudaExecutor::Impl::bucket_for(size_t n) const {
 }
 
 bool CudaExecutor::Impl::graph_eligible(std::span<const SeqInput> seqs, std::span<const RowSampling> rows) const {
-  if (!opt.cuda_graphs || kv_type != cuda::KvType::BF16 || wt != cuda::WType::BF16) return false;
+  if (!opt.cuda_graphs || kv_type == cuda::KvType::F32 || wt != cuda::WType::BF16) return false;
   if (opt.attention == AttentionBackend::MsaV1 || opt.validate) return false;
   const int64_t G = c.num_q_heads / c.num_kv_heads, K = c.sparse_topk_blocks;
   if (c.head_dim != 128 || c.sparse_block_size != 128 || (G != 8 && G != 16)) return false;
@@ -1004,7 +1105,20 @@ std::string CudaExecutor::describe() const {
   std::string name = "?";
   if (cudaGetDeviceProperties(&prop, m.opt.device) == cudaSuccess) name = prop.name;
   const double mib = double(page_bytes()) * m.pool->capacity() / (1 << 20);
-  const bool bf16_kv = m.kv_type == cuda::KvType::BF16;
+  const char* kv_name = m.kv_type == cuda::KvType::E4M3   ? "fp8 e4m3"
+                        : m.kv_type == cuda::KvType::BF16 ? "bf16"
+                                                          : "fp32";
+  // FP8 KV: what the same bytes would hold as a bf16 cache (the capacity change of --kv-cache-dtype fp8).
+  std::string fp8_note;
+  if (m.kv_type == cuda::KvType::E4M3) {
+    CudaExecutorOptions bf = m.opt;
+    bf.fp8_kv = false;
+    const int64_t bf_pages = int64_t(double(page_bytes()) * m.pool->capacity() / double(page_bytes_for(m.c, bf)));
+    const double stage_mib = double(m.stage_k.size() + m.stage_v.size() + m.stage_ik.size()) / (1 << 20);
+    fp8_note = fmt::format(" [e4m3 with per-tensor scales, bf16 prefill staging {:.1f} MiB included; a bf16 cache "
+                           "in the same memory: {} tokens]",
+                           stage_mib, bf_pages * m.c.sparse_block_size);
+  }
   const char* attn = m.opt.attention == AttentionBackend::Dense ? "dense" : m.opt.attention == AttentionBackend::MsaV1 ? "msa-v1" : "msa";
   const std::string wname =
       m.fp8_count > 0
@@ -1014,13 +1128,13 @@ std::string CudaExecutor::describe() const {
                             : std::string("W8A16 only"))
           : m.wt == cuda::WType::BF16 ? std::string("bf16") : std::string("fp32");
   return fmt::format("cuda {} ({} weights, {} KV, attention {}, {} layers, weights {}, decode graphs {}), KV cache {} "
-                     "pages × {} tokens = {} tokens ({:.1f} MiB)", name,
-                     wname, bf16_kv ? "bf16" : "fp32", attn, m.c.num_layers,
+                     "pages × {} tokens = {} tokens ({:.1f} MiB){}", name,
+                     wname, kv_name, attn, m.c.num_layers,
                      m.weights_source,
                      m.opt.cuda_graphs ? fmt::format("≤ {} sequences", m.opt.max_graph_batch) : std::string("off"),
                      m.pool->capacity(),
                      m.c.sparse_block_size,
-                     int64_t(m.pool->capacity()) * m.c.sparse_block_size, mib);
+                     int64_t(m.pool->capacity()) * m.c.sparse_block_size, mib, fp8_note);
 }
 
 }  // namespace m3

@@ -46,6 +46,16 @@ struct CudaExecutorOptions {
   // false: decode steps still run in graph form (padded bucket, device plans) but are never captured — the eager
   // twin the graph tests compare replays with bit for bit.
   bool capture_graphs = true;
+  // `--kv-cache-dtype fp8` (issue 15 item 4, docs/FP8.md §8.2): K, V and index-K pools of e4m3 codes with per-tensor
+  // fp32 scales (value = e4m3 · scale). The decode kernels read e4m3 (PagedDecodeTc / MsaDecodeIndex e4m3
+  // instantiations, graphs included); prefill dequantises the step's pages of one layer into a bf16 staging pool
+  // (one layer's K/V/index-K pages: ≈ 1/num_layers of a bf16 cache) and runs the bf16 kernels there. Needs
+  // bf16_weights, the tensor-core shapes (head dim 128, 128-token pages, G = 16; index dim 128, ≤ 4 index heads,
+  // top-k ≤ 16) and attention msa or dense; anything else is refused at construction.
+  bool fp8_kv = false;
+  // The scales every layer starts with (kept per layer in the executor, so a calibration can set them later); 1.0
+  // as vLLM without calibration. Must be finite and > 0.
+  float kv_k_scale = 1.f, kv_v_scale = 1.f, kv_index_scale = 1.f;
 };
 
 // What the decode graphs did so far (tests, the startup log).
@@ -98,10 +108,12 @@ class CudaExecutor final : public ModelExecutor {
                                            const std::function<void()>& before_sampling = {}) override;
   std::string describe() const override;
   GraphStats graph_stats() const;
+  // Device bytes one page costs (page_bytes_for of this executor's options).
   int64_t page_bytes() const override;
-  // Bytes of one page across the per-layer pools: K and V of every layer, index-K of the sparse layers, in bf16
-  // (bf16 weights, the default) or fp32.
-  static int64_t page_bytes_for(const M3Config& c, bool bf16_kv = true);
+  // Device bytes one page costs: K and V of every layer and index-K of the sparse layers in the cache's element type
+  // (bf16 with bf16 weights, fp32 with fp32 weights, e4m3 with fp8_kv), plus with fp8_kv the page's share of the
+  // bf16 prefill staging pool (K, V and index-K of ONE layer in bf16).
+  static int64_t page_bytes_for(const M3Config& c, const CudaExecutorOptions& o);
 
  private:
   struct Impl;

@@ -41,6 +41,7 @@ std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const
   [[maybe_unused]] const bool cuda = false;
 #endif
   if (!cuda) check_cpu_load_options(load);
+  check_kv_cache_options(load);
   M3_CHECK(fs::is_directory(model_dir), "model directory {} does not exist", model_dir);
   M3Config c = load_m3_config((fs::path(model_dir) / "config.json").string());
   if (load.num_layers > 0) c = truncate_layers(c, load.num_layers);
@@ -54,7 +55,8 @@ std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const
                   : load.attention == LoadAttention::MsaV1 ? AttentionBackend::MsaV1
                                                            : AttentionBackend::Msa;
     o.cuda_graphs = !load.enforce_eager;
-    const int32_t pages = pages_for(c, kv, CudaExecutor::page_bytes_for(c, o.bf16_weights));
+    o.fp8_kv = load.kv_cache_dtype == LoadKvDtype::Fp8;
+    const int32_t pages = pages_for(c, kv, CudaExecutor::page_bytes_for(c, o));
     if (load.dummy()) return CudaExecutor::dummy(c, load.dummy_seed, pages, o);
     return CudaExecutor::load(c, model_dir, pages, o);
   }

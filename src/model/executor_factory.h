@@ -20,8 +20,9 @@ struct KvBudget {
 };
 
 // device: "cpu", "cuda" or "auto" (CUDA when this build has it and a GPU is present). Throws m3::Error with a
-// clear message for a bad device, a budget that holds no page, bad load options (the CPU refuses --dtype bfloat16
-// and --attention other than msa; --num-layers beyond the config) or a bad checkpoint — all checked before the
+// clear message for a bad device, a budget that holds no page, bad load options (the CPU refuses --dtype bfloat16,
+// --kv-cache-dtype fp8 and --attention other than msa; fp8 KV refuses --dtype float32 and --attention msa-v1;
+// --num-layers beyond the config) or a bad checkpoint — all checked before the
 // weights load. On CUDA the weights stream from the mmapped safetensors to the device (model/cuda_weight_loader.h)
 // or are made there (--load-format dummy); the CPU reads them to host fp32 (or makes the dummy weights' CPU twin).
 std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const std::string& device,

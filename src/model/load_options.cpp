@@ -57,6 +57,12 @@ void add_load_flags(CLI::App& cmd, LoadOptions& o) {
                  "With --dtype fp8: the GEMM of prefill-sized steps (16 rows or more): cublaslt (FP8xFP8, e4m3 "
                  "activations: faster, less accurate) or w8a16 (bf16 activations, as the decode rows)")
       ->transform(choice_of(fp8_gemms));
+  const std::map<std::string, LoadKvDtype> kv_dtypes{
+      {"auto", LoadKvDtype::Auto}, {"fp8", LoadKvDtype::Fp8}, {"fp8_e4m3", LoadKvDtype::Fp8}};
+  cmd.add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                 "KV cache element type (CUDA): auto (the model dtype: bfloat16, float32 with --dtype float32) or "
+                 "fp8 / fp8_e4m3 (K, V and index-K as e4m3 with per-tensor scales 1.0: twice the tokens per byte)")
+      ->transform(choice_of(kv_dtypes));
   cmd.add_flag("--enforce-eager", o.enforce_eager,
                "Run every step eagerly (CUDA only; default: decode steps of up to 256 sequences replay CUDA graphs)");
 }
@@ -77,6 +83,7 @@ const char* name(LoadFormat f) {
   }
 }
 const char* name(LoadFp8Gemm g) { return g == LoadFp8Gemm::W8A16 ? "w8a16" : "cublaslt"; }
+const char* name(LoadKvDtype d) { return d == LoadKvDtype::Fp8 ? "fp8" : "auto"; }
 const char* name(LoadAttention a) {
   switch (a) {
     case LoadAttention::MsaV1: return "msa-v1";
@@ -91,6 +98,18 @@ void check_cpu_load_options(const LoadOptions& o) {
   M3_CHECK(o.attention == LoadAttention::Msa,
            "--attention {} needs --device cuda: the CPU executor runs the model's own MSA attention only",
            name(o.attention));
+  M3_CHECK(o.kv_cache_dtype == LoadKvDtype::Auto,
+           "--kv-cache-dtype {} needs --device cuda: the CPU executor's cache is float32", name(o.kv_cache_dtype));
+}
+
+void check_kv_cache_options(const LoadOptions& o) {
+  if (o.kv_cache_dtype != LoadKvDtype::Fp8) return;
+  M3_CHECK(o.dtype != LoadDType::Float32,
+           "--kv-cache-dtype fp8 does not run with --dtype float32 (the exact verification path keeps a float32 "
+           "cache); use --dtype auto, bfloat16 or fp8");
+  M3_CHECK(o.attention != LoadAttention::MsaV1,
+           "--kv-cache-dtype fp8 does not run with --attention msa-v1 (the v1 kernels read float32 / bfloat16 "
+           "caches only); use --attention msa or dense");
 }
 
 }  // namespace m3

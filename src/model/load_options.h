@@ -21,6 +21,10 @@ enum class LoadAttention { Msa, MsaV1, Dense };      // maps to CudaExecutorOpti
 // --dtype fp8: the GEMM of the FP8 projections for prefill-sized steps (≥ 16 rows; decode rows always run W8A16).
 // cublaslt: FP8×FP8 with e4m3 activations (faster, less accurate: docs/FP8.md §3, §6); w8a16: bf16 activations.
 enum class LoadFp8Gemm { CublasLt, W8A16 };
+// --kv-cache-dtype (as vLLM's): auto = the model dtype's cache (bf16 on CUDA, fp32 with --dtype float32 and on the
+// CPU); fp8 (= fp8_e4m3, CUDA): K/V and index-K pools of e4m3 codes with per-tensor fp32 scales, 1.0 until
+// calibrated (CudaExecutorOptions::fp8_kv, docs/FP8.md §8.2).
+enum class LoadKvDtype { Auto, Fp8 };
 
 struct LoadOptions {
   LoadDType dtype = LoadDType::Auto;
@@ -30,11 +34,13 @@ struct LoadOptions {
   uint64_t dummy_seed = 0;  // seed of the dummy weights (src/base/counter_hash.h)
   bool enforce_eager = false;  // CUDA: no decode graphs (CudaExecutorOptions::cuda_graphs = false)
   LoadFp8Gemm fp8_prefill_gemm = LoadFp8Gemm::CublasLt;  // CudaExecutorOptions::fp8_lt_min_rows (16 or 0)
+  LoadKvDtype kv_cache_dtype = LoadKvDtype::Auto;        // CudaExecutorOptions::fp8_kv
 
   bool dummy() const { return load_format == LoadFormat::Dummy; }
 };
 
-// Adds --dtype, --load-format, --num-layers, --attention, --enforce-eager and --fp8-prefill-gemm to a subcommand.
+// Adds --dtype, --load-format, --num-layers, --attention, --enforce-eager, --fp8-prefill-gemm and --kv-cache-dtype to
+// a subcommand.
 // Bad values fail at parse time with CLI11's message (exit code ≠ 0, no crash); the device-dependent checks (CPU
 // refuses bfloat16, fp8 and the non-msa attention backends) happen in make_executor (model/executor_factory.h).
 void add_load_flags(CLI::App& cmd, LoadOptions& o);
@@ -43,8 +49,13 @@ const char* name(LoadDType d);
 const char* name(LoadFormat f);
 const char* name(LoadAttention a);
 const char* name(LoadFp8Gemm g);
+const char* name(LoadKvDtype d);
 
 // Throws m3::Error naming the flag when the options cannot run on the CPU executor.
 void check_cpu_load_options(const LoadOptions& o);
+// Throws m3::Error naming the flags when --kv-cache-dtype fp8 meets an option it cannot run with on CUDA: --dtype
+// float32 (the exact verification path keeps an fp32 cache) or --attention msa-v1 (the v1 kernels read fp32 / bf16
+// caches only). The shape checks (head dim 128, 128-token pages, …) are the executor's.
+void check_kv_cache_options(const LoadOptions& o);
 
 }  // namespace m3

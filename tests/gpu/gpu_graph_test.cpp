@@ -118,6 +118,37 @@ TEST(GpuGraph, Fp8WeightsDecodeGraphReplaysEqualTheEagerStepBitForBit) {
   }
 }
 
+// --kv-cache-dtype fp8 (issue 15 item 4): the decode graphs read the e4m3 pools (PagedDecodeTc / MsaDecodeIndex e4m3
+// instantiations with the layers' scales) and the prefills in between run through the bf16 staging pool; replays
+// equal the eager graph-form twin bit for bit. Non-unit scales, so the graphs carry them.
+TEST(GpuGraph, Fp8KvDecodeGraphReplaysEqualTheEagerStepBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const M3Config c = graph_config();
+  const M3Weights w = test::random_weights(c, 11);
+  CudaExecutorOptions replay;
+  replay.fp8_kv = true;
+  replay.kv_k_scale = 0.0297f, replay.kv_v_scale = 0.0213f, replay.kv_index_scale = 0.0271f;
+  CudaExecutorOptions twin = replay;
+  twin.capture_graphs = false;
+  CudaExecutor a(c, w, 256, replay), b(c, w, 256, twin);
+  std::printf("[gpu-graph] fp8 kv: %s\n", a.describe().c_str());
+  const Streams sa = run_engine(a), sb = run_engine(b);
+  const GraphStats ga = a.graph_stats(), gb = b.graph_stats();
+  std::printf("[gpu-graph] fp8 kv graphs: %lld replays, %lld captures, %lld invalidations, %lld failed captures | "
+              "twin: %lld graph-form eager\n",
+              (long long)ga.replays, (long long)ga.captures, (long long)ga.invalidations,
+              (long long)ga.capture_failures, (long long)gb.eager_graph_form);
+  EXPECT_EQ(ga.capture_failures, 0) << "an FP8-KV decode step could not be captured";
+  EXPECT_GE(ga.captures, 4);
+  EXPECT_GE(ga.replays, 20);
+  EXPECT_EQ(gb.replays, 0);
+  ASSERT_EQ(sa.size(), 9u);
+  for (const auto& [id, toks] : sb) {
+    EXPECT_FALSE(toks.empty()) << id;
+    EXPECT_EQ(sa.at(id), toks) << id << ": FP8-KV graph replay differs from the eager step";
+  }
+}
+
 TEST(GpuGraph, GraphDecodeAgreesWithThePlainEagerPathTokenForToken) {
   SKIP_WITHOUT_GPU();
   // The graph form differs from the plain eager step in padding (GEMMs of another M) and in how split-K attention

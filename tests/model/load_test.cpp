@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <set>
 
 #include "base/error.h"
@@ -66,6 +67,42 @@ TEST(LoadFlags, Fp8DtypeParsesAndTheCpuRefusesIt) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--dtype fp8 needs --device cuda"), std::string::npos) << e.what();
   }
+}
+
+TEST(LoadFlags, KvCacheDtypeParsesAutoFp8AndFp8E4m3) {
+  EXPECT_EQ(parse("").kv_cache_dtype, LoadKvDtype::Auto);
+  EXPECT_EQ(parse("--kv-cache-dtype auto").kv_cache_dtype, LoadKvDtype::Auto);
+  EXPECT_EQ(parse("--kv-cache-dtype fp8").kv_cache_dtype, LoadKvDtype::Fp8);
+  EXPECT_EQ(parse("--kv-cache-dtype fp8_e4m3").kv_cache_dtype, LoadKvDtype::Fp8);  // vLLM's alias
+  EXPECT_STREQ(name(LoadKvDtype::Fp8), "fp8");
+  EXPECT_THROW(parse("--kv-cache-dtype fp8_e5m2"), CLI::ParseError);
+  EXPECT_THROW(parse("--kv-cache-dtype bfloat16"), CLI::ParseError);
+}
+
+// The combinations fp8 KV cannot run with fail with a message naming the flags, before any weight loads.
+TEST(LoadFlags, Fp8KvCacheRefusesFloat32MsaV1AndTheCpu) {
+  auto message = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  LoadOptions o = parse("--kv-cache-dtype fp8");
+  EXPECT_NO_THROW(check_kv_cache_options(o));
+  EXPECT_NO_THROW(check_kv_cache_options(parse("--kv-cache-dtype fp8 --dtype fp8 --attention dense")));
+  EXPECT_NO_THROW(check_kv_cache_options(parse("--dtype float32 --attention msa-v1")));  // auto KV: unchanged
+  EXPECT_NE(message([&] { check_kv_cache_options(parse("--kv-cache-dtype fp8 --dtype float32")); })
+                .find("--kv-cache-dtype fp8 does not run with --dtype float32"),
+            std::string::npos);
+  EXPECT_NE(message([&] { check_kv_cache_options(parse("--kv-cache-dtype fp8 --attention msa-v1")); })
+                .find("--kv-cache-dtype fp8 does not run with --attention msa-v1"),
+            std::string::npos);
+  EXPECT_NE(message([&] { check_cpu_load_options(o); }).find("--kv-cache-dtype fp8 needs --device cuda"),
+            std::string::npos);
+  const std::string m = message([&] { make_executor(fixture("tiny_sparse_f32"), "cpu", {}, o); });
+  EXPECT_NE(m.find("--kv-cache-dtype fp8 needs --device cuda"), std::string::npos) << m;
 }
 
 TEST(LoadFlags, BadValuesAreParseErrors) {

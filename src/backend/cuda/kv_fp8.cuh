@@ -19,6 +19,15 @@ using e4m3_t = __nv_fp8_e4m3;  // one byte, the pools' element type for --kv-cac
 void kv_quantize_e4m3(const __nv_bfloat16* x, int64_t n, float scale, e4m3_t* q, cudaStream_t s);
 void kv_quantize_e4m3(const float* x, int64_t n, float scale, e4m3_t* q, cudaStream_t s);
 
+// The prefill staging copy (executor, docs/FP8.md §8.2): for each of the n_pages page ids in pages (device), the
+// page_elems codes of that page of q [P, page_elems] become bf16(e4m3(code) · scale) at the same page of out
+// [P, page_elems], so the bf16 prefill kernels read the values the e4m3 decode kernels read (exact for scale = 1
+// or any power of two; otherwise one bf16 rounding of the product). page_elems % 16 == 0, q and out 16-byte
+// aligned. Repeated ids are fine (the same values are written twice). CPU twin: cpu::kv_dequantize_e4m3 then
+// f32_to_bf16 per page. Allocation-free.
+void kv_dequantize_pages_e4m3(const e4m3_t* q, int64_t page_elems, const int32_t* pages, int64_t n_pages,
+                              float scale, __nv_bfloat16* out, cudaStream_t s);
+
 #ifdef __CUDACC__
 // The stored code of x: rne_e4m3(x / scale), fp32 division rounded to nearest (the CPU twin's x / scale), then
 // cvt.rn.satfinite (saturating to ±448; NaN → 0x7f, the CPU twin's e4m3_rne).

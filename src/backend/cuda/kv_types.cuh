@@ -14,7 +14,7 @@ namespace m3::cuda {
 
 // E4M3: FP8 pools with per-tensor scales (kv_fp8.cuh; issue 15 item 4). Written by heads_norm_rope and
 // kv_quantize_e4m3, read by PagedDecodeTc<e4m3_t> and MsaDecodeIndex::run<e4m3_t>; the other cache readers take
-// F32 / BF16 only.
+// F32 / BF16 only (the executor's prefill reads a bf16 staging copy made by kv_dequantize_pages_e4m3).
 enum class KvType : uint8_t { F32, BF16, E4M3 };
 
 inline size_t kv_elem_bytes(KvType t) { return t == KvType::BF16 ? 2 : t == KvType::E4M3 ? 1 : 4; }
