@@ -1,14 +1,53 @@
 #include "dist/inprocess_communicator.h"
 
+#include <condition_variable>
+#include <cstdint>
 #include <cstring>
+#include <mutex>
 
 #include "base/error.h"
 
 namespace m3::dist {
 
+// A reusable barrier that can be aborted (std::barrier cannot: a rank that never arrives blocks the rest forever).
+class AbortableBarrier {
+ public:
+  explicit AbortableBarrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (aborted_) throw Error("parallel group aborted: " + why_);
+    const uint64_t gen = generation_;
+    if (++count_ == n_) {
+      count_ = 0, ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lk, [&] { return generation_ != gen || aborted_; });
+    if (generation_ == gen) throw Error("parallel group aborted: " + why_);  // woken by abort, not by the last rank
+  }
+  void abort(const std::string& why) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!aborted_) aborted_ = true, why_ = why;
+    cv_.notify_all();
+  }
+  void reset() {
+    std::lock_guard<std::mutex> lk(mu_);
+    aborted_ = false, count_ = 0, ++generation_, why_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int n_;
+  int count_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
+  std::string why_;
+};
+
 struct InProcessGroup::Shared {
   explicit Shared(int n) : bar(n), send(size_t(n)), recv(size_t(n)) {}
-  std::barrier<> bar;
+  AbortableBarrier bar;
   std::vector<const void*> send;  // each rank's published input
   std::vector<void*> recv;        // and output (all_reduce reads the inputs into its own scratch)
 };
@@ -69,5 +108,9 @@ InProcessGroup::InProcessGroup(int size) {
 InProcessGroup::~InProcessGroup() = default;
 
 Communicator& InProcessGroup::rank(int r) { return *ranks_.at(size_t(r)); }
+
+void InProcessGroup::abort(const std::string& why) { shared_->bar.abort(why); }
+
+void InProcessGroup::reset() { shared_->bar.reset(); }
 
 }  // namespace m3::dist

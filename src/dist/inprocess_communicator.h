@@ -2,12 +2,13 @@
 // parallel test that runs without GPUs. Each collective publishes the ranks' buffer pointers, meets at a barrier,
 // reads the others' buffers directly, and meets again before anyone may reuse its buffer. Results equal the NCCL
 // ones' definitions bit for bit (sums in rank order).
-// A rank that stops calling collectives (an exception) leaves the others waiting: tests run ranks under one
-// deadline, and the engine's error path tears the whole group down.
+// A rank that stops calling collectives (an exception) would leave the others waiting forever: its caller calls
+// abort(), every rank inside or entering a collective throws m3::Error, and once all ranks are out, reset() makes
+// the group usable again (the engine fails that step's requests and keeps serving).
 #pragma once
 
-#include <barrier>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -21,6 +22,10 @@ class InProcessGroup {
   int size() const { return int(ranks_.size()); }
   // The communicator of rank r; one thread per rank calls it.
   Communicator& rank(int r);
+  // Wakes every rank waiting in a collective (and fails every later one) with m3::Error naming `why`.
+  void abort(const std::string& why);
+  // Clears an abort. Only when no rank is inside a collective (after the rank threads have returned).
+  void reset();
 
  private:
   struct Shared;

@@ -398,14 +398,30 @@ void Engine::run(std::vector<RankStep>& st) {
           x.sampled = ex.forward_sample(x.inputs, x.rows);
         else if (ex.expert_parallel())
           ex.idle_step();
+      } catch (const std::exception& e) {
+        err[r] = std::current_exception();
+        // The other ranks may be waiting for this one inside an MoE exchange: wake them with an error.
+        if (group_) group_->abort("rank " + std::to_string(r) + " failed: " + e.what());
       } catch (...) {
         err[r] = std::current_exception();
+        if (group_) group_->abort("rank " + std::to_string(r) + " failed");
       }
     };
     std::vector<std::thread> threads;
     for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back(run_rank, r);
     run_rank(0);
     for (auto& t : threads) t.join();
+    if (group_) group_->reset();  // every rank is out of its collectives: the next step may use the group again
+    // The failing rank's own error first (the others only say the group was aborted).
+    for (auto& e : err)
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const Error& x) {
+          if (std::string(x.what()).rfind("parallel group aborted", 0) == 0) continue;
+          throw;
+        }
+      }
     for (auto& e : err)
       if (e) std::rethrow_exception(e);
   }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -172,6 +173,42 @@ RankWeights sharded_load(int P) {
     std::filesystem::remove_all(dir);
     return rw;
   };
+}
+
+// A rank that fails before its collective must not leave the others waiting forever: abort() wakes them with an
+// error naming the cause, later collectives fail at once, and after reset() the same group works again.
+TEST(InProcessCollectives, AbortWakesRanksWaitingInACollectiveAndResetReusesTheGroup) {
+  const int P = 3;
+  dist::InProcessGroup g(P);
+  std::vector<std::string> errors(P);
+  std::vector<std::thread> th;
+  for (int r = 0; r < P; ++r)
+    th.emplace_back([&, r] {
+      try {
+        if (r == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others are inside all_reduce by now
+          g.abort("rank 0 failed: out of memory");
+          throw Error("rank 0 failed: out of memory");
+        }
+        std::vector<float> buf(4, float(r));
+        g.rank(r).all_reduce_sum(buf.data(), buf.size());
+      } catch (const Error& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : th) t.join();  // a regression hangs here (ctest's timeout)
+  for (int r = 1; r < P; ++r)
+    EXPECT_NE(errors[size_t(r)].find("parallel group aborted: rank 0 failed: out of memory"), std::string::npos)
+        << "rank " << r << ": " << errors[size_t(r)];
+  EXPECT_THROW(g.rank(1).barrier(), Error);  // still aborted: fails at once instead of waiting
+
+  g.reset();
+  std::vector<std::vector<float>> out(P);
+  run_ranks(P, [&](int r) {
+    out[size_t(r)].assign(4, float(r + 1));
+    g.rank(r).all_reduce_sum(out[size_t(r)].data(), 4);
+  });
+  for (int r = 0; r < P; ++r) EXPECT_EQ(out[size_t(r)], std::vector<float>(4, 6.f)) << r;
 }
 
 TEST(ExpertParallel, TwoRanksGiveTheOneRankLogitsBitForBit) { expect_expert_parallel_equals_one_rank(2, poisoned(2)); }
