@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <span>
 #include <thread>
 
 #include <fmt/format.h>
@@ -29,6 +31,9 @@
 #ifdef M3_HAVE_MEDIA
 #include "media/gateway.h"
 #include "model/vision_model.h"
+#ifdef M3_WITH_CUDA
+#include "model/cuda_vision_model.h"
+#endif
 #endif
 
 namespace m3::app {
@@ -69,6 +74,7 @@ struct ServeOptions {
   int max_images = 16, max_videos = 2;
   int64_t max_media_pixels = 0;
   int media_threads = 2;
+  std::string vision_device = "auto";  // where the vision tower runs: auto (with the executor), cpu
 };
 
 // "2GiB", "512MiB", "1.5G", "1000000" → bytes.
@@ -278,6 +284,9 @@ CommandRun register_serve(CLI::App& app) {
                   "media token limit)")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--media-threads", o->media_threads, "Media preprocessing threads (off the engine thread)")
       ->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--vision-device", o->vision_device,
+                  "Where the vision tower runs: auto (on the GPU with the CUDA executor, else the CPU) or cpu")
+      ->check(CLI::IsMember({"auto", "cpu"}))->capture_default_str();
 
   return [o]() -> int {
     server::install_crash_handler();
@@ -346,21 +355,36 @@ CommandRun register_serve(CLI::App& app) {
     sc.prepare_media = media::make_prepare_hook(gateway);
     sc.image_token_id = c.image_token_id;
     sc.video_token_id = c.video_token_id;
-    // The CPU reference executor runs the vision tower when the checkpoint has one (docs/MEDIA.md): items are
-    // encoded on the prepare pool (off the engine and io threads) and their features ride in the engine request.
-    if (dynamic_cast<const CpuExecutor*>(executor.get()) && c.image_token_id >= 0) {
-      std::shared_ptr<const VisionModel> vision;
+    // The vision tower runs with the executor (docs/MEDIA.md): the CPU reference, or CudaVisionModel next to the
+    // CUDA executor (--vision-device cpu keeps it on the CPU there). Items are encoded on the prepare pool (off the
+    // engine and io threads) and their features ride in the engine request.
+    if (c.image_token_id >= 0) {
+      using Encode = std::function<std::vector<float>(std::span<const VisionModel::Item>)>;
+      Encode encode;
+      int width = 0;
+      [[maybe_unused]] const bool cpu_executor = dynamic_cast<const CpuExecutor*>(executor.get()) != nullptr;
       try {
-        vision = std::make_shared<const VisionModel>(VisionModel::load(o->model));
+#ifdef M3_WITH_CUDA
+        if (!cpu_executor && o->vision_device == "auto") {
+          std::shared_ptr<CudaVisionModel> gpu = CudaVisionModel::load(o->model);
+          width = gpu->config().text_hidden_size;
+          encode = [gpu](std::span<const VisionModel::Item> items) { return gpu->encode_batch(items); };
+        }
+#endif
+        if (!encode) {
+          auto cpu = std::make_shared<const VisionModel>(VisionModel::load(o->model));
+          width = cpu->config().text_hidden_size;
+          encode = [cpu](std::span<const VisionModel::Item> items) { return cpu->encode_batch(items); };
+        }
       } catch (const m3::Error& e) {
         std::fprintf(stderr, "note: no vision tower loaded (%s); image/video requests get 400\n", e.what());
+        encode = nullptr;
       }
-      if (vision) {
-        M3_CHECK(vision->config().text_hidden_size == c.hidden_size,
-                 "vision projector width {} differs from the text hidden size {}", vision->config().text_hidden_size,
+      if (encode) {
+        M3_CHECK(width == c.hidden_size, "vision projector width {} differs from the text hidden size {}", width,
                  c.hidden_size);
         sc.serve_media = true;
-        sc.prepare_media = [gateway, vision](const server::OJson& messages, std::string prompt) {
+        sc.prepare_media = [gateway, encode](const server::OJson& messages, std::string prompt) {
           const auto t0 = std::chrono::steady_clock::now();
           media::PreparedMedia pm = media::prepare_chat_media(*gateway, messages, std::move(prompt)).get();
           const auto t1 = std::chrono::steady_clock::now();
@@ -372,7 +396,7 @@ CommandRun register_serve(CLI::App& app) {
             items.push_back({std::span<const float>(it->pixels.values.data(), it->pixels.values.size()),
                              {it->pixels.t, it->pixels.gh, it->pixels.gw}});
           }
-          out.embeds = std::make_shared<const std::vector<float>>(vision->encode_batch(items));
+          out.embeds = std::make_shared<const std::vector<float>>(encode(items));
           out.gateway_seconds = std::chrono::duration<double>(t1 - t0).count();
           out.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
           return out;

@@ -248,6 +248,17 @@ struct CudaExecutor::Impl {
   // launches depend on the bucket alone and can be captured; the same code runs eagerly before a capture.
   void upload_step(const StepRows& r);
   void enqueue_forward(const StepRows& r, ForwardTrace* trace, bool graph);
+  // Vision features (SeqInput::media_embeds) replace the embeddings of the image/video slot rows, in order, as the
+  // CPU forward does (model/m3_model.cpp; docs/M3_MODEL.md §5.6): plan_media finds the runs of consecutive slot
+  // rows and checks the counts; enqueue_forward copies each run over the embedded rows (eager steps only: decode
+  // steps and graphs carry no media).
+  struct MediaRun {
+    int64_t row = 0;           // first step row of the run
+    const float* src = nullptr;  // [n, H] on the host (the request's features; alive for the step)
+    int64_t n = 0;
+  };
+  std::vector<MediaRun> media_runs;
+  void plan_media(std::span<const SeqInput> seqs, const StepRows& r);
   cuda::DeviceSampler sampler;  // forward_sample: logits → ids on the device (backend/cuda/sampling.cuh)
 
   // ---- decode through CUDA graphs (issue 9 item 4) --------------------------------------------------------------
@@ -484,13 +495,35 @@ void CudaExecutor::Impl::check_fp8_kv() const {
 
 StepRows CudaExecutor::Impl::forward_device(std::span<const SeqInput> seqs, ForwardTrace* trace) {
   M3_CHECK(!seqs.empty(), "forward: no sequences");
-  for (const SeqInput& q : seqs)  // the vision path runs on the CPU reference only (issue 12 item 4)
-    M3_CHECK(q.media_embeds.empty(), "forward: image/video embeddings are not supported by the CUDA executor yet");
   // ---- plan: rows of the step (model/step_plan.h, shared with the CPU forward) ------------------------------
   StepRows r = StepRows::build(c, seqs, pool->capacity());
+  plan_media(seqs, r);
   upload_step(r);
   enqueue_forward(r, trace, false);
   return r;
+}
+
+void CudaExecutor::Impl::plan_media(std::span<const SeqInput> seqs, const StepRows& r) {
+  media_runs.clear();
+  const int64_t H = c.hidden_size;
+  for (size_t q = 0; q < seqs.size(); ++q) {
+    const auto& me = seqs[q].media_embeds;
+    if (me.empty()) continue;
+    int64_t used = 0;
+    for (int64_t t = r.seq_begin[q]; t < r.seq_begin[q + 1]; ++t) {
+      const int32_t id = r.ids[size_t(t)];
+      if (id < 0 || (id != c.image_token_id && id != c.video_token_id)) continue;
+      M3_CHECK((used + 1) * H <= int64_t(me.size()), "sequence {}: more image/video slot tokens than media rows", q);
+      if (!media_runs.empty() && media_runs.back().row + media_runs.back().n == t &&
+          media_runs.back().src + media_runs.back().n * H == me.data() + used * H)
+        ++media_runs.back().n;
+      else
+        media_runs.push_back({t, me.data() + used * H, 1});
+      ++used;
+    }
+    M3_CHECK(used * H == int64_t(me.size()), "sequence {}: {} image/video slot tokens but {} media rows", q, used,
+             me.size() / size_t(H));
+  }
 }
 
 void CudaExecutor::Impl::upload_step(const StepRows& r) {
@@ -613,6 +646,11 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
   }
 
   cuda::embed_rows(embed.get(), wt == cuda::WType::BF16, H, d_ids, T, x.get(), s);
+  M3_CHECK(!graph || media_runs.empty(), "forward: media rows in a graph step");
+  for (const MediaRun& m : media_runs)  // pageable source: staged before the call returns
+    M3_CUDA_CHECK(cudaMemcpyAsync(x.get() + m.row * H, m.src, size_t(m.n * H) * sizeof(float),
+                                  cudaMemcpyHostToDevice, s));
+  media_runs.clear();
   prof.mark(GpuStepProfile::kEmbedNorm, s);  // with the plans' small kernels and uploads
   const float scale = 1.0f / std::sqrt(float(D));
   for (int l = 0; l < c.num_layers; ++l) {
@@ -973,7 +1011,9 @@ bool CudaExecutor::Impl::graph_eligible(std::span<const SeqInput> seqs, std::spa
     return false;
   if (bucket_for(seqs.size()) == 0) return false;
   for (const SeqInput& q : seqs)
-    if (q.tokens.size() != 1 || q.all_logits || q.start_pos / c.sparse_block_size + 1 > graph_page_cap) return false;
+    if (q.tokens.size() != 1 || q.all_logits || !q.media_embeds.empty() ||
+        q.start_pos / c.sparse_block_size + 1 > graph_page_cap)
+      return false;
   for (const RowSampling& r : rows)  // the logprob rows' raw copy is sized on demand: those steps run eagerly
     if (r.params && r.params->top_logprobs >= 0) return false;
   return true;
