@@ -16,7 +16,8 @@ jobs="${M3_JOBS:-$(nproc)}"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DM3_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
 cmake --build "$build" -j"$jobs" --target m3_backend_cuda m3_cuda_executor gpu_ops_test gpu_model_test bench_msa m3serve \
   gpu_hopper_test gpu_msa_prefill_tc_test bench_gemm bench_prefill_tc gpu_decode_test bench_decode \
-  gpu_moe_test bench_moe gpu_load_test gpu_sampling_test bench_sampling bench_prefill_cases
+  gpu_moe_test bench_moe gpu_load_test gpu_sampling_test bench_sampling bench_prefill_cases \
+  gpu_graph_test gpu_fp8_test gpu_kv_fp8_test gpu_vision_test bench_vision
 # The gpu tests must skip cleanly without a device (they also run fine on one).
 if ! "$build/tests/gpu/gpu_ops_test" --gtest_brief=1 >/dev/null 2>&1; then
   echo "check_cuda_build: gpu_ops_test failed"; exit 1

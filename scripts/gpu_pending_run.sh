@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
-# One device call for the kernels of 2026-12-02 that were compiled but never run on a GPU (docs/KERNELS.md §9,
-# docs/FP8.md §8): the e4m3 K/V / index-K decode kernels and the latest PagedDecodeMq (multi-query decode). Checks
-# against the CPU twins first, then the benchmarks; each part under its own timeout, since a barrier deadlock would
-# otherwise burn the whole call. Output: logs under $1 (default $OUT) and a summary on stdout.
-#   device `run`: carry [".gpudeps"], command `bash scripts/gpu_pending_run.sh $OUT`   (≈ 3–5 minutes)
+# One device call for what landed on 2026-12-02 (afternoon) without a full run on the H200: every gpu test at one
+# commit (the wgmma MoE path, --kv-cache-dtype fp8 in the executor, the CUDA vision tower, the decode changes were
+# each tested alone), then the 60k-token TTFT on the M3 slice with bf16 and with fp8 K/V caches, which now includes
+# the wgmma MoE GEMMs (bench/results/2026-12-02c-moe-wgmma-h200.md estimates ≈ 180 ms less than 1178 ms).
+#   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_pending_run.sh $OUT`   (≈ 6–8 minutes)
+# Output: $1 (default $OUT)/tests (gpu_run.sh summary + ctest log), e2e-bf16/, e2e-fp8/ (gpu_e2e_bench.sh reports).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-${OUT:-/tmp/gpu_pending}}"
 mkdir -p "$out"
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-# 1. e4m3 checks + bf16 vs e4m3 timing (bench_decode --fp8 runs only the e4m3 checks, then times both caches).
-M3_COMMIT="$commit" timeout 200 bash "$root/tools/bench_decode/run_device.sh" "$out/fp8" --fp8 >"$out/fp8.log" 2>&1
-echo "== bench_decode --fp8: rc $?"
-grep -E "^check|FAIL|fail|accuracy|identical|rel" "$out/fp8.log" | head -30
-grep -E "e4m3" "$out/fp8/bench.log" 2>/dev/null | grep -E "B=(8|64) ctx=(16k|64k)" | head -16
-# 2. multi-query decode: checks vs the CPU twin and the per-row kernel, then Q = 4 / 8 timing.
-M3_COMMIT="$commit" timeout 200 bash "$root/tools/bench_decode/run_device.sh" "$out/mq" --multi-query >"$out/mq.log" 2>&1
-echo "== bench_decode --multi-query: rc $?"
-grep -E "^check|FAIL|fail" "$out/mq.log" | head -20
-grep -E "mq|union|per-row" "$out/mq/bench.log" 2>/dev/null | grep -E "B=(8|32|64)" | head -24
-echo "records: $out/fp8/records.json $out/mq/records.json (add them to bench/results/msa_latest.json)"
+t0=$(date +%s)
+# 1. Build every gpu test and m3serve (16 jobs), run all tests labelled gpu.
+M3_COMMIT="$commit" M3_SKIP_BENCH=1 M3_SKIP_E2E=1 M3_TARGETS="gpu_ops_test gpu_model_test gpu_hopper_test \
+gpu_msa_prefill_tc_test gpu_decode_test gpu_moe_test gpu_load_test gpu_sampling_test gpu_graph_test gpu_fp8_test \
+gpu_kv_fp8_test gpu_vision_test m3serve" timeout 420 bash "$root/scripts/gpu_run.sh" "$out/tests" >"$out/tests.log" 2>&1
+echo "== gpu tests: rc $? ($(( $(date +%s) - t0 )) s)"
+grep -E "^build:|^gpu tests:|tests passed|tests failed|Failed|Timeout" "$out/tests/summary.md" | head -20
+# 2. 60k-token TTFT, bf16 then fp8 K/V (same m3serve; one server per run).
+m3="$root/build-gpu/bin/m3serve"
+for kv in bf16 fp8; do
+  extra=""
+  [ "$kv" = fp8 ] && extra="--kv-cache-dtype fp8"
+  M3_COMMIT="$commit" M3_E2E_M3SERVE="$m3" M3_E2E_PLAN="msa:long" M3_E2E_LONG=60000 M3_E2E_LONG_OUTPUT=32 \
+    M3_E2E_LONG_MIN=30 M3_E2E_BUDGET=90 M3_E2E_EXTRA_SERVE_ARGS="$extra" \
+    timeout 120 bash "$root/scripts/gpu_e2e_bench.sh" "$out/e2e-$kv" >"$out/e2e-$kv.log" 2>&1
+  echo "== e2e 60k, $kv K/V: rc $?"
+  grep -E "Median TTFT|Median TPOT|KV cache|gpu profile" "$out/e2e-$kv.log" | head -6
+  rm -f "$out"/e2e-"$kv"/runs/*/requests.jsonl
+done
+echo "total $(( $(date +%s) - t0 )) s; record the results in bench/results/ (date, GPU, commit, command)"
