@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
+#include "bench_common/event_timer.h"
 #include "backend/cuda/vision_ops.cuh"
 #include "backend/cuda/weight_convert.cuh"
 #include "model/cuda_vision_model.h"
@@ -38,25 +39,7 @@ struct Input {
 
 // Sorted per-call times (ms) of f on stream s.
 std::vector<float> time_ms(cudaStream_t s, int warm, int reps, const std::function<void()>& f) {
-  cudaEvent_t a, b;
-  M3_CUDA_CHECK(cudaEventCreate(&a));
-  M3_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < warm; ++i) f();
-  M3_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    M3_CUDA_CHECK(cudaEventRecord(a, s));
-    f();
-    M3_CUDA_CHECK(cudaEventRecord(b, s));
-    M3_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t;
+  return m3::bench::time_sorted_ms(f, warm, reps, s);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/hopper/gemm_consumer.cuh"
 #include "backend/cuda/hopper/mbarrier.cuh"
 #include "backend/cuda/hopper/tma.cuh"
 #include "backend/cuda/hopper/warpgroup.cuh"
@@ -95,25 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     PipeState<kStages> ps;
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       const TileCoord tc = tile_coord(t, num_m, num_n);
-      int prev_stage = -1;
-      for (int kb = 0; kb < num_k; ++kb) {
-        mbar_wait(&full[ps.stage], ps.phase);
-        const uint64_t da = smem_desc_sw128(tiles_a + ps.stage * kTileA + half * (64 * 128));
-        const uint64_t db = smem_desc_sw128(tiles_b + ps.stage * kTileB);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kBK / 16; ++k)
-          Wgmma<bf16_t, 256>::mma_ss(d, desc_advance(da, k * 32), desc_advance(db, k * 32), (kb | k) != 0);
-        wgmma_commit();
-        wgmma_wait<1>();
-        fence_regs(d);
-        if (prev_stage >= 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
-        prev_stage = ps.stage;
-        ps.advance();
-      }
-      wgmma_wait<0>();
-      fence_regs(d);
-      if (prev_stage >= 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+      consume_tile_64x256<kStages, kTileA, kTileB>(d, ps, full, empty, tiles_a, tiles_b, half, num_k, lane);
 
       const int row0 = tc.m * kBM + half * 64 + warp * 16 + lane / 4;
       const int col0 = tc.n * kBN + 2 * (lane % 4);
