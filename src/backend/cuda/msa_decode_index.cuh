@@ -8,9 +8,10 @@
 // sum, the physical page of every work item (page tables are shared by the layers), and the attention CSR
 // (indptr = prefix of n_valid, last-page fill). run() (per layer) is ONE persistent launch, allocation-free and
 // capture-safe: CTAs (2 per SM) take equal ranges of the flattened (row, page) work, stream each index-K page
-// [128, 128] bf16 through a 3-stage cp.async ring (L2 evict-first), score it with mma.sync (keys as M, index heads
-// as N), write the block max per (head, row, page); the CTA that completes a row (per-row ticket) runs
-// the top-k for its H heads (one warp per head) and writes the selection and the page list.
+// [128, 128] bf16 through a 3-stage cp.async ring (L2 evict-first; filled whole before the PDL wait, page ids read
+// one copy ahead), score it with mma.sync (keys as M, index heads as N), write the block max per (head, row, page);
+// the CTA that completes a row (per-row ticket) runs the top-k for its H heads (one warp per head, redux.sync
+// rounds) and writes the selection and the page list.
 // Fixed shape: block 128 tokens, index dim 128, H ∈ 1..4 index heads, top_k ≤ 16, one query row per request (Q = 1;
 // rows of a multi-query request are scored independently).
 #pragma once
@@ -63,6 +64,11 @@ class MsaDecodeIndex {
   const int32_t* attn_indices() const { return attn_indices_.get(); }
   const int32_t* attn_last_len() const { return attn_last_.get(); } // [T·H]
   int max_pages() const { return max_pages_; }                      // longest page list (≤ top_k)
+  // Bench only: run() writes kTraceSlots %globaltimer stamps (ns) per CTA to trace[grid() · kTraceSlots] (see
+  // msa_decode_index.cu, trace_stamp); null (the default) turns it off.
+  static constexpr int kTraceSlots = 8;
+  void set_trace(uint64_t* trace) { trace_ = trace; }
+  int grid() const { return grid_; }
 
  private:
   void launch_plan(const DevStepRows& rows, size_t work_cap, int W, cudaStream_t s);
@@ -70,6 +76,7 @@ class MsaDecodeIndex {
   int64_t max_cols_ = 0, ppu_ = 1;
   DeviceBuffer<int32_t> work_indptr_, work_pages_, attn_indptr_, attn_indices_, attn_last_, selection_, row_done_;
   DeviceBuffer<float> scores_;
+  uint64_t* trace_ = nullptr;
 };
 
 }  // namespace m3::cuda
