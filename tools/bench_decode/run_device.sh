@@ -3,12 +3,13 @@
 # header-only): checks against the CPU twins, then the benchmark. Logs and records.json go to $1 (default $OUT).
 #   bash tools/bench_decode/run_device.sh [OUTDIR] [bench args...]       env: M3_COMMIT (recorded),
 #   M3_BENCH_BUILD_ONLY=1 (build, print the binary's path, run nothing: an A/B against another checkout's build
-#   times both binaries one after the other, never at once)
+#   times both binaries one after the other, never at once), M3_BENCH_BUILD_DIR (default /tmp/bench_decode_build;
+#   a second checkout builds beside the first in its own folder)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:-${OUT:-/tmp/bench_decode_out}}"
 shift || true
-b=/tmp/bench_decode_build
+b="${M3_BENCH_BUILD_DIR:-/tmp/bench_decode_build}"
 mkdir -p "$out" "$b"
 inc=()
 deb=$(ls "$root"/.gpudeps/libfmt-dev_*.deb 2>/dev/null | head -1)

@@ -110,8 +110,8 @@ struct ScoreArgs {
   uint64_t* trace;  // bench only (MsaDecodeIndex::set_trace): kTraceSlots globaltimer stamps per CTA, or null
 };
 
-// Where a CTA's time goes (bench_decode's breakdown): slot 0 entry, 1 ring filled + plan read (after the PDL wait),
-// 2 first page landed, 3 last page scored, 4 exit (after the row's top-k when this CTA ran it).
+// Where a CTA's time goes (bench_decode --trace): slot 0 entry, 1 plan read (after the PDL wait), 2 first page
+// landed, 3 last page scored, 4 exit (after the row's top-k when this CTA ran it). One predicated store each when on.
 __device__ __forceinline__ void trace_stamp(const ScoreArgs& a, int slot) {
   if (a.trace != nullptr && threadIdx.x == 0) {
     uint64_t t;
@@ -127,75 +127,51 @@ __device__ __forceinline__ const int32_t* row_pages(const DevStepRows& rows, int
 // Top-(K−1) of row t's history scores for index head h (one warp), then the selection (ascending ids, local last)
 // and the page list. Keys: order-preserving score bits << 32 | (~col): an integer max picks the higher score and,
 // on ties, the lower column — the CPU twin's order (NaN ranks as −inf). Each lane keeps its best kList keys sorted.
-// This is the tail of the kernel (it starts when the row's last page is scored), so it is cut for latency: scores
-// load 4 per lane before any insert; each of the K − 1 rounds is two redux.sync maxima (score bits, then ~col among
-// the lanes holding that score) instead of a 5-step 64-bit shuffle tree; each key carries its physical page id
-// (read from work_pages — L2-resident, every CTA of the row read it — together with the score), the winning lane of
-// round k leaves it in picks[k] (shared), so no page-table read follows the selection; the local block's page is
-// loaded first.
-__device__ void topk_emit(const ScoreArgs& a, int t, int wbase, int h, int lane, int32_t* picks) {
+__device__ void topk_emit(const ScoreArgs& a, int t, int h, int lane) {
   const int T = a.rows.T, K = a.K, local = a.rows.pos[t] / B;
   const float* sr = a.scores + (int64_t(h) * T + t) * a.max_cols;
-  const int32_t* wp = a.work_pages + wbase;  // wp[b] = physical page of history block b < local
-  const int32_t local_page = lane == 0 ? row_pages(a.rows, t)[local] : 0;
-  int32_t* idx = a.attn_indices + a.attn_indptr[t * a.H + h];  // read now, not after the selection
   uint64_t top[kList];
-  int32_t tpg[kList];  // tpg[j]: physical page of top[j]'s block
 #pragma unroll
-  for (int j = 0; j < kList; ++j) top[j] = 0, tpg[j] = 0;  // real keys are > 0 (−inf maps to 0x007FFFFF above)
-  for (int b0 = 0; b0 < local; b0 += 128) {
-    float x[4];
-    int32_t xp[4];
+  for (int j = 0; j < kList; ++j) top[j] = 0;
+  for (int b = lane; b < local; b += 32) {
+    float x = __ldcg(sr + b);
+    if (isnan(x)) x = -INFINITY;
+    uint32_t u = __float_as_uint(x);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    const uint64_t key = (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(b));
+    if (key > top[kList - 1]) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int b = b0 + 32 * j + lane;
-      x[j] = b < local ? __ldcg(sr + b) : 0.f;
-      xp[j] = b < local ? wp[b] : 0;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int b = b0 + 32 * j + lane;
-      if (b >= local) break;
-      const float v = isnan(x[j]) ? -INFINITY : x[j];
-      uint32_t u = __float_as_uint(v);
-      u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-      const uint64_t key = (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(b));
-      if (key > top[kList - 1]) {
-#pragma unroll
-        for (int i = kList - 1; i > 0; --i) {
-          const bool up = key > top[i - 1], here = key > top[i];
-          top[i] = up ? top[i - 1] : (here ? key : top[i]);
-          tpg[i] = up ? tpg[i - 1] : (here ? xp[j] : tpg[i]);
-        }
-        if (key > top[0]) top[0] = key, tpg[0] = xp[j];
-      }
+      for (int j = kList - 1; j > 0; --j) top[j] = key > top[j - 1] ? top[j - 1] : (key > top[j] ? key : top[j]);
+      top[0] = key > top[0] ? key : top[0];
     }
   }
   int pick = 0x7fffffff;
   for (int k = 0; k < K - 1; ++k) {
-    const uint32_t hi = uint32_t(top[0] >> 32);
-    const uint32_t mhi = __reduce_max_sync(0xffffffffu, hi);
-    const uint32_t mlo = __reduce_max_sync(0xffffffffu, hi == mhi ? uint32_t(top[0]) : 0u);
-    if (hi == mhi && uint32_t(top[0]) == mlo) {  // the one lane holding the best key pops it
-      picks[k] = tpg[0];
+    uint64_t best = top[0];
 #pragma unroll
-      for (int j = 0; j < kList - 1; ++j) top[j] = top[j + 1], tpg[j] = tpg[j + 1];
+    for (int o = 16; o > 0; o >>= 1) {
+      const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
+      best = other > best ? other : best;
+    }
+    if (top[0] == best) {
+#pragma unroll
+      for (int j = 0; j < kList - 1; ++j) top[j] = top[j + 1];
       top[kList - 1] = 0;
     }
-    if (lane == k) pick = int(0xFFFFFFFFu - mlo);
+    if (lane == k) pick = int(0xFFFFFFFFu - uint32_t(best));
   }
-  __syncwarp();
-  const int32_t page = lane < K - 1 ? picks[lane] : 0;
   int rank = 0;
   for (int j = 0; j < K - 1; ++j) rank += __shfl_sync(0xffffffffu, pick, j) < pick;
   int32_t* sel = a.selection + (int64_t(h) * T + t) * K;
+  int32_t* idx = a.attn_indices + a.attn_indptr[t * a.H + h];
+  const int32_t* pt = row_pages(a.rows, t);
   if (lane < K - 1) {
     sel[rank] = pick;
-    idx[rank] = int32_t(page * a.ppu + h);
+    idx[rank] = int32_t(pt[pick] * a.ppu + h);
   }
   if (lane == 0) {
     sel[K - 1] = local;
-    idx[K - 1] = int32_t(local_page * a.ppu + h);
+    idx[K - 1] = int32_t(pt[local] * a.ppu + h);
   }
 }
 
@@ -214,7 +190,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[2][kWarps][kHeads];
   __shared__ int s_last;
-  __shared__ int32_t s_picks[kHeads][kList];  // top-k: page of each head's k-th pick
   __shared__ int s_wi[kMaxRows + 1];  // work_indptr
   const KT* ik = static_cast<const KT*>(a.ik);
   const int T = a.rows.T, H = a.H, K = a.K;
@@ -228,8 +203,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
   const int i0 = int(int64_t(W) * blockIdx.x / gridDim.x), i1 = int(int64_t(W) * (blockIdx.x + 1) / gridDim.x);
   pdl_launch_dependents();
   const uint64_t policy = l2_evict_first_policy();
-  auto load = [&](int page, int stage) {  // page: physical page id (work_pages[i], read ahead of the copy)
-    const KT* src = ik + int64_t(page) * a.ik_stride;
+  auto load = [&](int i, int stage) {
+    const KT* src = ik + int64_t(a.work_pages[i]) * a.ik_stride;
     const uint32_t dst = sbase + stage * kPageBytes;
     if constexpr (kFp8) {
 #pragma unroll
@@ -245,18 +220,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
       }
     }
   };
-  // The whole ring fills before anything else (under PDL: during the previous kernel's tail; at B = 8, 16k that is
-  // 3 of a CTA's ~4 pages). Page ids are read one copy ahead (pf: the next refill's), so no copy waits on the
-  // dependent work_pages read — under a saturated HBM an L2 round trip is ~1 µs, the length of a small-B CTA's loop.
-  int pg[kStages];
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) pg[s] = i0 + s < i1 ? a.work_pages[i0 + s] : 0;
-#pragma unroll
-  for (int s = 0; s < kStages; ++s) {
-    if (i0 + s < i1) load(pg[s], s);
+  for (int s = 0; s < kStages - 1; ++s) {  // the ring starts filling before anything else
+    if (i0 + s < i1) load(i0 + s, s);
     cp_async_commit();
   }
-  int pf = i0 + kStages < i1 ? a.work_pages[i0 + kStages] : 0;
   // Everything above reads only the step plan and history index-K pages (written by earlier steps); the query and
   // this layer's outputs (still read by the previous layer's attention) wait for the previous kernel.
   pdl_wait();
@@ -290,27 +258,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
   // Compute side: row ct covers items up to cend; qb = its query as the mma B operand (k = dim, n = head).
   int ct = -1, cend = i0;
   uint32_t qb[8][2];
-  auto load_q = [&] {
-    const int n = lane >> 2;
-    if constexpr (kFp8) {  // k-step kk: dims 16·kk + 4c + {0, 1} (b0) and + {2, 3} (b1)
-      const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 4 * (lane & 3);
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const uint2 w = n < H ? *reinterpret_cast<const uint2*>(q + kk * 16) : make_uint2(0u, 0u);
-        qb[kk][0] = w.x, qb[kk][1] = w.y;
-      }
-    } else {
-      const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 2 * (lane & 3);
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        qb[kk][0] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16) : 0u;
-        qb[kk][1] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16 + 8) : 0u;
-      }
-    }
-  };
-  // The first row's query is read now, while the first page is still landing (it is valid after the PDL wait).
-  ct = row_of(i0), cend = s_wi[ct + 1];
-  load_q();
   // Finishing side: the block max of item i − 1 is reduced at the top of iteration i (red complete after the sync).
   int ft = -1, fbeg = 0, fend = 0, fcount = 0;
   auto finish = [&](int i) {
@@ -335,29 +282,38 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
       __syncthreads();
       if (s_last) {
         __threadfence();
-        if (warp < H) topk_emit(a, ft, fbeg, warp, lane, s_picks[warp]);
+        if (warp < H) topk_emit(a, ft, warp, lane);
         if (tid == 0) a.row_done[ft] = 0;  // ready for the next run (graph replays)
       }
     }
   };
 
-  // cp.async groups: the prologue commits items i0 .. i0 + kStages − 1 (one group each); iteration i > i0 commits one
-  // group holding item i − 1 + kStages (refilling the stage item i − 1 used, free after the barrier), so item j is
-  // always group j − i0 and at the top of iteration i > i0 at most kStages − 2 newer groups may still be pending.
   for (int i = i0; i < i1; ++i) {
-    if (i == i0) cp_async_wait<kStages - 1>();
-    else cp_async_wait<kStages - 2>();
+    cp_async_wait<kStages - 2>();
     __syncthreads();
     if (i == i0) trace_stamp(a, 2);
-    if (i > i0) {  // refill first: finish() may run a row's top-k, the load streams meanwhile
-      if (const int j = i - 1 + kStages; j < i1) {
-        load(pf, (i - 1 - i0) % kStages);
-        if (j + 1 < i1) pf = a.work_pages[j + 1];
+    if (i > i0) finish(i - 1);
+    if (i + kStages - 1 < i1) load(i + kStages - 1, (i + kStages - 1 - i0) % kStages);
+    cp_async_commit();
+    if (i >= cend) {
+      ct = row_of(i), cend = s_wi[ct + 1];
+      const int n = lane >> 2;
+      if constexpr (kFp8) {  // k-step kk: dims 16·kk + 4c + {0, 1} (b0) and + {2, 3} (b1)
+        const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 4 * (lane & 3);
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          const uint2 w = n < H ? *reinterpret_cast<const uint2*>(q + kk * 16) : make_uint2(0u, 0u);
+          qb[kk][0] = w.x, qb[kk][1] = w.y;
+        }
+      } else {
+        const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 2 * (lane & 3);
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          qb[kk][0] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16) : 0u;
+          qb[kk][1] = n < H ? *reinterpret_cast<const uint32_t*>(q + kk * 16 + 8) : 0u;
+        }
       }
-      cp_async_commit();
-      finish(i - 1);
     }
-    if (i >= cend) ct = row_of(i), cend = s_wi[ct + 1], load_q();
     const uint32_t st = sbase + ((i - i0) % kStages) * kPageBytes;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (kFp8) {

@@ -8,10 +8,9 @@
 // sum, the physical page of every work item (page tables are shared by the layers), and the attention CSR
 // (indptr = prefix of n_valid, last-page fill). run() (per layer) is ONE persistent launch, allocation-free and
 // capture-safe: CTAs (2 per SM) take equal ranges of the flattened (row, page) work, stream each index-K page
-// [128, 128] bf16 through a 3-stage cp.async ring (L2 evict-first; filled whole before the PDL wait, page ids read
-// one copy ahead), score it with mma.sync (keys as M, index heads as N), write the block max per (head, row, page);
-// the CTA that completes a row (per-row ticket) runs the top-k for its H heads (one warp per head, redux.sync
-// rounds) and writes the selection and the page list.
+// [128, 128] bf16 through a 3-stage cp.async ring (L2 evict-first), score it with mma.sync (keys as M, index heads
+// as N), write the block max per (head, row, page); the CTA that completes a row (per-row ticket) runs
+// the top-k for its H heads (one warp per head) and writes the selection and the page list.
 // Fixed shape: block 128 tokens, index dim 128, H ∈ 1..4 index heads, top_k ≤ 16, one query row per request (Q = 1;
 // rows of a multi-query request are scored independently).
 #pragma once
