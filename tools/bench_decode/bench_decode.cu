@@ -428,8 +428,9 @@ bool fp8_checks(bool index_only) {
 // Where one scorer call's time goes, from the kernel's %globaltimer stamps (MsaDecodeIndex::set_trace) in the last
 // replay of a graph of `rot` calls: per call the CTAs' entry spread, the first page landing (median and last CTA),
 // the last page scored, the tail after it (ticket + top-k + page list of the last row) and, between calls, the gap
-// from one call's last exit to the next call's first entry (negative: overlapped under PDL) and the call period.
-// Averages over calls 1..rot−1 (all calls when rot = 1; then no gap / period).
+// from one call's last exit to the next call's first entry (negative: overlapped under PDL) and the call period;
+// then the last-exiting CTA's tail split: from its last scored page to its ticket (fences + atomic), the top-k and
+// page list, and what follows. Averages over calls 1..rot−1 (all calls when rot = 1; then no gap / period).
 template <typename F>
 void trace_breakdown(const char* what, std::vector<m3::cuda::MsaDecodeIndex>& ops, F calls) {
   using Op = m3::cuda::MsaDecodeIndex;
@@ -442,22 +443,30 @@ void trace_breakdown(const char* what, std::vector<m3::cuda::MsaDecodeIndex>& op
   std::vector<uint64_t> h(size_t(rot) * n);
   M3_CUDA_CHECK(cudaMemcpy(h.data(), buf.get(), h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   double spread = 0, first_med = 0, first_max = 0, streamed = 0, tail = 0, gap = 0, period = 0;
-  int m = 0, mg = 0;
+  double t_ticket = 0, t_topk = 0, t_after = 0;
+  int m = 0, mg = 0, mt = 0;
   double prev_end = 0;
   for (int r = 0; r < rot; ++r) {
     std::vector<double> s0, s2;
     double s3max = 0, s4max = 0;
+    const uint64_t* last = nullptr;  // the last CTA to exit
     for (int c = 0; c < grid; ++c) {
       const uint64_t* t = h.data() + size_t(r) * n + size_t(c) * Op::kTraceSlots;
       s0.push_back(double(t[0])), s2.push_back(double(t[2]));
-      s3max = std::max(s3max, double(t[3])), s4max = std::max(s4max, double(t[4]));
+      s3max = std::max(s3max, double(t[3]));
+      if (double(t[4]) >= s4max) s4max = double(t[4]), last = t;
     }
+    // Its slots 5 / 6 count only when stamped in this replay (between its last scored page and its exit).
+    const bool split = last && last[5] >= last[3] && last[6] >= last[5] && last[4] >= last[6];
     std::sort(s0.begin(), s0.end());
     std::sort(s2.begin(), s2.end());
     const double start = s0.front();
     if (r >= 1 || rot == 1) {
       spread += s0.back() - start, first_med += s2[s2.size() / 2] - start, first_max += s2.back() - start;
       streamed += s3max - start, tail += s4max - s3max, ++m;
+      if (split)
+        t_ticket += double(last[5] - last[3]), t_topk += double(last[6] - last[5]), t_after += double(last[4] - last[6]),
+            ++mt;
     }
     if (r >= 1) gap += start - prev_end, period += s4max - prev_end, ++mg;
     prev_end = s4max;
@@ -467,6 +476,10 @@ void trace_breakdown(const char* what, std::vector<m3::cuda::MsaDecodeIndex>& op
               what, spread / m / 1e3, first_med / m / 1e3, first_max / m / 1e3, streamed / m / 1e3, tail / m / 1e3,
               mg ? std::to_string(gap / mg / 1e3).substr(0, 5).c_str() : "—",
               mg ? std::to_string(period / mg / 1e3).substr(0, 5).c_str() : "—");
+  if (mt)
+    std::printf("trace %-28s last CTA: last page → ticket %.2f | top-k + page list %.2f | to exit %.2f µs (%d of %d "
+                "calls)\n",
+                what, t_ticket / mt / 1e3, t_topk / mt / 1e3, t_after / mt / 1e3, mt, m);
 }
 
 // bf16 and e4m3 side by side: the index scorer (+ top-k + page list) and the paged decode attention.

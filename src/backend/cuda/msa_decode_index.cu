@@ -111,7 +111,9 @@ struct ScoreArgs {
 };
 
 // Where a CTA's time goes (bench_decode --trace): slot 0 entry, 1 plan read (after the PDL wait), 2 first page
-// landed, 3 last page scored, 4 exit (after the row's top-k when this CTA ran it). One predicated store each when on.
+// landed, 3 last page scored, 4 exit (after the row's top-k when this CTA ran it); a CTA that completes a row also
+// stamps 5 when its ticket says so (after the fences and the atomic) and 6 after that row's top-k and page list (the
+// latest such row). One predicated store each when on.
 __device__ __forceinline__ void trace_stamp(const ScoreArgs& a, int slot) {
   if (a.trace != nullptr && threadIdx.x == 0) {
     uint64_t t;
@@ -281,9 +283,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
       }
       __syncthreads();
       if (s_last) {
+        trace_stamp(a, 5);
         __threadfence();
         if (warp < H) topk_emit(a, ft, warp, lane);
         if (tid == 0) a.row_done[ft] = 0;  // ready for the next run (graph replays)
+        trace_stamp(a, 6);
       }
     }
   };
