@@ -529,6 +529,17 @@ Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, 
   return c.check(c.run_gpu(dk.get(), 1.f), c.kf, 1e-3);
 }
 
+Result check_decode_index_ties(uint64_t seed, const std::vector<int32_t>& positions, int H, int period) {
+  std::mt19937_64 g(seed);
+  IndexCase c(g, positions, H, 16, 4);
+  for (int t = 0; t < c.T; ++t) {
+    int32_t* pt = c.rows.pt_pages.data() + c.rows.pt_indptr[t];
+    for (int b = period; b < c.rows.pos[t] / c.Bk; ++b) pt[b] = pt[b % period];
+  }
+  DevVec<bf16> dk(c.kb);
+  return c.check(c.run_gpu(dk.get(), 1.f), c.kf, 1e-3);
+}
+
 Result check_decode_index_fp8(uint64_t seed, const std::vector<int32_t>& positions, int H, Fp8Accuracy* acc,
                               float scale, int top_k, int64_t ppu) {
   std::mt19937_64 g(seed);

@@ -106,6 +106,22 @@ TEST(GpuDecode, DecodeIndexScoresTopkAndPageListMatchCpu) {
   expect_ok(decode_check::check_decode_index(seed(), kMixed, 4), "msa_decode_index H4");
 }
 
+// The work split at the benchmark's small batch (8 rows × 127 history pages over 2 CTAs per SM: 3–4 pages per CTA,
+// rows cut across CTAs) and many short rows (several rows per CTA, 16–40 history pages each).
+TEST(GpuDecode, DecodeIndexSmallBatchAndManyShortRowsMatchCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  expect_ok(decode_check::check_decode_index(seed(), std::vector<int32_t>(8, 16383), 4), "msa_decode_index B8 16k");
+  std::vector<int32_t> many;
+  for (int i = 0; i < 300; ++i) many.push_back(2048 + 11 * i);
+  expect_ok(decode_check::check_decode_index(seed(), many, 4), "msa_decode_index 300 short rows");
+}
+
+TEST(GpuDecode, DecodeIndexBreaksExactTiesByLowerBlock) {
+  M3_SKIP_WITHOUT_GPU();
+  expect_ok(decode_check::check_decode_index_ties(seed(), {16383, 2100, 5000, 70000}, 4, 5), "ties period 5");
+  expect_ok(decode_check::check_decode_index_ties(seed(), {16383, 40000}, 1, 1), "ties period 1 (all equal)");
+}
+
 TEST(GpuDecode, DecodeIndexOneHeadMatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
   expect_ok(decode_check::check_decode_index(seed(), {2100, 40000, 130000}, 1, 16, 1), "msa_decode_index H1");

@@ -7,7 +7,11 @@
 // working set of one replay exceeds 2× L2), 5 warm-up + 25 timed replays, median per call and CV. GB/s by the MSA byte
 // model (attention: K+V of the selected tokens; scorer: every index key of the batch), % of a device copy ceiling
 // measured in the same run.
-//   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query [--mq-scorer]] [--fp8]
+//   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query [--mq-scorer]] [--fp8] [--index-only]
+//                [--batches 8,64] [--ctxs 16384,65536] [--trace]
+// --index-only: only the index scorer (its checks and timings; with --fp8 bf16 and e4m3 side by side);
+// --batches / --ctxs: the shapes timed (default: the mode's list); --trace (with --fp8): per scorer case the
+// breakdown of one call from the kernel's timer stamps (trace_breakdown).
 // --fp8: only the FP8 (e4m3) cache section (issue 15 item 4): e4m3 K/V and index-K next to bf16 on the same
 // shapes, B ∈ {8, 32, 64, 128} × ctx ∈ {16k, 64k, 128k}; GB/s on the bytes each variant reads (e4m3: half).
 // The e4m3 checks (and their accuracy against the bf16 cache) run with the other checks in every mode.
@@ -378,7 +382,7 @@ void fill_e4m3(m3::cuda::e4m3_t* p, size_t n, uint64_t seed) {
 }
 
 // The e4m3 checks against the CPU twins, with the accuracy cost against the bf16 cache on the same data.
-bool fp8_checks() {
+bool fp8_checks(bool index_only) {
   using namespace m3::decode_check;
   const std::vector<int32_t> mixed = {0, 5, 127, 128, 1000, 2047, 2048, 5000, 16383, 70000};
   std::vector<int32_t> wide;  // 160 requests > #SMs (the wide pipeline), shorter histories than the bf16 case
@@ -390,24 +394,29 @@ bool fp8_checks() {
     const char* name;
     Result r;
   };
-  std::vector<Check> checks = {
+  std::vector<Check> checks;
+  if (!index_only)
+    checks = {
       {"paged_decode_tc e4m3 sparse G16 split", check_paged_decode_fp8(21, mixed, 4, 16, true, true, &aa)},
       {"paged_decode_tc e4m3 sparse G16 nosplit", check_paged_decode_fp8(22, mixed, 4, 16, true, false)},
       {"paged_decode_tc e4m3 sparse G8", check_paged_decode_fp8(23, mixed, 1, 8, true, true)},
       {"paged_decode_tc e4m3 dense", check_paged_decode_fp8(24, {3, 300, 4000, 9000}, 4, 16, false, true)},
       {"paged_decode_tc e4m3 sparse G16 wide", check_paged_decode_fp8(27, wide, 4, 16, true, true)},
-      {"msa_decode_index e4m3 H4", check_decode_index_fp8(25, mixed, 4)},
-      {"msa_decode_index e4m3 H4 32 rows", check_decode_index_fp8(29, acc_rows, 4, &ai)},
-      {"msa_decode_index e4m3 H1", check_decode_index_fp8(26, {2100, 40000, 130000}, 1, nullptr, 0.f, 16, 1)},
-      {"msa_decode_index e4m3 unscaled", check_decode_index_fp8(28, {3000, 9000, 70000}, 4, nullptr, 1.f)},
-  };
+    };
+  checks.push_back({"msa_decode_index e4m3 H4", check_decode_index_fp8(25, mixed, 4)});
+  checks.push_back({"msa_decode_index e4m3 H4 32 rows", check_decode_index_fp8(29, acc_rows, 4, &ai)});
+  checks.push_back(
+      {"msa_decode_index e4m3 H1", check_decode_index_fp8(26, {2100, 40000, 130000}, 1, nullptr, 0.f, 16, 1)});
+  checks.push_back({"msa_decode_index e4m3 unscaled", check_decode_index_fp8(28, {3000, 9000, 70000}, 4, nullptr, 1.f)});
+  checks.push_back({"msa_decode_index e4m3 B8 16k", check_decode_index_fp8(30, std::vector<int32_t>(8, 16383), 4)});
   bool ok = true;
   for (auto& c : checks) {
     std::printf("check %-40s max|err| %.3g / max|ref| %.3g  %s %s\n", c.name, c.r.max_err, c.r.max_ref,
                 c.r.bad ? "FAIL" : "ok", c.r.what.c_str());
     ok &= c.r.bad == 0;
   }
-  std::printf("accuracy e4m3 attention (G16 split case): rel. L2 vs fp32 over the bf16 values %.3g (bf16 cache %.3g), "
+  if (!index_only)
+    std::printf("accuracy e4m3 attention (G16 split case): rel. L2 vs fp32 over the bf16 values %.3g (bf16 cache %.3g), "
               "vs the bf16 cache's output %.3g, vs its CPU twin %.3g\n",
               aa.attn_rel_l2_fp8, aa.attn_rel_l2_bf16, aa.attn_rel_l2_fp8_vs_bf16, aa.attn_rel_l2_vs_twin);
   std::printf("accuracy e4m3 index-K (32 rows, H4): %.1f %% of %lld ranked (row, head) selections identical to bf16's, "
@@ -416,10 +425,69 @@ bool fp8_checks() {
   return ok;
 }
 
+// Where one scorer call's time goes, from the kernel's %globaltimer stamps (MsaDecodeIndex::set_trace) in the last
+// replay of a graph of `rot` calls: per call the CTAs' entry spread, the first page landing (median and last CTA),
+// the last page scored, the tail after it (ticket + top-k + page list of the last row) and, between calls, the gap
+// from one call's last exit to the next call's first entry (negative: overlapped under PDL) and the call period;
+// then the last-exiting CTA's tail split: from its last scored page to its ticket (fences + atomic), the top-k and
+// page list, and what follows. Averages over calls 1..rot−1 (all calls when rot = 1; then no gap / period).
+template <typename F>
+void trace_breakdown(const char* what, std::vector<m3::cuda::MsaDecodeIndex>& ops, F calls) {
+  using Op = m3::cuda::MsaDecodeIndex;
+  const int rot = int(ops.size()), grid = ops[0].grid(), n = grid * Op::kTraceSlots;
+  m3::cuda::DeviceBuffer<uint64_t> buf(size_t(rot) * n);
+  M3_CUDA_CHECK(cudaMemset(buf.get(), 0, size_t(rot) * n * sizeof(uint64_t)));
+  for (int r = 0; r < rot; ++r) ops[r].set_trace(buf.get() + size_t(r) * n);
+  time_graph(calls, rot);
+  for (auto& op : ops) op.set_trace(nullptr);
+  std::vector<uint64_t> h(size_t(rot) * n);
+  M3_CUDA_CHECK(cudaMemcpy(h.data(), buf.get(), h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  double spread = 0, first_med = 0, first_max = 0, streamed = 0, tail = 0, gap = 0, period = 0;
+  double t_ticket = 0, t_topk = 0, t_after = 0;
+  int m = 0, mg = 0, mt = 0;
+  double prev_end = 0;
+  for (int r = 0; r < rot; ++r) {
+    std::vector<double> s0, s2;
+    double s3max = 0, s4max = 0;
+    const uint64_t* last = nullptr;  // the last CTA to exit
+    for (int c = 0; c < grid; ++c) {
+      const uint64_t* t = h.data() + size_t(r) * n + size_t(c) * Op::kTraceSlots;
+      s0.push_back(double(t[0])), s2.push_back(double(t[2]));
+      s3max = std::max(s3max, double(t[3]));
+      if (double(t[4]) >= s4max) s4max = double(t[4]), last = t;
+    }
+    // Its slots 5 / 6 count only when stamped in this replay (between its last scored page and its exit).
+    const bool split = last && last[5] >= last[3] && last[6] >= last[5] && last[4] >= last[6];
+    std::sort(s0.begin(), s0.end());
+    std::sort(s2.begin(), s2.end());
+    const double start = s0.front();
+    if (r >= 1 || rot == 1) {
+      spread += s0.back() - start, first_med += s2[s2.size() / 2] - start, first_max += s2.back() - start;
+      streamed += s3max - start, tail += s4max - s3max, ++m;
+      if (split)
+        t_ticket += double(last[5] - last[3]), t_topk += double(last[6] - last[5]), t_after += double(last[4] - last[6]),
+            ++mt;
+    }
+    if (r >= 1) gap += start - prev_end, period += s4max - prev_end, ++mg;
+    prev_end = s4max;
+  }
+  std::printf("trace %-28s entry spread %.2f | first page median %.2f last %.2f | last page scored %.2f | tail %.2f | "
+              "gap to next call %s | period %s µs\n",
+              what, spread / m / 1e3, first_med / m / 1e3, first_max / m / 1e3, streamed / m / 1e3, tail / m / 1e3,
+              mg ? std::to_string(gap / mg / 1e3).substr(0, 5).c_str() : "—",
+              mg ? std::to_string(period / mg / 1e3).substr(0, 5).c_str() : "—");
+  if (mt)
+    std::printf("trace %-28s last CTA: last page → ticket %.2f | top-k + page list %.2f | to exit %.2f µs (%d of %d "
+                "calls)\n",
+                what, t_ticket / mt / 1e3, t_topk / mt / 1e3, t_after / mt / 1e3, mt, m);
+}
+
 // bf16 and e4m3 side by side: the index scorer (+ top-k + page list) and the paged decode attention.
-void run_fp8(double copy, const std::string& json_path, const std::string& commit, const char* gpu) {
+void run_fp8(double copy, const std::string& json_path, const std::string& commit, const char* gpu,
+             std::vector<int> batches, std::vector<int> ctxs, bool index_only, bool trace) {
   using e4m3 = m3::cuda::e4m3_t;
-  const std::vector<int> batches = {8, 32, 64, 128}, ctxs = {16384, 65536, 131072};
+  if (batches.empty()) batches = {8, 32, 64, 128};
+  if (ctxs.empty()) ctxs = {16384, 65536, 131072};
   struct Rec {
     std::string op, shape, dtype, launch;
     double us, gbps, pct, cv;
@@ -461,15 +529,20 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
           const m3::cuda::DevPagedIndexKT<bf16> c16{ip16.get(), int64_t(kBlock) * kD};
           const m3::cuda::DevPagedIndexKT<e4m3> c8{ip8.get(), int64_t(kBlock) * kD, 1.f};
           for (const bool pdl : {false, true}) {
-            const Timing t = time_graph(
-                [&](cudaStream_t s) {
-                  for (int r = 0; r < rot; ++r) {
-                    const bf16* q = iq.get() + size_t(r) * B * kHidx * kD;
-                    if (f8) ops[r].run(q, c8, rows[r], s, pdl);
-                    else ops[r].run(q, c16, rows[r], s, pdl);
-                  }
-                },
-                rot);
+            auto calls = [&](cudaStream_t s) {
+              for (int r = 0; r < rot; ++r) {
+                const bf16* q = iq.get() + size_t(r) * B * kHidx * kD;
+                if (f8) ops[r].run(q, c8, rows[r], s, pdl);
+                else ops[r].run(q, c16, rows[r], s, pdl);
+              }
+            };
+            const Timing t = time_graph(calls, rot);
+            if (trace) {
+              char what[96];
+              std::snprintf(what, sizeof what, "B=%d %dk %s %s", B, ctx / 1024, f8 ? "e4m3" : "bf16",
+                            pdl ? "graph+PDL" : "graph");
+              trace_breakdown(what, ops, calls);
+            }
             const double gbps = double(B) * ctx * kD * (f8 ? 1 : 2) / (t.median_us * 1e3);
             char shape[64];
             std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1", B, ctx / 1024);
@@ -480,13 +553,14 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
       }
   }
   // Attention: K and V pools [P, 4, 128, 128] in both types.
-  const int P = 16384;
+  const int P = index_only ? 0 : 16384;
   const size_t pool = size_t(P) * kHkv * kBlock * kD;
   m3::cuda::DeviceBuffer<bf16> k16(pool), v16(pool);
   m3::cuda::DeviceBuffer<e4m3> k8(pool), v8(pool);
   fill(k16.get(), pool, 3), fill(v16.get(), pool, 4), fill_e4m3(k8.get(), pool, 3), fill_e4m3(v8.get(), pool, 4);
   for (int B : batches)
     for (int ctx : ctxs) {
+      if (index_only) break;
       const int local = (ctx - 1) / kBlock, n = std::min(kTopK, local + 1), R = B * kHkv;
       const double tokens = double(R) * ((n - 1) * kBlock + (ctx - 1) % kBlock + 1);
       for (const bool f8 : {false, true}) {
@@ -566,17 +640,33 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
 
 int main(int argc, char** argv) {
   std::string json_path, commit = "unknown";
-  bool quick = false, multi_query = false, mq_scorer = false, fp8 = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--multi-query")) multi_query = true;
-    if (!std::strcmp(argv[i], "--mq-scorer")) mq_scorer = true;
-    if (!std::strcmp(argv[i], "--fp8")) fp8 = true;
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--commit") && i + 1 < argc) commit = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
-  }
+  bool quick = false, multi_query = false, mq_scorer = false, fp8 = false, index_only = false, trace = false;
+  std::vector<int> arg_batches, arg_ctxs;
+  auto int_list = [](const char* s) {
+    std::vector<int> v;
+    for (const char* p = s; *p;) {
+      char* e = nullptr;
+      const long x = std::strtol(p, &e, 10);
+      if (e == p || x <= 0) throw std::invalid_argument(std::string("bench_decode: bad list ") + s);
+      v.push_back(int(x));
+      p = *e == ',' ? e + 1 : e;
+    }
+    return v;
+  };
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a tee'd log even if a time limit ends the run
   try {
+    for (int i = 1; i < argc; ++i) {
+      if (!std::strcmp(argv[i], "--index-only")) index_only = true;
+      if (!std::strcmp(argv[i], "--trace")) trace = true;
+      if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) arg_batches = int_list(argv[++i]);
+      else if (!std::strcmp(argv[i], "--ctxs") && i + 1 < argc) arg_ctxs = int_list(argv[++i]);
+      if (!std::strcmp(argv[i], "--multi-query")) multi_query = true;
+      if (!std::strcmp(argv[i], "--mq-scorer")) mq_scorer = true;
+      if (!std::strcmp(argv[i], "--fp8")) fp8 = true;
+      if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+      else if (!std::strcmp(argv[i], "--commit") && i + 1 < argc) commit = argv[++i];
+      else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    }
     if (m3::cuda::device_count() == 0) {
       std::printf("bench_decode: no CUDA device\n");
       return 0;
@@ -608,7 +698,7 @@ int main(int argc, char** argv) {
       Result r;
     };
     std::vector<Check> checks;
-    if (!fp8)  // --fp8: the e4m3 checks only (gpu_decode_test runs the others)
+    if (!fp8 && !index_only)  // --fp8: the e4m3 checks only (gpu_decode_test runs the others)
       checks = {
         {"paged_decode_tc sparse G16 split", check_paged_decode(11, mixed, 4, 16, true, true)},
         {"paged_decode_tc sparse G16 nosplit", check_paged_decode(12, mixed, 4, 16, true, false)},
@@ -632,29 +722,39 @@ int main(int argc, char** argv) {
          check_paged_decode_mq(26, {5, 200, 1000, 1900}, {8, 8, 2, 8}, 4, 16, MqSelection::kDense, true)},
         {"paged_decode_mq dense Q4",
          check_paged_decode_mq(27, {100, 3000, 4000}, {4, 4, 4}, 4, 16, MqSelection::kDense, false)},
-        {"msa_decode_index H4", check_decode_index(15, mixed, 4)},
-        {"msa_decode_index H1", check_decode_index(16, {2100, 40000, 130000}, 1, 16, 1)},
     };
+    if (!fp8 || index_only) {
+      std::vector<int32_t> many;  // several rows per CTA
+      for (int i = 0; i < 300; ++i) many.push_back(2048 + 11 * i);
+      checks.push_back({"msa_decode_index H4", check_decode_index(15, mixed, 4)});
+      checks.push_back({"msa_decode_index H1", check_decode_index(16, {2100, 40000, 130000}, 1, 16, 1)});
+      checks.push_back({"msa_decode_index B8 16k", check_decode_index(18, std::vector<int32_t>(8, 16383), 4)});
+      checks.push_back({"msa_decode_index 300 short rows", check_decode_index(19, many, 4)});
+      checks.push_back({"msa_decode_index ties period 5", check_decode_index_ties(20, {16383, 2100, 5000, 70000}, 4, 5)});
+      checks.push_back({"msa_decode_index ties all equal", check_decode_index_ties(31, {16383, 40000}, 1, 1)});
+    }
     bool all_ok = true;
     for (auto& c : checks) {
       std::printf("check %-36s max|err| %.3g / max|ref| %.3g (vs per-row %.3g)  %s %s\n", c.name, c.r.max_err,
                   c.r.max_ref, c.r.max_err_rowwise, c.r.bad ? "FAIL" : "ok", c.r.what.c_str());
       all_ok &= c.r.bad == 0;
     }
-    all_ok &= fp8_checks();
+    all_ok &= fp8_checks(index_only);
 
     std::string copy_detail;
     const double copy = copy_ceiling_gbps(&copy_detail);
     std::printf("copy ceiling (read + write, best of): %.0f GB/s (%s)\n", copy, copy_detail.c_str());
     if (multi_query) return run_multi_query(copy, mq_scorer, json_path, commit, prop.name) && all_ok ? 0 : 1;
     if (fp8) {
-      run_fp8(copy, json_path, commit, prop.name);
+      run_fp8(copy, json_path, commit, prop.name, arg_batches, arg_ctxs, index_only, trace);
       return all_ok ? 0 : 1;
     }
 
-    const std::vector<int> batches = quick ? std::vector<int>{8, 64} : std::vector<int>{1, 8, 32, 64, 128};
-    const std::vector<int> ctxs =
+    std::vector<int> batches = quick ? std::vector<int>{8, 64} : std::vector<int>{1, 8, 32, 64, 128};
+    std::vector<int> ctxs =
         quick ? std::vector<int>{16384, 65536} : std::vector<int>{8192, 16384, 65536, 131072, 1048576};
+    if (!arg_batches.empty()) batches = arg_batches;
+    if (!arg_ctxs.empty()) ctxs = arg_ctxs;
     std::vector<Record> recs;
 
     // ---- index scorer + top-k + page list ----------------------------------------------------------------------
@@ -712,12 +812,13 @@ int main(int argc, char** argv) {
     ipool.reset();
 
     // ---- paged decode attention ----------------------------------------------------------------------------------
-    const int P = 16384;  // K and V pools [P, 4, 128, 128] bf16: 2 GiB each
+    const int P = index_only ? 0 : 16384;  // K and V pools [P, 4, 128, 128] bf16: 2 GiB each
     m3::cuda::DeviceBuffer<bf16> kpool(size_t(P) * kHkv * kBlock * kD), vpool(size_t(P) * kHkv * kBlock * kD);
     fill(kpool.get(), size_t(P) * kHkv * kBlock * kD, 3);
     fill(vpool.get(), size_t(P) * kHkv * kBlock * kD, 4);
     for (int B : batches)
       for (int ctx : ctxs) {
+        if (index_only) break;
         const int local = (ctx - 1) / kBlock, n = std::min(kTopK, local + 1), R = B * kHkv;
         const double tokens = double(R) * ((n - 1) * kBlock + (ctx - 1) % kBlock + 1);
         const double bytes = tokens * kD * 2 * 2;

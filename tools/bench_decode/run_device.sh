@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Standalone build + run of bench_decode on the device machine (no CMake; only fmt's headers from .gpudeps, used
 # header-only): checks against the CPU twins, then the benchmark. Logs and records.json go to $1 (default $OUT).
-#   bash tools/bench_decode/run_device.sh [OUTDIR] [bench args...]       env: M3_COMMIT (recorded)
+#   bash tools/bench_decode/run_device.sh [OUTDIR] [bench args...]       env: M3_COMMIT (recorded),
+#   M3_BENCH_BUILD_ONLY=1 (build, print the binary's path, run nothing: an A/B against another checkout's build
+#   times both binaries one after the other, never at once), M3_BENCH_BUILD_DIR (default /tmp/bench_decode_build;
+#   a second checkout builds beside the first in its own folder)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:-${OUT:-/tmp/bench_decode_out}}"
 shift || true
-b=/tmp/bench_decode_build
+b="${M3_BENCH_BUILD_DIR:-/tmp/bench_decode_build}"
 mkdir -p "$out" "$b"
 inc=()
 deb=$(ls "$root"/.gpudeps/libfmt-dev_*.deb 2>/dev/null | head -1)
@@ -36,5 +39,6 @@ nvcc -gencode=arch=compute_90a,code=sm_90a "$b"/bench.o "$b"/pdt.o "$b"/mdi.o "$
   { echo "build FAILED"; cat "$out"/build_*.log | grep -E "error" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 grep -E "registers|spill" "$out/ptxas.log" | sed 's/ptxas info *: //' | head -16
+[ -n "${M3_BENCH_BUILD_ONLY:-}" ] && { echo "binary: $b/bench_decode"; exit 0; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader 2>&1 | head -1
 "$b/bench_decode" --json "$out/records.json" --commit "${M3_COMMIT:-unknown}" "$@" 2>&1 | tee "$out/bench.log"

@@ -107,7 +107,20 @@ struct ScoreArgs {
   int32_t* selection;
   int32_t* attn_indices;
   int* row_done;
+  uint64_t* trace;  // bench only (MsaDecodeIndex::set_trace): kTraceSlots globaltimer stamps per CTA, or null
 };
+
+// Where a CTA's time goes (bench_decode --trace): slot 0 entry, 1 plan read (after the PDL wait), 2 first page
+// landed, 3 last page scored, 4 exit (after the row's top-k when this CTA ran it); a CTA that completes a row also
+// stamps 5 when its ticket says so (after the fences and the atomic) and 6 after that row's top-k and page list (the
+// latest such row). One predicated store each when on.
+__device__ __forceinline__ void trace_stamp(const ScoreArgs& a, int slot) {
+  if (a.trace != nullptr && threadIdx.x == 0) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    a.trace[size_t(blockIdx.x) * MsaDecodeIndex::kTraceSlots + slot] = t;
+  }
+}
 
 __device__ __forceinline__ const int32_t* row_pages(const DevStepRows& rows, int t) {
   return rows.pt_pages + rows.pt_indptr[rows.row_seq[t]];
@@ -184,6 +197,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
   const int T = a.rows.T, H = a.H, K = a.K;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t sbase = smem_addr(smem);
+  trace_stamp(a, 0);
 
   // Known at plan time (the first loads need no device read but their page ids), or, for a device plan (a captured
   // graph), the plan kernel's total — written by an earlier, completed launch, like the page ids.
@@ -229,7 +243,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
       if (s < n) a.attn_indices[a.attn_indptr[t * H + h] + s] = int32_t(pt[s] * a.ppu + h);
     }
   }
-  if (i0 >= i1) return;
+  trace_stamp(a, 1);
+  if (i0 >= i1) {
+    trace_stamp(a, 2), trace_stamp(a, 3), trace_stamp(a, 4);
+    return;
+  }
   auto row_of = [&](int i) {  // last t with work_indptr[t] ≤ i (that row has work, since i < W)
     int lo = 0, hi = T;
     while (hi - lo > 1) {
@@ -265,9 +283,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
       }
       __syncthreads();
       if (s_last) {
+        trace_stamp(a, 5);
         __threadfence();
         if (warp < H) topk_emit(a, ft, warp, lane);
         if (tid == 0) a.row_done[ft] = 0;  // ready for the next run (graph replays)
+        trace_stamp(a, 6);
       }
     }
   };
@@ -275,6 +295,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
   for (int i = i0; i < i1; ++i) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
+    if (i == i0) trace_stamp(a, 2);
     if (i > i0) finish(i - 1);
     if (i + kStages - 1 < i1) load(i + kStages - 1, (i + kStages - 1 - i0) % kStages);
     cp_async_commit();
@@ -336,7 +357,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
   }
   cp_async_wait<0>();
   __syncthreads();
+  trace_stamp(a, 3);
   finish(i1 - 1);
+  trace_stamp(a, 4);
 }
 
 }  // namespace
@@ -421,7 +444,7 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
   M3_CUDA_CHECK(attr);
   ScoreArgs a{iq, cache.ik, cache.page_stride, cache.scale, rows, H_, K_, W_, ppu_, max_cols_, work_indptr_.get(),
               work_pages_.get(), attn_indptr_.get(), scores_.get(), selection_.get(), attn_indices_.get(),
-              row_done_.get()};
+              row_done_.get(), trace_};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(grid_));
   cfg.blockDim = dim3(kThreads);

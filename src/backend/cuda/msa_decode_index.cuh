@@ -63,6 +63,11 @@ class MsaDecodeIndex {
   const int32_t* attn_indices() const { return attn_indices_.get(); }
   const int32_t* attn_last_len() const { return attn_last_.get(); } // [T·H]
   int max_pages() const { return max_pages_; }                      // longest page list (≤ top_k)
+  // Bench only: run() writes kTraceSlots %globaltimer stamps (ns) per CTA to trace[grid() · kTraceSlots] (see
+  // msa_decode_index.cu, trace_stamp); null (the default) turns it off.
+  static constexpr int kTraceSlots = 8;
+  void set_trace(uint64_t* trace) { trace_ = trace; }
+  int grid() const { return grid_; }
 
  private:
   void launch_plan(const DevStepRows& rows, size_t work_cap, int W, cudaStream_t s);
@@ -70,6 +75,7 @@ class MsaDecodeIndex {
   int64_t max_cols_ = 0, ppu_ = 1;
   DeviceBuffer<int32_t> work_indptr_, work_pages_, attn_indptr_, attn_indices_, attn_last_, selection_, row_done_;
   DeviceBuffer<float> scores_;
+  uint64_t* trace_ = nullptr;
 };
 
 }  // namespace m3::cuda
