@@ -77,8 +77,10 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
                          MoeGemmPath path = MoeGemmPath::Auto);
 
 // What Auto picks for T rows: wgmma when the widths fit it (moe_wgmma_supported) and the step routes at least
-// kMoeWgmmaMinRowsPerExpert rows per expert on average (its 128-row tiles are then mostly full), else mma.sync.
-constexpr int64_t kMoeWgmmaMinRowsPerExpert = 64;
+// kMoeWgmmaMinRowsPerExpert rows per expert on average, else mma.sync. Measured at M3's widths on the H200
+// (bench/results/2026-12-02c-moe-wgmma-h200.md), wgmma was faster from 512 rows (16 per expert: 1.26×) up; below
+// that it is not measured. The two paths give the same bits, so the choice changes only the speed.
+constexpr int64_t kMoeWgmmaMinRowsPerExpert = 16;
 MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is);
 
 // Rows per mma.sync GEMM tile the forward picks for T rows (16 for decode-sized steps, 64 for prefill).
