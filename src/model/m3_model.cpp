@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "model/checkpoint.h"
+#include "model/vocab_parallel.h"
 
 namespace m3 {
 
@@ -45,12 +46,21 @@ void M3Model::check_share(const ExpertParallel* ep) const {
   // A rank's weights (model/rank_share.h) run only in their place: the CPU forward splits routed experts only, and
   // an expert-parallel share needs the exchange of its own rank (another rank's experts are empty here).
   const RankShare& s = w_.share;
-  M3_CHECK(s.experts_only(), "the CPU forward runs whole attention and vocabulary only (weights of rank {} of {} "
-           "are split over KV heads ({}) or vocabulary ({}))", s.rank, s.world, s.attn_tp, s.vocab_parts);
+  M3_CHECK(s.attn_tp == 1 && (s.vocab_parts == 1 || s.vocab_parts == s.world),
+           "the CPU forward runs whole attention, and the vocabulary whole or split over every rank (weights of rank "
+           "{} of {} are split over KV heads ({}) or vocabulary ({}))", s.rank, s.world, s.attn_tp, s.vocab_parts);
   if (s.whole()) return;
+  M3_CHECK(s.vocab_parts == 1 || s.expert_parallel,
+           "weights of rank {} of {}: a vocabulary split runs with the expert-parallel layout only", s.rank, s.world);
   M3_CHECK(ep != nullptr && ep->comm->size() == s.world && ep->comm->rank() == s.rank,
-           "weights of rank {} of {} (routed experts split) need the expert-parallel exchange of that rank", s.rank,
-           s.world);
+           "weights of rank {} of {} (routed experts or vocabulary split) need the expert-parallel exchange of that "
+           "rank", s.rank, s.world);
+}
+
+std::pair<int64_t, int64_t> M3Model::vocab_rows() const {
+  const RankShare& s = w_.share;
+  const int64_t V = cfg_.vocab_size, v = s.vocab_index(), vp = s.vocab_parts;
+  return {V * v / vp, V * (v + 1) / vp};
 }
 
 M3Model M3Model::load(const std::string& model_dir) {
@@ -74,7 +84,13 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   const int64_t T = rows.num_rows();
 
   std::vector<float> x(size_t(T * H));
-  for (int64_t t = 0; t < T; ++t) std::memcpy(&x[t * H], &w_.embed[size_t(rows.ids[t]) * H], size_t(H) * 4);
+  const bool vocab_split = w_.share.vocab_parts > 1;
+  if (vocab_split) {
+    const auto [v0, v1] = vocab_rows();
+    embed_vocab_parallel(*ep, w_.embed.data(), v0, v1, V, H, rows.ids.data(), T, x.data());
+  } else {
+    for (int64_t t = 0; t < T; ++t) std::memcpy(&x[t * H], &w_.embed[size_t(rows.ids[t]) * H], size_t(H) * 4);
+  }
   // Vision features replace the slot rows, in order (HF masked_scatter; docs/M3_MODEL.md §5.6).
   for (size_t s = 0; s < seqs.size(); ++s) {
     const auto& me = seqs[s].media_embeds;
@@ -213,6 +229,24 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
 
   // ---- head: final norm + LM head on the rows that need logits -------------------------------------------
   std::vector<std::vector<float>> out;
+  if (vocab_split) {
+    // One exchange for every output row of the step, then split per sequence.
+    std::vector<int64_t> first(seqs.size()), count(seqs.size());
+    int64_t n = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      first[s] = seqs[s].all_logits ? seq_begin[s] : seq_begin[s + 1] - 1;
+      count[s] = seq_begin[s + 1] - first[s];
+      n += count[s];
+    }
+    std::vector<float> hn(size_t(n * H)), lg(size_t(n * V));
+    for (size_t s = 0, r = 0; s < seqs.size(); r += size_t(count[s]), ++s)
+      cpu::rms_norm_gemma(&x[first[s] * H], count[s], H, w_.final_norm.data(), c.rms_norm_eps, &hn[r * size_t(H)]);
+    const auto [v0, v1] = vocab_rows();
+    lm_head_vocab_parallel(*ep, w_.lm_head.data(), v0, v1, V, H, hn.data(), n, lg.data());
+    for (size_t s = 0, r = 0; s < seqs.size(); r += size_t(count[s]), ++s)
+      out.emplace_back(lg.begin() + int64_t(r) * V, lg.begin() + int64_t(r + size_t(count[s])) * V);
+    return out;
+  }
   for (size_t s = 0; s < seqs.size(); ++s) {
     const int64_t t0 = seqs[s].all_logits ? seq_begin[s] : seq_begin[s + 1] - 1;
     const int64_t n_out = seq_begin[s + 1] - t0;
@@ -227,6 +261,10 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
 void M3Model::idle_step(const ExpertParallel& ep) const {
   const M3Config& c = cfg_;
   check_share(&ep);
+  // The same collectives as a forward, in the same order, with no rows: embedding, MoE layers, LM head.
+  const bool vocab_split = w_.share.vocab_parts > 1;
+  const auto [v0, v1] = vocab_rows();
+  if (vocab_split) embed_vocab_parallel(ep, w_.embed.data(), v0, v1, c.vocab_size, c.hidden_size, nullptr, 0, nullptr);
   for (int l = 0; l < c.num_layers; ++l) {
     if (c.mlp_kinds[l] != MlpKind::MoE) continue;
     const LayerWeights& L = w_.layers[size_t(l)];
@@ -235,6 +273,8 @@ void M3Model::idle_step(const ExpertParallel& ep) const {
         [&](int64_t e, const float* xe, int64_t n) { return run_mlp(L.experts[size_t(e)], xe, n, c.hidden_size, c); },
         nullptr);
   }
+  if (vocab_split)
+    lm_head_vocab_parallel(ep, w_.lm_head.data(), v0, v1, c.vocab_size, c.hidden_size, nullptr, 0, nullptr);
 }
 
 }  // namespace m3

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "io/config.h"
@@ -41,17 +42,21 @@ class M3Model {
   // Runs one step. Writes K, V, index-K of the new tokens into `cache` through each sequence's page table.
   // Returns logits per sequence: [rows, V] with rows = n (all_logits) or 1.
   // ep: expert parallelism (model/expert_parallel.h) — this rank runs the routed experts it owns and exchanges
-  // token rows with the other ranks at every MoE layer; the logits equal a one-rank forward's bit for bit.
+  // token rows with the other ranks at every MoE layer; with a vocabulary-split share (vocab_parts = world) the
+  // embedding and LM head rows are exchanged too (model/vocab_parallel.h). The logits equal a one-rank forward's
+  // bit for bit.
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, KVCache& cache,
                                           ForwardTrace* trace = nullptr, const ExpertParallel* ep = nullptr) const;
   // A step of a rank that has no tokens while other ranks of its expert-parallel group run one: takes part in
-  // every MoE layer's exchange (with no rows) and runs its experts for the others.
+  // every exchange of a forward (with no rows): the embedding and LM head ones of a vocabulary split, every MoE
+  // layer's, and runs its experts and vocabulary rows for the others.
   void idle_step(const ExpertParallel& ep) const;
 
  private:
   M3Config cfg_;
   M3Weights w_;
   void check_share(const ExpertParallel* ep) const;  // throws when w_.share cannot run with `ep`
+  std::pair<int64_t, int64_t> vocab_rows() const;   // [v0, v1): the vocabulary rows this share holds
 };
 
 }  // namespace m3

@@ -175,6 +175,23 @@ RankWeights sharded_load(int P) {
   };
 }
 
+// As sharded_load, with the embedding and LM head split over the ranks too (vocab_parts = P): rank r reads only
+// its vocabulary rows, and the forward exchanges embedding rows and logits (model/vocab_parallel.h).
+RankWeights sharded_load_vocab(int P) {
+  return [P](const M3Weights& w, int r) {
+    const M3Config c = test::tiny_config();
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             ("m3_dist_vocab_" + std::to_string(::getpid()) + "_" + std::to_string(P) + "_" +
+                              std::to_string(r))).string();
+    test::write_checkpoint(c, w, dir, [&](int, int e) { return e % P == r; });
+    M3Weights rw = M3Weights::load(c, SafeTensors::open(dir), RankShare{r, P, true, 1, P});
+    std::filesystem::remove_all(dir);
+    const int64_t V = c.vocab_size, rows = V * (r + 1) / P - V * r / P;
+    EXPECT_EQ(int64_t(rw.embed.size()), rows * c.hidden_size) << "rank " << r << " holds only its vocabulary rows";
+    return rw;
+  };
+}
+
 // A rank that fails before its collective must not leave the others waiting forever: abort() wakes them with an
 // error naming the cause, later collectives fail at once, and after reset() the same group works again.
 TEST(InProcessCollectives, AbortWakesRanksWaitingInACollectiveAndResetReusesTheGroup) {
@@ -219,6 +236,30 @@ TEST(ExpertParallel, ShardedLoadsOfTwoRanksGiveTheOneRankLogits) {
 TEST(ExpertParallel, ShardedLoadsOfThreeRanksGiveTheOneRankLogits) {
   expect_expert_parallel_equals_one_rank(3, sharded_load(3));
 }
+TEST(VocabParallel, TwoRanksWithTheVocabularySplitGiveTheOneRankLogitsBitForBit) {
+  expect_expert_parallel_equals_one_rank(2, sharded_load_vocab(2));
+}
+TEST(VocabParallel, ThreeRanksWithAVocabularyNotDividingEvenly) {
+  ASSERT_NE(test::tiny_config().vocab_size % 3, 0);
+  expect_expert_parallel_equals_one_rank(3, sharded_load_vocab(3));
+}
+TEST(VocabParallel, DummySharesWithTheVocabularySplitGiveTheOneRankDummyLogits) {
+  const M3Config c = test::tiny_config();
+  expect_expert_parallel_equals_one_rank(2, [&](const M3Weights&, int r) {
+    return dummy_weights(c, 5, RankShare{r, 2, true, 1, 2});
+  }, 5);
+}
+// Split vocabulary rows run only with the exchange of their own rank: alone, the forward refuses.
+TEST(VocabParallel, SplitVocabularyRefusesToRunWithoutItsExchange) {
+  const M3Config c = test::tiny_config();
+  const M3Model m(c, dummy_weights(c, 5, RankShare{0, 2, true, 1, 2}));
+  KVCache cache(c, 8);
+  const std::vector<int32_t> ids{1, 2, 3};
+  const std::vector<int32_t> pages{0};
+  const SeqInput in{std::span<const int32_t>(ids), 0, pages, false};
+  EXPECT_THROW(m.forward(std::span<const SeqInput>(&in, 1), cache), Error);
+}
+
 TEST(ExpertParallel, DummySharesOfTwoRanksGiveTheOneRankDummyLogits) {
   // --load-format dummy for a rank: its share of the whole model's dummy values.
   const M3Config c = test::tiny_config();
