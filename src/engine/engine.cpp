@@ -116,6 +116,7 @@ Engine::Engine(std::unique_ptr<ModelExecutor> owned, ModelExecutor* executor, En
         static_cast<CpuExecutor*>(rk.exec)->set_expert_parallel(
             ExpertParallel{&group_->rank(r), int64_t(cfg_.max_num_batched_tokens)});
     }
+    workers_ = std::make_unique<RankWorkers>(P);
   }
   exec_ = &e0;
   for (Rank& rk : ranks_) rk.sched = std::make_unique<Scheduler>(rk.exec->pool(), scheduler_config(e0.config(), cfg_));
@@ -407,10 +408,7 @@ void Engine::run(std::vector<RankStep>& st) {
         if (group_) group_->abort("rank " + std::to_string(r) + " failed");
       }
     };
-    std::vector<std::thread> threads;
-    for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back(run_rank, r);
-    run_rank(0);
-    for (auto& t : threads) t.join();
+    workers_->run([&](int r) { run_rank(size_t(r)); });  // run_rank catches: every rank returns
     if (group_) group_->reset();  // every rank is out of its collectives: the next step may use the group again
     // The failing rank's own error first (the others only say the group was aborted).
     for (auto& e : err)

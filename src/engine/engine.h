@@ -28,6 +28,7 @@
 #include "engine/request.h"
 #include "engine/metrics.h"
 #include "dist/inprocess_communicator.h"
+#include "engine/rank_workers.h"
 #include "engine/scheduler.h"
 #include "model/executor.h"
 #include "model/m3_model.h"
@@ -110,6 +111,7 @@ class Engine {
   EngineConfig cfg_;
   std::unique_ptr<dist::InProcessGroup> group_;  // expert-parallel collectives; outlives the ranks' executors
   std::vector<Rank> ranks_;
+  std::unique_ptr<RankWorkers> workers_;  // ranks 1 … P−1 of a step (P > 1); destroyed before the ranks
   ModelExecutor* exec_ = nullptr;  // rank 0's: config, vocabulary
 
   std::mutex inbox_mu_;
