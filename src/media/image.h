@@ -98,6 +98,8 @@ namespace detail {
 // Tests only: run the portable resample and normalisation loops even where the AVX2 ones would run (they must give
 // the same bytes and floats).
 void force_scalar_resize(bool on);
+// Tests and benchmarks only: use the AVX2 width pass where the AVX-512 one would run (the same bytes).
+void disable_avx512(bool on);
 }  // namespace detail
 
 }  // namespace m3::media
