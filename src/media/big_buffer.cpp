@@ -2,8 +2,9 @@
 // (gateway.cpp) keeps every tensor it makes, so each image's tensor is fresh memory: with 4 KiB pages that is ≈ 2,600
 // page faults per image, and on the dev VM (bench/results/2026-12-02c-media-cpu.md) faults cost more than the whole
 // decode + preprocessing. 2 MiB-aligned blocks advised MADV_HUGEPAGE take 6 faults where transparent huge pages are
-// in `madvise` or `always` mode (elsewhere the advice is ignored and nothing changes). A few freed blocks are kept
-// for the next buffer of the same rounded length, already faulted in.
+// in `madvise` or `always` mode (elsewhere the advice is ignored and nothing changes). A few freed blocks (≤ 64 MiB
+// each, so at most 256 MiB) are kept for the next buffer of the same rounded length, already faulted in. Cost: the
+// length is rounded up to 2 MiB (12 MiB for a 10.8 MB tensor).
 #include "media/big_buffer.h"
 
 #include <sys/mman.h>
@@ -18,7 +19,9 @@ namespace m3::media::detail {
 namespace {
 
 constexpr size_t kHuge = size_t(2) << 20;
-constexpr size_t kKeep = 4;  // freed blocks kept (at most 4 × the largest recent buffer)
+constexpr size_t kKeep = 4;                  // freed blocks kept for reuse …
+constexpr size_t kKeepMax = size_t(64) << 20;  // … of at most 64 MiB each (a 1080p tensor is 12 MiB rounded; a long
+                                               // video's can be hundreds of MiB and is given back at once)
 
 size_t rounded(size_t bytes) { return (bytes + kHuge - 1) / kHuge * kHuge; }
 
@@ -60,6 +63,10 @@ void* big_alloc(size_t bytes) {
 void big_free(void* p, size_t bytes) noexcept {
   if (!p) return;
   const size_t len = rounded(bytes);
+  if (len > kKeepMax) {
+    munmap(p, len);
+    return;
+  }
   std::pair<void*, size_t> evict{nullptr, 0};
   {
     FreeBlocks& f = free_blocks();

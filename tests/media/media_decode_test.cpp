@@ -110,7 +110,9 @@ TEST(MediaDecode, StreamedJpegPreprocessingEqualsDecodeThenPreprocess) {
     try { a = preprocess_image(decode_image(part)); } catch (const MediaError&) {}
     try { b = preprocess_encoded_image(part); } catch (const MediaError&) {}
     ASSERT_EQ(a.has_value(), b.has_value()) << "prefix " << n;
-    if (a) EXPECT_TRUE(same_tensor(*a, *b)) << "prefix " << n;
+    if (a) {
+      EXPECT_TRUE(same_tensor(*a, *b)) << "prefix " << n;
+    }
   }
   EXPECT_THROW(preprocess_encoded_image(read_file("tests/media/photos/truncated.jpg")), MediaError);
 }
