@@ -210,9 +210,11 @@ __attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* const* r, co
 // two shuffles, two vpmaddwd and two adds for all four rows instead of twice that; the clamp is a max with 0 and
 // vpmovusdb (unsigned saturation to [0, 255]) — the same bytes as clamp_shift. Same loads, same padding rules.
 // GCC 12's AVX-512 headers trip -Wuninitialized on their own `__Y = __Y` placeholders (fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 __attribute__((target("avx512f,avx512bw"))) void hpass_rows_avx512(const uint8_t* const* r, const int* xs,
                                                                     const int* nq, int P, const int32_t* pairs,
                                                                     int np, int out_w, uint8_t* const* d) {
@@ -249,7 +251,9 @@ __attribute__((target("avx512f,avx512bw"))) void hpass_rows_avx512(const uint8_t
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 bool use_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
