@@ -20,6 +20,8 @@ namespace m3::media {
 namespace detail {
 std::atomic<bool> g_force_scalar_resize{false};
 void force_scalar_resize(bool on) { g_force_scalar_resize.store(on); }
+std::atomic<bool> g_no_avx512{false};
+void disable_avx512(bool on) { g_no_avx512.store(on); }
 }  // namespace detail
 
 std::pair<int, int> smart_resize(int h, int w, const ResizeLimits& lim) {
@@ -165,18 +167,19 @@ std::vector<int32_t> tap_pairs(const AxisTaps& t, int out, int pairs) {
 // b_p+1, 0, 0) and (r_p+2, r_p+3, …), so vpmaddwd with a tap pair broadcast gives (Σr, Σg, Σb, 0) for two taps.
 // Loads read up to 13 bytes past the last pixel of a row (weights 0 there): every row pointer needs 16 readable
 // bytes after its last pixel. Output rows are written 4 bytes per pixel, left to right, the last pixel 3 bytes.
-__attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* const* r, const AxisTaps& t,
+// Output x reads nq[x] quads from pixel xs[x] (WidthPlan).
+__attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* const* r, const int* xs, const int* nq, int P,
                                                       const int32_t* pairs, int np, int out_w, uint8_t* const* d) {
   const __m256i ma = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,  //
                                       0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
   const __m256i mb = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,  //
                                       6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
-  const __m256i half = _mm256_set1_epi32(1 << (t.P - 1));
-  const __m128i shift = _mm_cvtsi32_si128(t.P);
+  const __m256i half = _mm256_set1_epi32(1 << (P - 1));
+  const __m128i shift = _mm_cvtsi32_si128(P);
   auto ld = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
   for (int x = 0; x < out_w; ++x) {
-    const int quads = (t.n[x] + 3) / 4;
-    const size_t off = size_t(t.xmin[x]) * 3;
+    const int quads = nq[x];
+    const size_t off = size_t(xs[x]) * 3;
     const int32_t* pq = pairs + size_t(x) * np;
     __m256i acc01 = half, acc23 = half;
     for (int k = 0; k < quads; ++k) {
@@ -203,12 +206,79 @@ __attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* const* r, co
   }
 }
 
+// The same width pass with AVX-512BW: the four rows share one zmm (one per 128-bit lane), so each tap quad costs
+// two shuffles, two vpmaddwd and two adds for all four rows instead of twice that; the clamp is a max with 0 and
+// vpmovusdb (unsigned saturation to [0, 255]) — the same bytes as clamp_shift. Same loads, same padding rules.
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own `__Y = __Y` placeholders (fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f,avx512bw"))) void hpass_rows_avx512(const uint8_t* const* r, const int* xs,
+                                                                    const int* nq, int P, const int32_t* pairs,
+                                                                    int np, int out_w, uint8_t* const* d) {
+  const __m512i ma = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1));
+  const __m512i mb = _mm512_broadcast_i32x4(_mm_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1));
+  const __m512i half = _mm512_set1_epi32(1 << (P - 1));
+  const __m128i shift = _mm_cvtsi32_si128(P);
+  const __m512i zero = _mm512_setzero_si512();
+  auto ld = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  for (int x = 0; x < out_w; ++x) {
+    const int quads = nq[x];
+    const size_t off = size_t(xs[x]) * 3;
+    const int32_t* pq = pairs + size_t(x) * np;
+    __m512i acc = half;
+    for (int k = 0; k < quads; ++k) {
+      const size_t o = off + 12 * size_t(k);
+      __m512i v = _mm512_castsi128_si512(ld(r[0] + o));
+      v = _mm512_inserti32x4(v, ld(r[1] + o), 1);
+      v = _mm512_inserti32x4(v, ld(r[2] + o), 2);
+      v = _mm512_inserti32x4(v, ld(r[3] + o), 3);
+      const __m512i wa = _mm512_set1_epi32(pq[2 * k]), wb = _mm512_set1_epi32(pq[2 * k + 1]);
+      acc = _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(_mm512_shuffle_epi8(v, ma), wa),
+                                                   _mm512_madd_epi16(_mm512_shuffle_epi8(v, mb), wb)));
+    }
+    // Lane i = row i: (r, g, b, 0) as int32 → bytes 4i … 4i+3.
+    const __m128i b8 = _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_sra_epi32(acc, shift), zero));
+    const uint32_t px[4] = {uint32_t(_mm_cvtsi128_si32(b8)), uint32_t(_mm_extract_epi32(b8, 1)),
+                            uint32_t(_mm_extract_epi32(b8, 2)), uint32_t(_mm_extract_epi32(b8, 3))};
+    if (x + 1 < out_w) {  // the 4th byte is the next pixel's, written next
+      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 4);
+    } else {
+      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 3);
+    }
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+bool use_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has && !detail::g_no_avx512.load(std::memory_order_relaxed);
+}
+
+// The width pass's plan: per output, the first pixel read, the tap quads read and the tap pairs.
 struct WidthPlan {
   AxisTaps t;
   int np = 0;                  // tap pairs per output, even: the loop takes two at a time
+  std::vector<int> xs, nq;     // [out] first pixel read (xmin), quads read
   std::vector<int32_t> pairs;  // [out, np]
-  WidthPlan(int in, int out) : t(make_taps(in, out)), np(((t.ksize + 1) / 2 + 1) / 2 * 2), pairs(tap_pairs(t, out, np)) {}
+  WidthPlan(int in, int out)
+      : t(make_taps(in, out)), np(((t.ksize + 1) / 2 + 1) / 2 * 2), xs(t.xmin), nq(size_t(out)),
+        pairs(tap_pairs(t, out, np)) {
+    for (int x = 0; x < out; ++x) nq[size_t(x)] = (t.n[size_t(x)] + 3) / 4;
+  }
 };
+
+// Four rows through the widest width kernel this CPU has.
+void hpass_rows(const uint8_t* const* r, const WidthPlan& wp, int out_w, uint8_t* const* d) {
+  if (use_avx512())
+    return hpass_rows_avx512(r, wp.xs.data(), wp.nq.data(), wp.t.P, wp.pairs.data(), wp.np, out_w, d);
+  hpass_rows_avx2(r, wp.xs.data(), wp.nq.data(), wp.t.P, wp.pairs.data(), wp.np, out_w, d);
+}
 
 // Width pass over n source rows at `src` (stride in_row; `readable` bytes from src may be read) into n rows at dst.
 // Groups of 4 rows whose loads stay inside `readable` run in place; the rest (the last rows, or all of a tiny
@@ -220,7 +290,7 @@ void hpass_block(const uint8_t* src, size_t in_row, size_t readable, int n, cons
   for (; y + 4 <= n && size_t(y + 4) * in_row + 16 <= readable; y += 4) {
     const uint8_t* r[4] = {src + y * in_row, src + (y + 1) * in_row, src + (y + 2) * in_row, src + (y + 3) * in_row};
     uint8_t* d[4] = {dst + y * out_row, dst + (y + 1) * out_row, dst + (y + 2) * out_row, dst + (y + 3) * out_row};
-    hpass_rows_avx2(r, wp.t, wp.pairs.data(), wp.np, out_w, d);
+    hpass_rows(r, wp, out_w, d);
   }
   if (y < n) {
     thread_local ByteBuffer pad, spare;
@@ -236,7 +306,7 @@ void hpass_block(const uint8_t* src, size_t in_row, size_t readable, int n, cons
         r[i] = pad.data() + size_t(g + i) * in_row;
         d[i] = g + i < rows ? dst + (y + g + i) * out_row : spare.data() + size_t(i) * out_row;
       }
-      hpass_rows_avx2(r, wp.t, wp.pairs.data(), wp.np, out_w, d);
+      hpass_rows(r, wp, out_w, d);
     }
   }
 }
@@ -250,19 +320,27 @@ void resize_width_avx2(const RgbImage& src, int out_w, RgbImage& dst) {
 }
 
 // Height pass: 16 bytes of a row at a time, widened to int16; rows j and j+1 interleaved (vpunpck{l,h}wd) so
-// vpmaddwd adds both taps; the packs at the end undo the in-lane interleave.
-__attribute__((target("avx2"))) void resize_height_avx2_impl(const uint8_t* src, size_t stride, const AxisTaps& t,
-                                                              int out_rows, uint8_t* dst) {
-  const int np = (t.ksize + 1) / 2;
-  const std::vector<int32_t> pairs = tap_pairs(t, out_rows, np);
+// vpmaddwd adds both taps; the packs at the end undo the in-lane interleave. Output rows y0 … y1−1 go to dst's rows
+// 0 … y1−y0−1, so a band of rows can be made while the next stage waits for it in cache.
+struct HeightPlan {
+  AxisTaps t;
+  int np = 0;                  // tap pairs per output row
+  std::vector<int32_t> pairs;  // [out, np]
+  HeightPlan(int in, int out) : t(make_taps(in, out)), np((t.ksize + 1) / 2), pairs(tap_pairs(t, out, np)) {}
+};
+
+__attribute__((target("avx2"))) void height_rows_avx2(const uint8_t* src, size_t stride, const HeightPlan& hp, int y0,
+                                                       int y1, uint8_t* dst) {
+  const AxisTaps& t = hp.t;
+  const int np = hp.np;
   const __m256i half = _mm256_set1_epi32(1 << (t.P - 1));
   const __m128i shift = _mm_cvtsi32_si128(t.P);
   const size_t vec_end = stride / 16 * 16;
-  for (int y = 0; y < out_rows; ++y) {
+  for (int y = y0; y < y1; ++y) {
     const int n = t.n[y];
     const uint8_t* base = src + size_t(t.xmin[y]) * stride;
-    const int32_t* pq = &pairs[size_t(y) * np];
-    uint8_t* orow = dst + size_t(y) * stride;
+    const int32_t* pq = &hp.pairs[size_t(y) * np];
+    uint8_t* orow = dst + size_t(y - y0) * stride;
     for (size_t k = 0; k < vec_end; k += 16) {
       __m256i lo = half, hi = half;
       for (int j = 0; j < n; j += 2) {
@@ -300,7 +378,11 @@ struct WidthPlan {
 };
 void hpass_block(const uint8_t*, size_t, size_t, int, const WidthPlan&, int, uint8_t*) {}
 void resize_width_avx2(const RgbImage&, int, RgbImage&) {}
-void resize_height_avx2_impl(const uint8_t*, size_t, const AxisTaps&, int, uint8_t*) {}
+struct HeightPlan {
+  AxisTaps t;
+  HeightPlan(int in, int out) : t(make_taps(in, out)) {}
+};
+void height_rows_avx2(const uint8_t*, size_t, const HeightPlan&, int, int, uint8_t*) {}
 #endif
 
 void resize_width(const RgbImage& src, int out_w, RgbImage& dst) {
@@ -318,11 +400,14 @@ void resize_width(const RgbImage& src, int out_w, RgbImage& dst) {
 }
 
 void resize_height(const RgbImage& src, int out_h, RgbImage& dst) {
-  const AxisTaps t = make_taps(src.h, out_h);
   dst.w = src.w;
   dst.h = out_h;
   dst.data.resize(size_t(src.w) * out_h * 3);
-  if (use_avx2()) return resize_height_avx2_impl(src.data.data(), size_t(src.w) * 3, t, out_h, dst.data.data());
+  if (use_avx2()) {
+    const HeightPlan hp(src.h, out_h);
+    return height_rows_avx2(src.data.data(), size_t(src.w) * 3, hp, 0, out_h, dst.data.data());
+  }
+  const AxisTaps t = make_taps(src.h, out_h);
   vertical_pass(src.data.data(), size_t(src.w) * 3, t, out_h, dst.data.data());
 }
 
@@ -413,58 +498,117 @@ static __attribute__((target("avx2"))) void normalize_px14_avx2(const uint8_t* s
 static void normalize_px14_avx2(const uint8_t*, float*, float*, float*) {}
 #endif
 
+// One merge row of patch rows (docs/M3_MODEL.md §5.2): rows[t] points at the kFactor = 28 source rows of temporal
+// slot t (w·3 bytes each, `readable[t]` bytes from there may be read); writes (w/28)·4 rows of 1176 floats at out.
+// Row layout (channel, temporal, ky, kx); rows by merge column, then the 2×2 window row-major. One pass over each
+// source pixel writes its three channels; an image (frames = 1) fills both temporal slots with the same values.
+static void patch_band(const uint8_t* const rows[2], const size_t readable[2], int frames, int w, bool simd,
+                       float* out) {
+  const int gw = w / kPatch;
+  const size_t stride = size_t(w) * 3;
+  const NormTable& nt = norm_table();
+  constexpr int kBlock = kPatch * kPatch;  // 196 values per (channel, temporal)
+  for (int mc = 0; mc < gw / kMerge; ++mc)
+    for (int dy = 0; dy < kMerge; ++dy)
+      for (int dx = 0; dx < kMerge; ++dx) {
+        const int px = mc * kMerge + dx;
+        float* row = out;
+        for (int t = 0; t < frames; ++t) {
+          float* r0 = row + (0 * kTemporal + t) * kBlock;
+          float* r1 = row + (1 * kTemporal + t) * kBlock;
+          float* r2 = row + (2 * kTemporal + t) * kBlock;
+          for (int ky = 0; ky < kPatch; ++ky) {
+            const size_t at = size_t(dy * kPatch + ky) * stride + size_t(px) * kPatch * 3;
+            const uint8_t* src = rows[t] + at;
+            if (simd && at + 48 <= readable[t]) {
+              normalize_px14_avx2(src, r0 + ky * kPatch, r1 + ky * kPatch, r2 + ky * kPatch);
+              continue;
+            }
+            for (int kx = 0; kx < kPatch; ++kx) {
+              r0[ky * kPatch + kx] = nt.v[0][src[kx * 3 + 0]];
+              r1[ky * kPatch + kx] = nt.v[1][src[kx * 3 + 1]];
+              r2[ky * kPatch + kx] = nt.v[2][src[kx * 3 + 2]];
+            }
+          }
+        }
+        if (frames == 1)
+          for (int c = 0; c < 3; ++c)
+            std::memcpy(row + (c * kTemporal + 1) * kBlock, row + c * kTemporal * kBlock, kBlock * sizeof(float));
+        out += kRowWidth;
+      }
+}
+
 void append_patch_rows(const RgbImage& f0, const RgbImage& f1, FloatBuffer& out) {
   const int gh = f0.h / kPatch, gw = f0.w / kPatch;
-  const NormTable& nt = norm_table();
-  const RgbImage* fr[2] = {&f0, &f1};
-  // An image fills both temporal slots with the same frame: compute slot 0, copy it to slot 1.
+  // An image fills both temporal slots with the same frame: compute slot 0 only.
   const int frames = (&f0 == &f1 || f0.data.data() == f1.data.data()) ? 1 : kTemporal;
-  constexpr int kBlock = kPatch * kPatch;  // 196 values per (channel, temporal)
   const bool simd = use_avx2();
   size_t pos = out.size();
   out.resize(pos + size_t(gh) * gw * kRowWidth);
-  // Row: (channel, temporal, ky, kx); rows by merge-row, merge-col, then the 2×2 window row-major. One pass over
-  // each source pixel writes its three channels.
-  for (int mr = 0; mr < gh / kMerge; ++mr)
-    for (int mc = 0; mc < gw / kMerge; ++mc)
-      for (int dy = 0; dy < kMerge; ++dy)
-        for (int dx = 0; dx < kMerge; ++dx) {
-          const int py = mr * kMerge + dy, px = mc * kMerge + dx;
-          float* row = &out[pos];
-          for (int t = 0; t < frames; ++t) {
-            float* r0 = row + (0 * kTemporal + t) * kBlock;
-            float* r1 = row + (1 * kTemporal + t) * kBlock;
-            float* r2 = row + (2 * kTemporal + t) * kBlock;
-            for (int ky = 0; ky < kPatch; ++ky) {
-              const size_t at = (size_t(py * kPatch + ky) * fr[t]->w + size_t(px) * kPatch) * 3;
-              const uint8_t* src = &fr[t]->data[at];
-              if (simd && at + 48 <= fr[t]->data.size()) {
-                normalize_px14_avx2(src, r0 + ky * kPatch, r1 + ky * kPatch, r2 + ky * kPatch);
-                continue;
-              }
-              for (int kx = 0; kx < kPatch; ++kx) {
-                r0[ky * kPatch + kx] = nt.v[0][src[kx * 3 + 0]];
-                r1[ky * kPatch + kx] = nt.v[1][src[kx * 3 + 1]];
-                r2[ky * kPatch + kx] = nt.v[2][src[kx * 3 + 2]];
-              }
-            }
-          }
-          if (frames == 1)
-            for (int c = 0; c < 3; ++c)
-              std::memcpy(row + (c * kTemporal + 1) * kBlock, row + c * kTemporal * kBlock, kBlock * sizeof(float));
-          pos += kRowWidth;
-        }
+  for (int mr = 0; mr < gh / kMerge; ++mr) {
+    const size_t at = size_t(mr) * kFactor * f0.w * 3;
+    const uint8_t* rows[2] = {f0.data.data() + at, f1.data.data() + at};
+    const size_t readable[2] = {f0.data.size() - at, f1.data.size() - at};
+    patch_band(rows, readable, frames, f0.w, simd, &out[pos]);
+    pos += size_t(gw) * kMerge * kRowWidth;
+  }
 }
+
+namespace {
+// Height pass and patchify of one merge row (output rows 28·mr … 28·mr + 27; AVX2 only) from width-passed rows in
+// `mid`: the band of resized rows (28 × w × 3 bytes, 75 KB at 1080p) goes through `band` (kFactor rows + 48
+// bytes) and is still in L2 when patchify reads it, where a whole resized picture used to be written and read
+// back. Without a height change (hp null) patchify reads mid's rows directly. The same integer sums and floats as
+// resize_height + append_patch_rows.
+void band_avx2(const RgbImage& mid, const HeightPlan* hp, int mr, ByteBuffer& band, float* out) {
+  const size_t stride = size_t(mid.w) * 3;
+  const uint8_t* rows[2];
+  size_t readable[2];
+  if (hp) {
+    if (band.size() != size_t(kFactor) * stride + 48) {
+      band.resize(size_t(kFactor) * stride + 48);
+      std::memset(band.data() + size_t(kFactor) * stride, 0, 48);  // read (and discarded) past the last pixel
+    }
+    height_rows_avx2(mid.data.data(), stride, *hp, mr * kFactor, (mr + 1) * kFactor, band.data());
+    rows[0] = rows[1] = band.data();
+    readable[0] = readable[1] = band.size();
+  } else {
+    const size_t at = size_t(mr) * kFactor * stride;
+    rows[0] = rows[1] = mid.data.data() + at;
+    readable[0] = readable[1] = mid.data.size() - at;
+  }
+  patch_band(rows, readable, 1, mid.w, true, out);
+}
+
+void height_patchify_avx2(const RgbImage& mid, int th, FloatBuffer& out) {
+  const HeightPlan hp(mid.h, th);
+  thread_local ByteBuffer band;
+  const int gh = th / kPatch, gw = mid.w / kPatch;
+  size_t pos = out.size();
+  out.resize(pos + size_t(gh) * gw * kRowWidth);
+  for (int mr = 0; mr < gh / kMerge; ++mr, pos += size_t(gw) * kMerge * kRowWidth)
+    band_avx2(mid, &hp, mr, band, &out[pos]);
+}
+}  // namespace
 
 PixelTensor preprocess_image(const RgbImage& img, const ResizeLimits& lim) {
   auto [th, tw] = smart_resize(img.h, img.w, lim);
   Scratch& sc = scratch();
-  const RgbImage& r = resize_into(img, th, tw, sc.mid, sc.out);
   PixelTensor pt;
   pt.t = 1;
   pt.gh = th / kPatch;
   pt.gw = tw / kPatch;
   pt.values.reserve(size_t(pt.rows()) * kRowWidth);
+  if (use_avx2() && img.h != th) {
+    const RgbImage* m = &img;
+    if (img.w != tw) {
+      resize_width(img, tw, sc.mid);
+      m = &sc.mid;
+    }
+    height_patchify_avx2(*m, th, pt.values);
+    return pt;
+  }
+  const RgbImage& r = resize_into(img, th, tw, sc.mid, sc.out);
   append_patch_rows(r, r, pt.values);
   return pt;
 }
@@ -477,7 +621,17 @@ struct RowStreamPreprocessor::Impl {
   RgbImage full;
   ByteBuffer batch;       // kBatch rows + 16 readable bytes
   std::optional<WidthPlan> plan;
+  std::optional<HeightPlan> hplan;  // when the height changes too
+  ByteBuffer band;                  // band_avx2's rows
+  int bands = 0;                    // merge rows of `out` written so far
+  PixelTensor out;
   static constexpr int kBatch = 16;
+  // Rows of the width-passed picture that band `mr` reads end before this source row.
+  int band_needs(int mr) const {
+    if (!hplan) return (mr + 1) * kFactor;
+    const int y = (mr + 1) * kFactor - 1;
+    return hplan->t.xmin[size_t(y)] + hplan->t.n[size_t(y)];
+  }
 };
 
 RowStreamPreprocessor::RowStreamPreprocessor(int h, int w, const ResizeLimits& lim) : p_(std::make_unique<Impl>()) {
@@ -491,12 +645,17 @@ RowStreamPreprocessor::RowStreamPreprocessor(int h, int w, const ResizeLimits& l
   p.stream = tw != w && use_avx2();
   if (p.stream) {
     p.plan.emplace(w, tw);
+    if (th != h) p.hplan.emplace(h, th);
     p.batch.resize(size_t(Impl::kBatch) * w * 3 + 16);
     std::memset(p.batch.data(), 0, p.batch.size());
     RgbImage& mid = scratch().mid;
     mid.w = tw;
     mid.h = h;
     mid.data.resize(size_t(tw) * h * 3);
+    p.out.t = 1;
+    p.out.gh = th / kPatch;
+    p.out.gw = tw / kPatch;
+    p.out.values.resize(size_t(p.out.rows()) * kRowWidth);
   } else {
     p.full = RgbImage(w, h);
   }
@@ -512,6 +671,8 @@ uint8_t* RowStreamPreprocessor::row(int i) {
   return p.stream ? p.batch.data() + size_t(i) * in_row : p.full.data.data() + size_t(p.filled + i) * in_row;
 }
 
+// Each batch goes through the width pass into scratch().mid; every merge row of the output whose source rows are
+// all there is then made at once (band_avx2), while those rows are still in cache, and the decoder goes on.
 void RowStreamPreprocessor::consume() {
   Impl& p = *p_;
   const int n = batch();
@@ -519,6 +680,11 @@ void RowStreamPreprocessor::consume() {
     RgbImage& mid = scratch().mid;
     hpass_block(p.batch.data(), size_t(p.w) * 3, p.batch.size(), n, *p.plan, p.tw,
                 mid.data.data() + size_t(p.filled) * p.tw * 3);
+    p.filled += n;
+    const size_t band_floats = size_t(p.out.gw) * kMerge * kRowWidth;
+    for (; p.bands < p.out.gh / kMerge && p.band_needs(p.bands) <= p.filled; ++p.bands)
+      band_avx2(mid, p.hplan ? &*p.hplan : nullptr, p.bands, p.band, p.out.values.data() + p.bands * band_floats);
+    return;
   }
   p.filled += n;
 }
@@ -527,19 +693,8 @@ PixelTensor RowStreamPreprocessor::finish() {
   Impl& p = *p_;
   if (p.filled != p.h) media_fail("image ended after {} of {} rows", p.filled, p.h);
   if (!p.stream) return preprocess_image(p.full, p.lim);
-  Scratch& sc = scratch();
-  const RgbImage* r = &sc.mid;
-  if (p.th != p.h) {
-    resize_height(sc.mid, p.th, sc.out);
-    r = &sc.out;
-  }
-  PixelTensor pt;
-  pt.t = 1;
-  pt.gh = p.th / kPatch;
-  pt.gw = p.tw / kPatch;
-  pt.values.reserve(size_t(pt.rows()) * kRowWidth);
-  append_patch_rows(*r, *r, pt.values);
-  return pt;
+  if (p.bands != p.out.gh / kMerge) media_fail("internal: {} of {} merge rows made", p.bands, p.out.gh / kMerge);
+  return std::move(p.out);
 }
 
 PixelTensor preprocess_video(const std::vector<RgbImage>& frames, const ResizeLimits& lim) {

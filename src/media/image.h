@@ -9,17 +9,29 @@
 #include <utility>
 #include <vector>
 
+#include "media/big_buffer.h"
+
 namespace m3::media {
 
 // A vector allocator whose resize() leaves new elements uninitialised: pixel buffers are always fully written, and
-// zero-filling them cost more than the resampling itself (perf on bench_media: memset ≈ 1/3 of the time).
+// zero-filling them cost more than the resampling itself (perf on bench_media: memset ≈ 1/3 of the time). Buffers
+// of ≥ 4 MiB come from big_alloc (huge pages: big_buffer.cpp says why).
 template <typename T>
 struct NoInitAllocator : std::allocator<T> {
+  using value_type = T;
   template <typename U>
   struct rebind { using other = NoInitAllocator<U>; };
   NoInitAllocator() = default;
   template <typename U>
   NoInitAllocator(const NoInitAllocator<U>&) noexcept {}
+  T* allocate(size_t n) {
+    if (n * sizeof(T) >= detail::kBigBufferBytes) return static_cast<T*>(detail::big_alloc(n * sizeof(T)));
+    return std::allocator<T>::allocate(n);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n * sizeof(T) >= detail::kBigBufferBytes) return detail::big_free(p, n * sizeof(T));
+    std::allocator<T>::deallocate(p, n);
+  }
   template <typename U>
   void construct(U* p) noexcept { ::new (static_cast<void*>(p)) U; }
   template <typename U, typename... A>
@@ -98,6 +110,8 @@ namespace detail {
 // Tests only: run the portable resample and normalisation loops even where the AVX2 ones would run (they must give
 // the same bytes and floats).
 void force_scalar_resize(bool on);
+// Tests and benchmarks only: use the AVX2 width pass where the AVX-512 one would run (the same bytes).
+void disable_avx512(bool on);
 }  // namespace detail
 
 }  // namespace m3::media

@@ -106,6 +106,29 @@ TEST(MediaResize, Avx2LoopsEqualThePortableOnes) {
   }
 }
 
+// Where the CPU has AVX-512BW the width pass runs a zmm kernel; it must give the AVX2 kernel's bytes (and both the
+// portable loop's, above). Also covers the fixed quad count with windows moved left at the right edge.
+TEST(MediaResize, Avx512WidthPassEqualsTheAvx2One) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512bw")) GTEST_SKIP() << "no AVX-512BW on this CPU";
+#else
+  GTEST_SKIP() << "x86 only";
+#endif
+  uint32_t s = 777;
+  auto rnd = [&] { s = s * 1664525u + 1013904223u; return s >> 24; };
+  struct Case { int h, w, tw; } cases[] = {{1080, 1920, 896}, {2160, 3840, 896}, {37, 501, 504}, {9, 13, 56},
+                                           {5, 3, 28},        {64, 64, 56},      {17, 4000, 812}};
+  for (auto c : cases) {
+    RgbImage img(c.w, c.h);
+    for (auto& v : img.data) v = uint8_t(rnd());
+    detail::disable_avx512(true);
+    const RgbImage a = resize_bicubic_aa(img, c.h, c.tw);
+    detail::disable_avx512(false);
+    const RgbImage b = resize_bicubic_aa(img, c.h, c.tw);
+    EXPECT_TRUE(a.data == b.data) << c.h << "x" << c.w << " -> width " << c.tw;
+  }
+}
+
 TEST(MediaVideoPreprocess, OddFrameCountsPadWithTheLastFrame) {
   std::vector<RgbImage> frames;
   for (int k = 0; k < 3; ++k) {
