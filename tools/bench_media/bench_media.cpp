@@ -81,15 +81,20 @@ static double rate(F&& f, double secs) {
 
 // libjpeg's scanline decode alone with the gateway's settings (decode.cpp preprocess_jpeg_streamed: JCS_EXT_RGB,
 // defaults otherwise) into one reused 16-row buffer: the decoder's share of the gateway path, no preprocessing.
-static void decode_scanlines(const std::vector<uint8_t>& jpg, ByteBuffer& rows16) {
-  jpeg_decompress_struct cinfo{};
-  jpeg_error_mgr jerr{};
+// Starts an RGB scanline decode of `jpg` with the gateway's settings (the caller finishes and destroys `cinfo`).
+static void start_rgb_decode(jpeg_decompress_struct& cinfo, jpeg_error_mgr& jerr, const std::vector<uint8_t>& jpg) {
   cinfo.err = jpeg_std_error(&jerr);
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, jpg.data(), static_cast<unsigned long>(jpg.size()));
   jpeg_read_header(&cinfo, TRUE);
   cinfo.out_color_space = JCS_EXT_RGB;
   jpeg_start_decompress(&cinfo);
+}
+
+static void decode_scanlines(const std::vector<uint8_t>& jpg, ByteBuffer& rows16) {
+  jpeg_decompress_struct cinfo{};
+  jpeg_error_mgr jerr{};
+  start_rgb_decode(cinfo, jerr, jpg);
   const size_t stride = size_t(cinfo.output_width) * 3;
   rows16.resize(16 * stride);
   JSAMPROW rows[16];
@@ -107,12 +112,7 @@ static std::array<double, 3> split_gateway(const std::vector<uint8_t>& jpg) {
   double t0 = cpu_now();
   jpeg_decompress_struct cinfo{};
   jpeg_error_mgr jerr{};
-  cinfo.err = jpeg_std_error(&jerr);
-  jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, jpg.data(), static_cast<unsigned long>(jpg.size()));
-  jpeg_read_header(&cinfo, TRUE);
-  cinfo.out_color_space = JCS_EXT_RGB;
-  jpeg_start_decompress(&cinfo);
+  start_rgb_decode(cinfo, jerr, jpg);
   RowStreamPreprocessor sp(int(cinfo.output_height), int(cinfo.output_width));
   JSAMPROW rows[64];
   while (const int n = sp.batch()) {
