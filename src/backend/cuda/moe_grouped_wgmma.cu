@@ -6,8 +6,9 @@
 //     registers per thread, one group kept in flight, the previous stage released on its empty barrier; at a tile's
 //     end the epilogue (SwiGLU-OAI → bf16 act, or fp32 y rows by slot) goes straight to global while the producer
 //     already fills the next tile.
-// Work items go group by group, column tile by column tile, row tile fastest (work_tile): the row tiles of one expert
-// that read the same weight tile run on neighbouring CTAs at the same time, so the tile comes from DRAM about once.
+// Work items go group by group, column tile by column tile, row tile fastest (work_tile), so the row tiles of one
+// expert that read the same weight tile run on neighbouring CTAs at the same time. Measured: no faster than row-tile-
+// major order, and the kernel still reads ≈ 2.9× its unique bytes from DRAM (docs/KERNELS.md §10.1).
 #include "backend/cuda/moe_grouped_wgmma.cuh"
 
 #include <algorithm>
@@ -44,9 +45,9 @@ struct KernelParams {
 
 // Work item w → (group, first grouped row, column tile). Items are numbered group by group (a group's tiles are
 // consecutive in the tile list); inside a group column-major — the group's row tiles of one column tile are
-// consecutive items — so the CTAs that read the same weight tile (expert g, columns n) run side by side and all
-// but the first find it in L2. (Row-tile-major order left them NN items apart, often in different waves: ncu showed
-// 60 % L2 misses, 3× the unique bytes.)
+// consecutive items — so the CTAs that read the same weight tile (expert g, columns n) run side by side. (Meant to
+// turn the sibling reads into L2 hits; at 8192 rows the time did not change, so the 60 % L2 misses ncu showed with
+// row-tile-major order have another cause: bench/results/2026-12-02c-moe-wgmma-h200.md.)
 struct WorkTile {
   int g, r0, n;
 };
