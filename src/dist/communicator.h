@@ -10,8 +10,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "base/error.h"
 
 namespace m3::dist {
+
+// What a rank's collective throws when another rank aborted the group (InProcessGroup::abort): the cause is the
+// failing rank's own error, this one only reports that the group stopped.
+class GroupAborted : public Error {
+ public:
+  explicit GroupAborted(const std::string& why) : Error("parallel group aborted: " + why) {}
+};
 
 class Communicator {
  public:

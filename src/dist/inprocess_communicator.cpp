@@ -15,7 +15,7 @@ class AbortableBarrier {
   explicit AbortableBarrier(int n) : n_(n) {}
   void arrive_and_wait() {
     std::unique_lock<std::mutex> lk(mu_);
-    if (aborted_) throw Error("parallel group aborted: " + why_);
+    if (aborted_) throw GroupAborted(why_);
     const uint64_t gen = generation_;
     if (++count_ == n_) {
       count_ = 0, ++generation_;
@@ -23,7 +23,7 @@ class AbortableBarrier {
       return;
     }
     cv_.wait(lk, [&] { return generation_ != gen || aborted_; });
-    if (generation_ == gen) throw Error("parallel group aborted: " + why_);  // woken by abort, not by the last rank
+    if (generation_ == gen) throw GroupAborted(why_);  // woken by abort, not by the last rank
   }
   void abort(const std::string& why) {
     std::lock_guard<std::mutex> lk(mu_);

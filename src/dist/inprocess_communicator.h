@@ -3,7 +3,7 @@
 // reads the others' buffers directly, and meets again before anyone may reuse its buffer. Results equal the NCCL
 // ones' definitions bit for bit (sums in rank order).
 // A rank that stops calling collectives (an exception) would leave the others waiting forever: its caller calls
-// abort(), every rank inside or entering a collective throws m3::Error, and once all ranks are out, reset() makes
+// abort(), every rank inside or entering a collective throws dist::GroupAborted, and once all ranks are out, reset() makes
 // the group usable again (the engine fails that step's requests and keeps serving).
 #pragma once
 
@@ -22,7 +22,7 @@ class InProcessGroup {
   int size() const { return int(ranks_.size()); }
   // The communicator of rank r; one thread per rank calls it.
   Communicator& rank(int r);
-  // Wakes every rank waiting in a collective (and fails every later one) with m3::Error naming `why`.
+  // Wakes every rank waiting in a collective (and fails every later one) with dist::GroupAborted naming `why`.
   void abort(const std::string& why);
   // Clears an abort. Only when no rank is inside a collective (after the rank threads have returned).
   void reset();

@@ -415,9 +415,7 @@ void Engine::run(std::vector<RankStep>& st) {
       if (e) {
         try {
           std::rethrow_exception(e);
-        } catch (const Error& x) {
-          if (std::string(x.what()).rfind("parallel group aborted", 0) == 0) continue;
-          throw;
+        } catch (const dist::GroupAborted&) {
         }
       }
     for (auto& e : err)
