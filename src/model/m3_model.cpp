@@ -57,11 +57,6 @@ void M3Model::check_share(const ExpertParallel* ep) const {
            "rank", s.rank, s.world);
 }
 
-std::pair<int64_t, int64_t> M3Model::vocab_rows() const {
-  const RankShare& s = w_.share;
-  const int64_t V = cfg_.vocab_size, v = s.vocab_index(), vp = s.vocab_parts;
-  return {V * v / vp, V * (v + 1) / vp};
-}
 
 M3Model M3Model::load(const std::string& model_dir) {
   Checkpoint ck = load_checkpoint(model_dir);
@@ -86,7 +81,7 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   std::vector<float> x(size_t(T * H));
   const bool vocab_split = w_.share.vocab_parts > 1;
   if (vocab_split) {
-    const auto [v0, v1] = vocab_rows();
+    const auto [v0, v1] = w_.share.vocab_rows(V);
     embed_vocab_parallel(*ep, w_.embed.data(), v0, v1, V, H, rows.ids.data(), T, x.data());
   } else {
     for (int64_t t = 0; t < T; ++t) std::memcpy(&x[t * H], &w_.embed[size_t(rows.ids[t]) * H], size_t(H) * 4);
@@ -228,32 +223,30 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   }
 
   // ---- head: final norm + LM head on the rows that need logits -------------------------------------------
-  std::vector<std::vector<float>> out;
+  // The output rows of every sequence (its last row, or all of them), normed into one buffer; each sequence's
+  // logits come from its own product (no step-wide copy of the logits), or from one vocabulary-parallel exchange.
+  std::vector<int64_t> first(seqs.size()), count(seqs.size());
+  int64_t n = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    first[s] = seqs[s].all_logits ? seq_begin[s] : seq_begin[s + 1] - 1;
+    count[s] = seq_begin[s + 1] - first[s];
+    n += count[s];
+  }
+  std::vector<float> hn(size_t(n * H));
+  for (size_t s = 0, r = 0; s < seqs.size(); r += size_t(count[s]), ++s)
+    cpu::rms_norm_gemma(&x[first[s] * H], count[s], H, w_.final_norm.data(), c.rms_norm_eps, &hn[r * size_t(H)]);
+  std::vector<std::vector<float>> out(seqs.size());
   if (vocab_split) {
-    // One exchange for every output row of the step, then split per sequence.
-    std::vector<int64_t> first(seqs.size()), count(seqs.size());
-    int64_t n = 0;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      first[s] = seqs[s].all_logits ? seq_begin[s] : seq_begin[s + 1] - 1;
-      count[s] = seq_begin[s + 1] - first[s];
-      n += count[s];
-    }
-    std::vector<float> hn(size_t(n * H)), lg(size_t(n * V));
-    for (size_t s = 0, r = 0; s < seqs.size(); r += size_t(count[s]), ++s)
-      cpu::rms_norm_gemma(&x[first[s] * H], count[s], H, w_.final_norm.data(), c.rms_norm_eps, &hn[r * size_t(H)]);
-    const auto [v0, v1] = vocab_rows();
+    std::vector<float> lg(size_t(n * V));
+    const auto [v0, v1] = w_.share.vocab_rows(V);
     lm_head_vocab_parallel(*ep, w_.lm_head.data(), v0, v1, V, H, hn.data(), n, lg.data());
     for (size_t s = 0, r = 0; s < seqs.size(); r += size_t(count[s]), ++s)
-      out.emplace_back(lg.begin() + int64_t(r) * V, lg.begin() + int64_t(r + size_t(count[s])) * V);
-    return out;
-  }
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const int64_t t0 = seqs[s].all_logits ? seq_begin[s] : seq_begin[s + 1] - 1;
-    const int64_t n_out = seq_begin[s + 1] - t0;
-    std::vector<float> hn(size_t(n_out * H)), lg(size_t(n_out * V));
-    cpu::rms_norm_gemma(&x[t0 * H], n_out, H, w_.final_norm.data(), c.rms_norm_eps, hn.data());
-    cpu::matmul_nt(hn.data(), n_out, H, w_.lm_head.data(), V, lg.data());
-    out.push_back(std::move(lg));
+      out[s].assign(lg.begin() + int64_t(r) * V, lg.begin() + int64_t(r + size_t(count[s])) * V);
+  } else {
+    for (size_t s = 0, r = 0; s < seqs.size(); r += size_t(count[s]), ++s) {
+      out[s].resize(size_t(count[s] * V));
+      cpu::matmul_nt(&hn[r * size_t(H)], count[s], H, w_.lm_head.data(), V, out[s].data());
+    }
   }
   return out;
 }
@@ -263,7 +256,7 @@ void M3Model::idle_step(const ExpertParallel& ep) const {
   check_share(&ep);
   // The same collectives as a forward, in the same order, with no rows: embedding, MoE layers, LM head.
   const bool vocab_split = w_.share.vocab_parts > 1;
-  const auto [v0, v1] = vocab_rows();
+  const auto [v0, v1] = w_.share.vocab_rows(c.vocab_size);
   if (vocab_split) embed_vocab_parallel(ep, w_.embed.data(), v0, v1, c.vocab_size, c.hidden_size, nullptr, 0, nullptr);
   for (int l = 0; l < c.num_layers; ++l) {
     if (c.mlp_kinds[l] != MlpKind::MoE) continue;

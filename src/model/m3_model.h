@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "io/config.h"
@@ -56,7 +55,6 @@ class M3Model {
   M3Config cfg_;
   M3Weights w_;
   void check_share(const ExpertParallel* ep) const;  // throws when w_.share cannot run with `ep`
-  std::pair<int64_t, int64_t> vocab_rows() const;   // [v0, v1): the vocabulary rows this share holds
 };
 
 }  // namespace m3

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "io/config.h"
 
@@ -30,6 +31,10 @@ struct RankShare {
   bool owns_expert(int64_t e) const { return !expert_parallel || e % world == rank; }
   int tp_index() const { return rank % attn_tp; }
   int vocab_index() const { return rank % vocab_parts; }
+  // [v0, v1): the vocabulary rows (embedding and LM head) this share holds, of V.
+  std::pair<int64_t, int64_t> vocab_rows(int64_t V) const {
+    return {V * vocab_index() / vocab_parts, V * (vocab_index() + 1) / vocab_parts};
+  }
   // Whether this share is the whole model (one rank, or nothing split).
   bool whole() const { return (world == 1 || !expert_parallel) && attn_tp == 1 && vocab_parts == 1; }
   // Whether only routed experts are split (what the CPU forward with model/expert_parallel.h can run).

@@ -245,8 +245,7 @@ std::vector<SlotShare> rank_weight_plan(const M3Config& c, const RankShare& shar
   const int64_t D = c.head_dim, G = c.num_q_heads / c.num_kv_heads, T = share.attn_tp, j = share.tp_index();
   const int64_t k0 = j * c.num_kv_heads / T, k1 = (j + 1) * c.num_kv_heads / T;  // the rank's KV heads
   const int64_t i0 = j * c.index_num_heads / T, i1 = (j + 1) * c.index_num_heads / T;  // its index-q heads
-  const int64_t V = c.vocab_size, vp = share.vocab_parts, v = share.vocab_index();
-  const int64_t v0 = V * v / vp, v1 = V * (v + 1) / vp;  // its vocabulary rows
+  const auto [v0, v1] = share.vocab_rows(c.vocab_size);  // its vocabulary rows
   std::vector<SlotShare> out;
   for (WeightSlot& s : weight_plan(c)) {
     if ((s.kind == SlotKind::ExpertGateUp || s.kind == SlotKind::ExpertDown) && !share.owns_expert(s.expert)) continue;

@@ -161,33 +161,21 @@ RankWeights poisoned(int P) {
 }
 
 // Rank r loads its share (model/rank_share.h) from a checkpoint of w that holds only rank r's routed experts: the
-// rank cannot have read another rank's expert, and its other experts are empty arrays.
-RankWeights sharded_load(int P) {
-  return [P](const M3Weights& w, int r) {
+// rank cannot have read another rank's expert, and its other experts are empty arrays. With `split_vocab` the
+// embedding and LM head are split over the ranks too (vocab_parts = P): rank r reads only its vocabulary rows, and
+// the forward exchanges embedding rows and logits (model/vocab_parallel.h).
+RankWeights sharded_load(int P, bool split_vocab = false) {
+  return [P, split_vocab](const M3Weights& w, int r) {
     const M3Config c = test::tiny_config();
     const std::string dir = (std::filesystem::temp_directory_path() /
                              ("m3_dist_shard_" + std::to_string(::getpid()) + "_" + std::to_string(P) + "_" +
                               std::to_string(r))).string();
     test::write_checkpoint(c, w, dir, [&](int, int e) { return e % P == r; });
-    M3Weights rw = M3Weights::load(c, SafeTensors::open(dir), RankShare::ep(r, P));
+    const RankShare share{r, P, true, 1, split_vocab ? P : 1};
+    M3Weights rw = M3Weights::load(c, SafeTensors::open(dir), share);
     std::filesystem::remove_all(dir);
-    return rw;
-  };
-}
-
-// As sharded_load, with the embedding and LM head split over the ranks too (vocab_parts = P): rank r reads only
-// its vocabulary rows, and the forward exchanges embedding rows and logits (model/vocab_parallel.h).
-RankWeights sharded_load_vocab(int P) {
-  return [P](const M3Weights& w, int r) {
-    const M3Config c = test::tiny_config();
-    const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("m3_dist_vocab_" + std::to_string(::getpid()) + "_" + std::to_string(P) + "_" +
-                              std::to_string(r))).string();
-    test::write_checkpoint(c, w, dir, [&](int, int e) { return e % P == r; });
-    M3Weights rw = M3Weights::load(c, SafeTensors::open(dir), RankShare{r, P, true, 1, P});
-    std::filesystem::remove_all(dir);
-    const int64_t V = c.vocab_size, rows = V * (r + 1) / P - V * r / P;
-    EXPECT_EQ(int64_t(rw.embed.size()), rows * c.hidden_size) << "rank " << r << " holds only its vocabulary rows";
+    const auto [v0, v1] = share.vocab_rows(c.vocab_size);
+    EXPECT_EQ(int64_t(rw.embed.size()), (v1 - v0) * c.hidden_size) << "rank " << r << " holds only its vocabulary rows";
     return rw;
   };
 }
@@ -217,7 +205,7 @@ TEST(InProcessCollectives, AbortWakesRanksWaitingInACollectiveAndResetReusesTheG
   for (int r = 1; r < P; ++r)
     EXPECT_NE(errors[size_t(r)].find("parallel group aborted: rank 0 failed: out of memory"), std::string::npos)
         << "rank " << r << ": " << errors[size_t(r)];
-  EXPECT_THROW(g.rank(1).barrier(), Error);  // still aborted: fails at once instead of waiting
+  EXPECT_THROW(g.rank(1).barrier(), dist::GroupAborted);  // still aborted: fails at once instead of waiting
 
   g.reset();
   std::vector<std::vector<float>> out(P);
@@ -237,11 +225,11 @@ TEST(ExpertParallel, ShardedLoadsOfThreeRanksGiveTheOneRankLogits) {
   expect_expert_parallel_equals_one_rank(3, sharded_load(3));
 }
 TEST(VocabParallel, TwoRanksWithTheVocabularySplitGiveTheOneRankLogitsBitForBit) {
-  expect_expert_parallel_equals_one_rank(2, sharded_load_vocab(2));
+  expect_expert_parallel_equals_one_rank(2, sharded_load(2, /*split_vocab=*/true));
 }
 TEST(VocabParallel, ThreeRanksWithAVocabularyNotDividingEvenly) {
   ASSERT_NE(test::tiny_config().vocab_size % 3, 0);
-  expect_expert_parallel_equals_one_rank(3, sharded_load_vocab(3));
+  expect_expert_parallel_equals_one_rank(3, sharded_load(3, /*split_vocab=*/true));
 }
 TEST(VocabParallel, DummySharesWithTheVocabularySplitGiveTheOneRankDummyLogits) {
   const M3Config c = test::tiny_config();
