@@ -162,6 +162,17 @@ std::vector<int32_t> tap_pairs(const AxisTaps& t, int out, int pairs) {
   return v;
 }
 
+// Output pixel x of the four rows from (r, g, b, ·) words: a 4-byte store where the 4th byte is the next pixel's
+// (written next), 3 bytes for the last pixel of a row.
+// Constant-size copies (one store each) in both branches.
+inline void store_pixel_x4(uint8_t* const* d, int x, int out_w, const uint32_t (&px)[4]) {
+  if (x + 1 < out_w) {
+    for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 4);
+  } else {
+    for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 3);
+  }
+}
+
 // Width pass on interleaved RGB, four rows at a time (two per ymm, one per 128-bit lane). 16 bytes at pixel p hold
 // pixels p … p+3 (and a byte of p+4); two byte shuffles turn them into the int16 lanes (r_p, r_p+1, g_p, g_p+1, b_p,
 // b_p+1, 0, 0) and (r_p+2, r_p+3, …), so vpmaddwd with a tap pair broadcast gives (Σr, Σg, Σb, 0) for two taps.
@@ -198,11 +209,7 @@ __attribute__((target("avx2"))) void hpass_rows_avx2(const uint8_t* const* r, co
     const __m128i l0 = _mm256_castsi256_si128(b8), l1 = _mm256_extracti128_si256(b8, 1);
     const uint32_t px[4] = {uint32_t(_mm_cvtsi128_si32(l0)), uint32_t(_mm_cvtsi128_si32(l1)),
                             uint32_t(_mm_extract_epi32(l0, 1)), uint32_t(_mm_extract_epi32(l1, 1))};
-    if (x + 1 < out_w) {  // the 4th byte is the next pixel's, written next
-      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 4);
-    } else {
-      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 3);
-    }
+    store_pixel_x4(d, x, out_w, px);
   }
 }
 
@@ -243,11 +250,7 @@ __attribute__((target("avx512f,avx512bw"))) void hpass_rows_avx512(const uint8_t
     const __m128i b8 = _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_sra_epi32(acc, shift), zero));
     const uint32_t px[4] = {uint32_t(_mm_cvtsi128_si32(b8)), uint32_t(_mm_extract_epi32(b8, 1)),
                             uint32_t(_mm_extract_epi32(b8, 2)), uint32_t(_mm_extract_epi32(b8, 3))};
-    if (x + 1 < out_w) {  // the 4th byte is the next pixel's, written next
-      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 4);
-    } else {
-      for (int i = 0; i < 4; ++i) std::memcpy(d[i] + size_t(x) * 3, &px[i], 3);
-    }
+    store_pixel_x4(d, x, out_w, px);
   }
 }
 
