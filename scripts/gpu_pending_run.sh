@@ -14,7 +14,7 @@ t0=$(date +%s)
 # 1. Build every gpu test and m3serve (16 jobs), run all tests labelled gpu.
 M3_COMMIT="$commit" M3_SKIP_BENCH=1 M3_SKIP_E2E=1 M3_TARGETS="gpu_ops_test gpu_model_test gpu_hopper_test \
 gpu_msa_prefill_tc_test gpu_decode_test gpu_moe_test gpu_load_test gpu_sampling_test gpu_graph_test gpu_fp8_test \
-gpu_kv_fp8_test gpu_vision_test m3serve" timeout 420 bash "$root/scripts/gpu_run.sh" "$out/tests" >"$out/tests.log" 2>&1
+gpu_kv_fp8_test gpu_vision_test m3serve" timeout 480 bash "$root/scripts/gpu_run.sh" "$out/tests" >"$out/tests.log" 2>&1
 echo "== gpu tests: rc $? ($(( $(date +%s) - t0 )) s)"
 grep -E "^build:|^gpu tests:|tests passed|tests failed|Failed|Timeout" "$out/tests/summary.md" | head -20
 # 2. 60k-token TTFT, bf16 then fp8 K/V (same m3serve; one server per run).
