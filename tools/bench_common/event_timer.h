@@ -36,4 +36,41 @@ inline std::vector<float> time_sorted_ms(const std::function<void()>& f, int war
   return t;
 }
 
+// The same for a call that must run on a capturable stream: f(s) is captured once into a CUDA graph (after `warm`
+// eager calls, so first-use work stays outside the capture) and `reps` back-to-back replays are timed one by one
+// (the MSA benchmark protocol for small kernels: launch gaps do not count, as in a graph-replayed serving step).
+inline std::vector<float> time_graph_sorted_ms(const std::function<void(cudaStream_t)>& f, int warm, int reps) {
+  cudaStream_t s;
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < std::max(warm, 1); ++i) f(s);
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  M3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  f(s);
+  M3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  M3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  std::vector<cudaEvent_t> ev(size_t(reps) + 1);
+  for (auto& e : ev) M3_CUDA_CHECK(cudaEventCreate(&e));
+  M3_CUDA_CHECK(cudaEventRecord(ev[0], s));
+  for (int i = 0; i < reps; ++i) {
+    M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    M3_CUDA_CHECK(cudaEventRecord(ev[size_t(i) + 1], s));
+  }
+  M3_CUDA_CHECK(cudaEventSynchronize(ev[size_t(reps)]));
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[size_t(i)], ev[size_t(i) + 1]));
+    t.push_back(ms);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  std::sort(t.begin(), t.end());
+  return t;
+}
+
 }  // namespace m3::bench

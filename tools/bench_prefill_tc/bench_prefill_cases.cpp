@@ -5,10 +5,13 @@
 // (random = low neighbour overlap, spread = neighbouring rows choose the same blocks; prefill_inputs.h): the
 // union-tile kernel, the KV-block-major kernel and the per-tile router (msa_prefill_sparse.cuh), then the
 // tensor-core indexer + top-16 as two kernels (scores, msa_topk) and fused (run_topk), with the number of rows
-// whose selections differ. CUDA-event median of --reps after 2 warm-ups; inputs are not rotated, so the
-// smallest cases run partly from L2 (the table says the working set). Aggregates follow the manifest's rule:
-// representative cases weighted by representative_weight (Σ w·t / Σ w; useful TFLOP/s = Σ w·F / Σ w·t).
-//   bench_prefill_cases --cases FILE [--reps N] [--limit N]
+// whose selections differ. Median of --reps CUDA-graph replays (one call per graph; --eager: plain launches, as
+// before 2026-12-02d) after 2 warm-ups; inputs are not rotated, so the smallest cases run partly from L2 (the
+// table says the working set). Aggregates follow the manifest's rule: representative cases weighted by
+// representative_weight (Σ w·t / Σ w; useful TFLOP/s = Σ w·F / Σ w·t). --thresholds a,b,…: the router also at
+// these union-width thresholds (MsaPrefillSparse::set_threshold_pct), with how often each is within 5 % of the
+// best kernel — the data to fit the default on.
+//   bench_prefill_cases --cases FILE [--reps N] [--limit N] [--eager] [--thresholds a,b,...]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -77,6 +80,8 @@ struct Agg {
 int main(int argc, char** argv) {
   std::string cases_path;
   int reps = 10, limit = 1 << 30;
+  bool eager = false;
+  std::vector<int> thresholds;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) {
       cases_path = argv[++i];
@@ -84,8 +89,13 @@ int main(int argc, char** argv) {
       reps = std::max(3, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--limit") && i + 1 < argc) {
       limit = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--eager")) {
+      eager = true;
+    } else if (!std::strcmp(argv[i], "--thresholds") && i + 1 < argc) {
+      thresholds = ints(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: bench_prefill_cases --cases FILE [--reps N] [--limit N]\n");
+      std::fprintf(stderr,
+                   "usage: bench_prefill_cases --cases FILE [--reps N] [--limit N] [--eager] [--thresholds a,b,...]\n");
       return 2;
     }
   }
@@ -93,7 +103,17 @@ int main(int argc, char** argv) {
     if (cases_path.empty()) cuda::failf("--cases FILE is required");
     if (cuda::device_count() == 0) return std::printf("bench_prefill_cases: no CUDA device\n"), 0;
     const std::vector<Case> cases = read_cases(cases_path);
-    std::printf("%zu cases from %s; ms = CUDA-event median of %d\n\n", cases.size(), cases_path.c_str(), reps);
+    std::printf("%zu cases from %s; ms = median of %d %s\n\n", cases.size(), cases_path.c_str(), reps,
+                eager ? "eager calls (CUDA events)" : "CUDA-graph replays");
+    // Median ms of f on a stream: graph replays, or eager calls on the legacy stream (--eager).
+    auto time_ms = [&](const std::function<void(cudaStream_t)>& f) {
+      const std::vector<float> t = eager ? bench::time_sorted_ms([&] { f(nullptr); }, 2, reps)
+                                         : bench::time_graph_sorted_ms(f, 2, reps);
+      return double(t[t.size() / 2]);
+    };
+    std::vector<int> thr_within5[2];
+    std::vector<Agg> thr_agg[2];
+    for (int s = 0; s < 2; ++s) thr_within5[s].assign(thresholds.size(), 0), thr_agg[s].assign(thresholds.size(), Agg{});
     std::printf("| case | tags | seqs | T | max KV | set (MB) | sel | union | KV-major | routed | best | routed/best | "
                 "indexer+top16 | fused top16 (rows ≠) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     Agg agg[2][3];  // [selection][union, kvmajor, routed], representative cases
@@ -146,17 +166,17 @@ int main(int argc, char** argv) {
       idx.plan(pos, row_seq, kHi, kDi, kB, nullptr);
       cuda::DeviceBuffer<float> scores(size_t(kHi) * T * idx.max_cols());
       cuda::DeviceBuffer<int32_t> isel(size_t(kHi) * T * kTopK);
-      auto fi = [&] {
-        idx.run(iq.get(), ikp.get(), ik_stride, num_pages, rows, scores.get(), nullptr);
-        cuda::msa_topk(scores.get(), T, kHi, dpos.get(), kB, idx.max_cols(), kTopK, isel.get(), nullptr);
+      auto fi = [&](cudaStream_t st) {
+        idx.run(iq.get(), ikp.get(), ik_stride, num_pages, rows, scores.get(), st);
+        cuda::msa_topk(scores.get(), T, kHi, dpos.get(), kB, idx.max_cols(), kTopK, isel.get(), st);
       };
-      const std::vector<float> ti = bench::time_sorted_ms(fi, 2, reps);
-      const double idx_ms = ti[ti.size() / 2];
+      const double idx_ms = time_ms(fi);
       // Fused scores + top-16 (run_topk, default pipeline): time and agreement with the two-kernel selection.
       cuda::DeviceBuffer<int32_t> fsel(size_t(kHi) * T * kTopK);
-      auto ff = [&] { idx.run_topk(iq.get(), ikp.get(), ik_stride, num_pages, rows, kTopK, fsel.get(), nullptr); };
-      const std::vector<float> tf = bench::time_sorted_ms(ff, 2, reps);
-      const double fused_ms = tf[tf.size() / 2];
+      auto ff = [&](cudaStream_t st) {
+        idx.run_topk(iq.get(), ikp.get(), ik_stride, num_pages, rows, kTopK, fsel.get(), st);
+      };
+      const double fused_ms = time_ms(ff);
       size_t fused_differ = 0;
       {
         std::vector<int32_t> a(isel.size()), b(fsel.size());
@@ -177,16 +197,28 @@ int main(int argc, char** argv) {
         for (int v = 0; v < 3; ++v) {
           cuda::MsaPrefillSparse attn;
           attn.plan(T, kHkv, kG, kD, kB, kTopK, num_pages, modes[v]);
-          auto f = [&] { attn.run(q.get(), dsel.get(), rows, kv, scale, out.get(), nullptr); };
-          f();
+          auto f = [&](cudaStream_t st) { attn.run(q.get(), dsel.get(), rows, kv, scale, out.get(), st); };
+          f(nullptr);
           attn.check(nullptr);
-          const std::vector<float> t = bench::time_sorted_ms(f, 2, reps);
-          ms[v] = t[t.size() / 2];
+          ms[v] = time_ms(f);
         }
         const double best = std::min(ms[0], ms[1]);
-        std::printf("| %s | %s | %zu | %d | %d | %.0f | %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.3f (%zu) |\n",
+        std::string thr_cols;
+        for (size_t k = 0; k < thresholds.size(); ++k) {
+          cuda::MsaPrefillSparse attn;
+          attn.plan(T, kHkv, kG, kD, kB, kTopK, num_pages, cuda::MsaPrefillSparse::Mode::Auto);
+          attn.set_threshold_pct(thresholds[k]);
+          const double mt =
+              time_ms([&](cudaStream_t st) { attn.run(q.get(), dsel.get(), rows, kv, scale, out.get(), st); });
+          char b[48];
+          std::snprintf(b, sizeof b, " %d%%: %.3f", thresholds[k], mt);
+          thr_cols += b;
+          thr_within5[s][k] += mt <= 1.05 * best;
+          if (c.weight > 0) thr_agg[s][k].add(c.weight, mt, flops);
+        }
+        std::printf("| %s | %s | %zu | %d | %d | %.0f | %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.3f (%zu) |%s\n",
                     c.id.c_str() + 8, c.tags.c_str(), c.q.size(), T, max_kv, set_mb, s ? "spread" : "random", ms[0],
-                    ms[1], ms[2], best, ms[2] / best, idx_ms, fused_ms, fused_differ);
+                    ms[1], ms[2], best, ms[2] / best, idx_ms, fused_ms, fused_differ, thr_cols.c_str());
         ++counted[s];
         within5[s] += ms[2] <= 1.05 * best;
         if (c.weight > 0)
@@ -202,6 +234,15 @@ int main(int argc, char** argv) {
         std::printf(" %.3f ms (%.0f TF/s) |", agg[s][v].wt / std::max(agg[s][v].w, 1e-9),
                     agg[s][v].wf / std::max(agg[s][v].wt * 1e-3, 1e-12) / 1e12);
       std::printf(" %d / %d |\n", within5[s], counted[s]);
+    }
+    if (!thresholds.empty()) {
+      std::printf("\n## Router threshold sweep: within 5 %% of the best kernel (all cases) and representative-weighted "
+                  "ms\n\n| threshold %% | random: within 5 %% | random ms | spread: within 5 %% | spread ms |\n"
+                  "|---|---|---|---|---|\n");
+      for (size_t k = 0; k < thresholds.size(); ++k)
+        std::printf("| %d | %d / %d | %.3f | %d / %d | %.3f |\n", thresholds[k], thr_within5[0][k], counted[0],
+                    thr_agg[0][k].wt / std::max(thr_agg[0][k].w, 1e-9), thr_within5[1][k], counted[1],
+                    thr_agg[1][k].wt / std::max(thr_agg[1][k].w, 1e-9));
     }
     std::printf("\n| indexer + top-16 (representative-weighted) | scores + msa_topk | fused top-16 | rows whose fused "
                 "selection differs (all cases) |\n|---|---|---|---|\n| ms | %.3f | %.3f | %zu |\n",

@@ -10,7 +10,7 @@
 // (run_dense) on the same chunk: useful FLOPs 4·D·Hq·Σ (p + 1), median of 10.
 // The prefill indexer (msa_indexer_tc.cuh): scores only, scores + msa_topk (two kernels) and the fused top-16
 // (serial and overlap pipelines), inputs L2-rotated, with the fused selections compared to msa_topk's.
-//   bench_prefill_tc [--kv N ...] [--indexer-only | --attention-only]
+//   bench_prefill_tc [--kv N ...] [--indexer-only | --attention-only] [--sweep-order]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,16 +63,18 @@ double union_efficiency(const std::vector<int32_t>& sel, int T) {
 
 int main(int argc, char** argv) {
   std::vector<int> kvs;
-  bool indexer_only = false, attention_only = false;
+  bool indexer_only = false, attention_only = false, sweep_order = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--indexer-only")) {
       indexer_only = true;
     } else if (!std::strcmp(argv[i], "--attention-only")) {  // sparse attention variants only
       attention_only = true;
+    } else if (!std::strcmp(argv[i], "--sweep-order")) {  // KV-block-major tile orders (set_order)
+      sweep_order = true;
     } else if (!std::strcmp(argv[i], "--kv") && i + 1 < argc) {
       kvs.push_back(std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_prefill_tc [--kv N ...] [--indexer-only | --attention-only]\n");
+      std::fprintf(stderr, "usage: bench_prefill_tc [--kv N ...] [--indexer-only | --attention-only] [--sweep-order]\n");
       return 2;
     }
   }
@@ -189,6 +191,43 @@ int main(int argc, char** argv) {
                       "%.1f}\n",
                       kv / 1024, name, medk * 1e3, tfk);
         json += rec;
+        if (sweep_order) {  // tile order of the KV-block-major kernel: windows of m · (context pages) rows × runs
+          const std::vector<float> base = hk;
+          const int ctx_pages = kv / kB;
+          for (int cons : {3, 2})
+          for (int m : {0, 4, 16})
+            for (int chunk : {1, 4}) {
+              if (cons == 3 && m == 0 && chunk == 4) continue;  // the default, timed above
+              const int window = m * ctx_pages;
+              kvm.set_order(window, chunk, cons);
+              fk();
+              M3_CUDA_CHECK(cudaMemcpy(hk.data(), kvout.get(), hk.size() * 4, cudaMemcpyDeviceToHost));
+              const bool same = std::memcmp(hk.data(), base.data(), hk.size() * 4) == 0;
+              const std::vector<float> to = bench::time_sorted_ms(fk, 2, 15);
+              kvm.profile_phases(true);
+              std::vector<float> att;
+              for (int r = 0; r < 5; ++r) {
+                fk();
+                float ms[3];
+                kvm.phase_ms(ms);
+                att.push_back(ms[1]);
+              }
+              kvm.profile_phases(false);
+              std::sort(att.begin(), att.end());
+              const float mo = to[to.size() / 2];
+              std::printf("| %dk | %s, KV-major %d consumers, window %d (%d x ctx pages) chunk %d | %.3f | %.3f–%.3f | "
+                          "%.0f | attention %.3f ms; output %s |\n",
+                          kv / 1024, name, cons, window, m, chunk, mo, to.front(), to.back(), useful / (mo * 1e-3) / 1e12,
+                          att[2], same ? "bit-identical" : "DIFFERS");
+              std::snprintf(rec, sizeof rec,
+                            "{\"op\": \"msa_prefill_attention\", \"shape\": \"T16384 KV%dk 64q/4kv D128 B128 top16\", "
+                            "\"variant\": \"kv-block-major tc bf16 %d consumers window %d chunk %d, %s selection\", "
+                            "\"median_us\": %.1f, \"useful_tflops\": %.1f}\n",
+                            kv / 1024, cons, window, chunk, name, mo * 1e3, useful / (mo * 1e-3) / 1e12);
+              json += rec;
+            }
+          kvm.set_order(0, 1);
+        }
 
         // The per-tile router (msa_prefill_sparse.cuh): its pick and its time next to both kernels.
         cuda::MsaPrefillSparse routed;

@@ -1,26 +1,27 @@
 // KV-block-major MSA prefill on tensor cores (msa_prefill_kvmajor.cuh). Per run, all on the device:
 //   1. count:   one thread per selection entry (h, t, slot): logical block → physical page through the row's page
-//               table; CSR row r = h·P + page; rank = atomicAdd(cnt[r]) (its place in the row).
-//   2. pack + exclusive scan (CUB) of (cnt[r], tiles[r] = ⌈cnt[r] / 8⌉) packed in one 64-bit word: row offsets
+//               table; CSR row r = (h · windows + t / window) · P + page (one window unless set_order asks for
+//               more); rank = atomicAdd(cnt[r]) (its place in the row).
+//   2. pack + exclusive scan (CUB) of (cnt[r], tiles[r] = ⌈cnt[r] / 4⌉) packed in one 64-bit word: row offsets
 //      and tile offsets in one pass (the low half never carries: Σ cnt < 2^32).
 //   3. scatter: csr[off[r] + rank] = t | slot << 24;  tile emit: tiles[toff[r] + j] = (r, j); n_tiles on device.
-//   4. attention: persistent grid (one CTA per SM, 3 warpgroups); CTA c takes tiles c, c + grid, …, so the CTAs
-//      work on neighbouring tiles of one page at a time; a CTA keeps a page's K and V in shared memory while its
-//      consecutive tiles share the page (Q alone is gathered per tile).
-//      Warps 1–3 resolve the metadata of groups of 4 tiles (lane = tile · 8 + entry) into a shared-memory ring; the
-//      TMA warp (warp 0), when a tile's row (KV head, page) differs from the previous one, loads the page's K and V
-//      [128 keys, 128] (two 64-channel 128B-swizzled TMA boxes each) into the next slot of a 2-slot K/V ring; per
-//      tile it gathers the Q rows
-//      [16 heads, 128] of each of the ≤ 8 queries (one TMA box pair per query, issued by the query's lane) into a
-//      3-stage Q ring, with (t, slot, visible, h | K/V slot, first / last use of the slot) in shared memory.
-//      Consumers (warpgroups 1, 2 = queries 0–3, 4–7 of the tile; warp = one query, its 16 heads = 16 MMA rows):
-//      S = Q·Kᵀ (8 × wgmma m64n128k16), keys ≥ the query's visible count masked (its local page: p % 128 + 1),
-//      single-pass softmax in the log2 domain, O = P·V (8 × wgmma, P from registers, V read N-major), then
-//      O / l as bf16 staged in the warp's dead Q rows and stored as one contiguous 4 KiB block to
-//      o_part[slot, t, h·16 .. +15], m + log2 l to lse_part[slot, t, head]. The K/V slot is released after the
-//      last tile that uses it.
-//   5. combine: one warp per (t, head): M = max over valid slots of LSE, w = 2^(LSE − M), out = Σ w·O / Σ w; the
-//      ≤ 16 partial loads of a warp are all issued before the first is used (bytes in flight, not latency, bound it).
+//   4. attention: persistent grid (one CTA per SM, 4 warpgroups); CTA c takes runs of `chunk` tiles c·chunk,
+//      (c + grid)·chunk, …, so the CTAs work on neighbouring tiles of one page at a time; a CTA keeps a page's K
+//      and V in shared memory while its consecutive tiles share the page (Q alone is gathered per tile).
+//      Warpgroup 0: warps 1–3 resolve the metadata of groups of 8 tiles (lane = tile · 4 + entry) into a
+//      shared-memory ring; the TMA warp (warp 0), when a tile's row differs from the previous one, loads the page's
+//      K and V [128 keys, 128] (two 64-channel 128B-swizzled TMA boxes each) into the next slot of a 2-slot K/V
+//      ring — once every tile that read the slot's previous page is done — and per tile gathers the Q rows
+//      [16 heads, 128] of each of the ≤ 4 queries (one TMA box pair per query) into a 6-stage Q ring, with
+//      (t, slot, visible, h | K/V slot | its load parity) in shared memory.
+//      Consumers: warpgroups 1–3 take the CTA's tiles in turn (tile j → warpgroup 1 + j % 3; warp = one query, its
+//      16 heads = 16 MMA rows): S = Q·Kᵀ (8 × wgmma m64n128k16), keys ≥ the query's visible count masked (its
+//      local page: p % 128 + 1), single-pass softmax in the log2 domain, O = P·V (8 × wgmma, P from registers, V
+//      read N-major), then O / l as bf16 staged in the warp's dead Q rows and stored as one contiguous 4 KiB block
+//      to o_part[slot, t, h·16 .. +15], m + log2 l to lse_part[slot, t, head].
+//   5. combine: one CTA per 8 rows × KV head: M = max over valid slots of LSE, w = 2^(LSE − M), out = Σ w·O / Σ w;
+//      the ≤ 16 partial loads of a thread are all issued before the first is used (bytes in flight, not latency,
+//      bound it).
 // Rows of the CSR are keyed by physical page, so queries of different sequences that share a cached prefix page
 // are served by one load of it. Tiles are ordered by row: CTAs that run at the same time mostly share pages in L2.
 #include "backend/cuda/msa_prefill_kvmajor.cuh"
@@ -41,28 +42,39 @@ namespace {
 
 using namespace hopper;
 
-constexpr int kTok = 8, kG = 16, kD = 128, kB = 128, kQStages = 3, kKvStages = 2, kThreads = 384;
-constexpr uint32_t kAtom = 128 * 128;          // [128 rows, 64 bf16] 128B-swizzled: 16 KiB
-constexpr uint32_t kQTokBytes = kG * 128;      // one query's [16 heads, 64 channels] box: 2 KiB
-constexpr uint32_t kQStageBytes = 2 * kAtom;   // Q of 8 queries, 2 channel boxes
-constexpr uint32_t kKvStageBytes = 4 * kAtom;  // K (2 boxes) + V (2 boxes) of one page
-// Tile metadata is resolved by kMetaWarps warps of warpgroup 0, one group of 4 tiles each in turn, into a ring of
-// kMetaWarps groups (warp w always fills slot w − 1): (t | slot << 24 or −1, visible) per entry and (n, h, page, row)
-// per tile, plus the row of the tile after the group.
-constexpr int kMetaWarps = 3;
+// Attention tiles are kTok queries × 16 heads = 64 MMA rows (one m64 wgmma row block, one consumer warpgroup);
+// the router (msa_prefill_sparse.cuh) and the combine work on tiles of kRouteRows step rows.
+constexpr int kTok = 4, kRouteRows = 8, kG = 16, kD = 128, kB = 128;
+// Three consumer warpgroups, each on its own tiles (CTA-local tile j → consumer j % 3): while one waits for its
+// MMAs, the others run softmax or store partials. Every tile is one S, one softmax, one P·V and a full 16 KiB
+// partial store, so unlike a flash-attention loop nothing amortises the per-tile tail; more warpgroups in flight
+// hide it (2 consumer warpgroups: 3.2 ms at 16k, ncu 52 % issue-busy, 38 % DRAM).
+// (The consumer count is a template parameter so the benchmark can compare 2 and 3.)
+constexpr int kQStages = 6, kKvStages = 2;
+template <int Consumers>
+constexpr int kThreadsFor = 128 * (1 + Consumers);
+// Registers per consumer thread: 65536 / (128 threads) = 512 per warpgroup slot, 40 for the producer warpgroup.
+template <int Consumers>
+constexpr uint32_t kConsumerRegs = Consumers == 2 ? 232u : 152u;
+constexpr uint32_t kQBox = kTok * kG * 128;     // [64 rows, 64 bf16] 128B-swizzled: 8 KiB
+constexpr uint32_t kKvBox = kB * 128;           // [128 keys, 64 bf16] 128B-swizzled: 16 KiB
+constexpr uint32_t kQTokBytes = kG * 128;       // one query's [16 heads, 64 channels] box: 2 KiB
+constexpr uint32_t kQStageBytes = 2 * kQBox;    // Q of 4 queries, 2 channel boxes
+constexpr uint32_t kKvStageBytes = 4 * kKvBox;  // K (2 boxes) + V (2 boxes) of one page
+// Tile metadata is resolved by kMetaWarps warps of warpgroup 0, one group of kGroupTiles tiles each in turn (lane =
+// tile · kTok + entry), into a ring of kMetaWarps groups (warp w always fills slot w − 1): (t | slot << 24 or −1,
+// visible) per entry and (n, h, page, row) per tile.
+constexpr int kMetaWarps = 3, kGroupTiles = 32 / kTok;
 struct MetaGroup {
-  int2 e[4][kTok];
-  int4 info[4];
-  int after;
-  int pad[3];
+  int2 e[kGroupTiles][kTok];
+  int4 info[kGroupTiles];
 };
 constexpr size_t kSmem = 1024 + kQStages * kQStageBytes + kKvStages * kKvStageBytes +
-                         2 * (kQStages + kKvStages + kMetaWarps) * 8 + kQStages * kTok * 16 +
+                         8 * (2 * kQStages + kKvStages + 2 * kMetaWarps) + kQStages * kTok * 16 +
                          kMetaWarps * sizeof(MetaGroup);
 static_assert(kSmem <= 232448, "shared memory over the sm_90 per-block limit");
-// Bits of the meta .w word above the KV head: the tile's K/V slot, and whether the tile is the first / last one
-// that uses the page loaded into that slot.
-constexpr int kMetaSlotShift = 16, kMetaFirst = 1 << 20, kMetaLast = 1 << 21;
+// Bits of the meta .w word above the KV head: the tile's K/V slot and the parity of that slot's load.
+constexpr int kMetaSlotShift = 16, kMetaParityShift = 20;
 
 // ---- CSR build --------------------------------------------------------------------------------------------------
 
@@ -80,6 +92,7 @@ struct EdgeParams {
   const int* routed;     // tiles routed here (0: nothing to do), or null
   int64_t E;
   int T, K, P, Hkv;
+  int window, n_windows;  // CSR rows are (h, t / window, page); window = T, n_windows = 1 without windows
 };
 
 // Grid-stride over the entries with a grid of a few CTAs per SM: a step whose tiles all went to the union-tile
@@ -93,13 +106,13 @@ __global__ void kvm_count_kernel(const EdgeParams p) {
       const int64_t ht = e / p.K;
       const int t = int(ht % p.T), h = int(ht / p.T);
       const int local = p.pos[t] / kB;
-      if (p.route && !p.route[(t / kTok) * p.Hkv + h]) {
+      if (p.route && !p.route[(t / kRouteRows) * p.Hkv + h]) {
         // served by the union-tile kernel, which checks the contract itself
       } else if (b > local) {
         atomicOr(p.error, 1);
       } else {
         const int page = p.pt_pages[p.pt_indptr[p.row_seq[t]] + b];
-        const int r = h * p.P + page;
+        const int r = (h * p.n_windows + t / p.window) * p.P + page;
         p.edge_row[e] = r;
         rank = atomicAdd(&p.cnt[r], 1);
       }
@@ -153,6 +166,8 @@ struct Params {
   __nv_bfloat16* o_part;  // [K, T, Hq, D]
   float* lse_part;        // [K, T, Hq] (log2 domain)
   int T, Hkv, K, P;
+  int rows_per_head;  // n_windows · P: row r is KV head r / rows_per_head, page r % P
+  int chunk;          // consecutive tiles per CTA turn
   float scale_log2;
 };
 
@@ -161,9 +176,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+template <int kConsumers>
+__global__ void __launch_bounds__(kThreadsFor<kConsumers>, 1)
     msa_prefill_kvmajor_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                const __grid_constant__ CUtensorMap map_v, const Params p) {
+  static_assert(kQStages % kConsumers == 0, "a consumer's tiles always use the same Q stages");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* q_ring = smem;                                   // [kQStages][Q box 0, Q box 1]
@@ -171,8 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* q_full = reinterpret_cast<uint64_t*>(kv_ring + kKvStages * kKvStageBytes);
   uint64_t* q_empty = q_full + kQStages;
   uint64_t* kv_full = q_empty + kQStages;
-  uint64_t* kv_empty = kv_full + kKvStages;
-  uint64_t* meta_full = kv_empty + kKvStages;
+  uint64_t* meta_full = kv_full + kKvStages;
   uint64_t* meta_empty = meta_full + kMetaWarps;
   int4* meta = reinterpret_cast<int4*>(meta_empty + kMetaWarps);  // [kQStages][kTok]: (t or −1, slot, visible, h|bits)
   MetaGroup* groups = reinterpret_cast<MetaGroup*>(meta + kQStages * kTok);  // [kMetaWarps]
@@ -185,12 +201,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_prefetch_map(&map_v);
     for (int s = 0; s < kQStages; ++s) {
       mbar_init(&q_full[s], 1);
-      mbar_init(&q_empty[s], 8);  // lane 0 of each consumer warp
+      mbar_init(&q_empty[s], 4);  // lane 0 of each warp of the tile's consumer warpgroup
     }
-    for (int s = 0; s < kKvStages; ++s) {
-      mbar_init(&kv_full[s], 1);
-      mbar_init(&kv_empty[s], 8);
-    }
+    for (int s = 0; s < kKvStages; ++s) mbar_init(&kv_full[s], 1);
     for (int s = 0; s < kMetaWarps; ++s) {
       mbar_init(&meta_full[s], 1);
       mbar_init(&meta_empty[s], 1);
@@ -200,30 +213,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   pdl_grid_dependency_wait();
   const int n_tiles = *p.n_tiles;
-  // This CTA's tiles, j = 0 .. n_my − 1: every gridDim.x-th tile, so the CTAs work on neighbouring tiles at the
-  // same time and a page is read from HBM about once and served to the others from L2. (A contiguous range per CTA,
-  // which keeps more of a page's tiles on one CTA, measured the same on the H200: 4.68 vs 4.62 ms at 16k.)
-  const int n_my = (n_tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
-  auto tile_of = [&](int j) { return int(blockIdx.x) + j * int(gridDim.x); };
+  // This CTA's tiles, j = 0 .. n_my − 1: runs of p.chunk consecutive tiles, the runs dealt round-robin to the CTAs,
+  // so the CTAs work on neighbouring tiles at the same time (a page and a window's Q are read from HBM about once
+  // and served to the others from L2) while a CTA keeps a page's K and V across the tiles of its run.
+  const int span = int(gridDim.x) * p.chunk, rounds = n_tiles / span;
+  const int n_my = rounds * p.chunk + min(max(n_tiles - rounds * span - int(blockIdx.x) * p.chunk, 0), p.chunk);
+  auto tile_of = [&](int j) { return (j / p.chunk) * span + int(blockIdx.x) * p.chunk + j % p.chunk; };
 
   if (wg == 0) {
     setmaxnreg_dec<40>();
     const int warp0 = threadIdx.x / 32;
     if (warp0 >= 1 && warp0 <= kMetaWarps) {
       // Metadata warps. A tile's metadata is a chain of dependent loads (tile → row offset/count → CSR entry →
-      // selection/position); a warp resolves 4 tiles at once (lane = 8·k + entry), and kMetaWarps warps work on
-      // consecutive groups at the same time, so the chain's latency is hidden from the TMA warp.
+      // selection/position); a warp resolves kGroupTiles tiles at once, and kMetaWarps warps work on consecutive
+      // groups at the same time, so the chain's latency is hidden from the TMA warp.
       const int ms = warp0 - 1, k = lane / kTok, i = lane % kTok;
       MetaGroup* g = &groups[ms];
       uint32_t parity = 1u;  // a fresh barrier counts as a completed previous phase
-      for (int jb = 4 * ms; jb < n_my; jb += 4 * kMetaWarps) {
+      for (int jb = kGroupTiles * ms; jb < n_my; jb += kGroupTiles * kMetaWarps) {
         const bool mine = jb + k < n_my;
         const int tile = mine ? tile_of(jb + k) : 0;
         int n = 0, h = 0, page = 0, row = -1, packed = -1, visible = 0;
         if (mine) {
           const int2 tj = p.tiles[tile];
           row = tj.x;
-          h = tj.x / p.P;
+          h = tj.x / p.rows_per_head;
           page = tj.x % p.P;
           n = min(kTok, p.cnt[tj.x] - tj.y * kTok);
           if (i < n) {
@@ -235,7 +249,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             packed = e;
           }
         }
-        const int after = lane == 0 && jb + 4 < n_my ? p.tiles[tile_of(jb + 4)].x : -1;
         if (lane == 0) mbar_wait(&meta_empty[ms], parity);
         parity ^= 1u;
         __syncwarp();
@@ -243,42 +256,57 @@ __global__ void __launch_bounds__(kThreads, 1)
           g->e[k][i] = make_int2(packed, visible);
           if (i == 0) g->info[k] = make_int4(n, h, page, row);
         }
-        if (lane == 0) g->after = after;
         __syncwarp();
         if (lane == 0) mbar_arrive(&meta_full[ms]);
       }
     } else if (warp0 == 0) {
       // TMA warp: per tile, the page's K and V when the row changes, and the Q gather, from the resolved groups.
+      // A K/V slot is refilled only when every tile that read its previous page is done. Those tiles ran on the
+      // three consumers in turn and each consumer finishes its tiles in order, so it is enough that the last
+      // (up to) three of them released their Q stages; older ones are known done when their Q stage was refilled.
+      static_assert(kKvStages == 2, "the slot state below is two registers per field");
       PipeState<kQStages> qs;
-      PipeState<kKvStages> ks;
-      int cur_row = -1, kv_slot = 0;
-      for (int jb = 0, j = 0; jb < n_my; jb += 4, ++j) {
-        const int ms = j % kMetaWarps;
-        mbar_wait(&meta_full[ms], uint32_t(j / kMetaWarps) & 1u);
+      int cur_row = -1, kv_slot = kKvStages - 1;
+      // Per K/V slot (selected by kv_slot, kept in registers): first and last CTA-local tile on its current page,
+      // and how many pages it has been loaded with (its kv_full parity).
+      int first0 = -1, first1 = -1, last0 = -1, last1 = -1, loads0 = 0, loads1 = 0;
+      for (int jb = 0, gi = 0; jb < n_my; jb += kGroupTiles, ++gi) {
+        const int ms = gi % kMetaWarps;
+        mbar_wait(&meta_full[ms], uint32_t(gi / kMetaWarps) & 1u);
         const MetaGroup* g = &groups[ms];
-        for (int kk = 0; kk < 4; ++kk) {
-          if (jb + kk >= n_my) break;  // warp-uniform
+        for (int kk = 0; kk < kGroupTiles; ++kk) {
+          const int j = jb + kk;
+          if (j >= n_my) break;  // warp-uniform
           const int4 info = g->info[kk];
           const int nk = info.x, hk = info.y, pk = info.z, rk = info.w;
-          const int next_row = kk < 3 ? (jb + kk + 1 < n_my ? g->info[kk + 1].w : -1) : g->after;
-          int bits = 0;
           if (rk != cur_row) {  // a new page: its K and V into the next slot of the K/V ring
-            kv_slot = ks.stage;
+            kv_slot ^= 1;
             if (lane == 0) {
-              mbar_wait(&kv_empty[ks.stage], ks.phase ^ 1u);
-              mbar_arrive_expect_tx(&kv_full[ks.stage], 4 * kAtom);
-              uint8_t* kvs = kv_ring + ks.stage * kKvStageBytes;
+              const int first = kv_slot ? first1 : first0, last = kv_slot ? last1 : last0;
+              for (int i = max(first, last - (kConsumers - 1)); i >= 0 && i <= last; ++i)
+                if (i + kQStages >= j) mbar_wait(&q_empty[i % kQStages], uint32_t(i / kQStages) & 1u);
+              mbar_arrive_expect_tx(&kv_full[kv_slot], 4 * kKvBox);
+              uint8_t* kvs = kv_ring + kv_slot * kKvStageBytes;
               for (int b = 0; b < 2; ++b) {
-                tma_load_3d(kvs + b * kAtom, &map_k, &kv_full[ks.stage], 64 * b, hk * kB, pk);
-                tma_load_3d(kvs + (2 + b) * kAtom, &map_v, &kv_full[ks.stage], 64 * b, hk * kB, pk);
+                tma_load_3d(kvs + b * kKvBox, &map_k, &kv_full[kv_slot], 64 * b, hk * kB, pk);
+                tma_load_3d(kvs + (2 + b) * kKvBox, &map_v, &kv_full[kv_slot], 64 * b, hk * kB, pk);
               }
             }
-            ks.advance();
+            if (kv_slot) {
+              ++loads1;
+              first1 = j;
+            } else {
+              ++loads0;
+              first0 = j;
+            }
             cur_row = rk;
-            bits |= kMetaFirst;
           }
-          if (next_row != rk) bits |= kMetaLast;
-          const int hw = hk | (kv_slot << kMetaSlotShift) | bits;
+          if (kv_slot)
+            last1 = j;
+          else
+            last0 = j;
+          const int parity = ((kv_slot ? loads1 : loads0) - 1) & 1;
+          const int hw = hk | (kv_slot << kMetaSlotShift) | (parity << kMetaParityShift);
           uint8_t* st = q_ring + qs.stage * kQStageBytes;
           if (lane == 0) mbar_wait(&q_empty[qs.stage], qs.phase ^ 1u);
           __syncwarp();
@@ -294,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // The Q gather: lane i loads query i's [16 heads, 128] (two boxes).
           if (lane < nk)
             for (int b = 0; b < 2; ++b)
-              tma_load_3d(st + b * kAtom + lane * kQTokBytes, &map_q, &q_full[qs.stage], 64 * b, hk * kG, t);
+              tma_load_3d(st + b * kQBox + lane * kQTokBytes, &map_q, &q_full[qs.stage], 64 * b, hk * kG, t);
           qs.advance();
         }
         __syncwarp();
@@ -303,139 +331,115 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     pdl_launch_dependents();
   } else {
-    setmaxnreg_inc<232>();
-    const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32;
+    setmaxnreg_inc<kConsumerRegs<kConsumers>>();
+    const int c = wg - 1, warp = (threadIdx.x % 128) / 32;
     const int Hq = p.Hkv * kG;
-    PipeState<kQStages> qs;
-    PipeState<kKvStages> ks;
-    // Ping-pong (as in msa_prefill_tc.cu): named barrier 2 + c is warpgroup c's turn to issue MMAs; the two
-    // consumers alternate S₀ S₁ PV₀ PV₁ … so one's softmax and partial store run under the other's MMAs. Every tile
-    // costs each warpgroup two turns, also when it has no query in the tile.
-    const int last_turn = 2 * n_my - 1;
-    int turn = 0;
-    auto take_turn = [&] { named_barrier_sync(2 + c, 256); };
-    auto pass_turn = [&] {
-      if (!(c == 1 && turn == last_turn)) named_barrier_arrive(3 - c, 256);
-      ++turn;
-    };
-    if (c == 1 && n_my > 0) named_barrier_arrive(2, 256);
-    for (int j = 0; j < n_my; ++j) {
-      mbar_wait(&q_full[qs.stage], qs.phase);
-      const int4 mine = meta[qs.stage * kTok + 4 * c + warp];  // this warp's query: (t, slot, visible, h | bits)
-      const int4 lead = meta[qs.stage * kTok + 4 * c];          // warpgroup-uniform: entries are a prefix
-      const bool active = lead.x >= 0;
+    for (int j = c; j < n_my; j += kConsumers) {
+      const int stage = j % kQStages;
+      mbar_wait(&q_full[stage], uint32_t(j / kQStages) & 1u);
+      const int4 mine = meta[stage * kTok + warp];  // this warp's query: (t, slot, visible, h | bits)
+      const int4 lead = meta[stage * kTok];         // warpgroup-uniform: query 0 of a tile is always present
       const int kv_slot = (lead.w >> kMetaSlotShift) & 0xF;
-      if (lead.w & kMetaFirst) {
-        mbar_wait(&kv_full[ks.stage], ks.phase);
-        ks.advance();
-      }
-      uint8_t* st = q_ring + qs.stage * kQStageBytes;
+      mbar_wait(&kv_full[kv_slot], uint32_t(lead.w >> kMetaParityShift) & 1u);
+      uint8_t* st = q_ring + stage * kQStageBytes;
       uint8_t* kvs = kv_ring + kv_slot * kKvStageBytes;
-      if (active) {
-        const int visible = mine.z;
-        const uint64_t dq = smem_desc_sw128(st + c * (64 * 128));
-        const uint64_t dk = smem_desc_sw128(kvs);
-        float s[64];
-        take_turn();
-        wgmma_fence();
+      // A warp without a query (tiles of < 4) computes on stale Q rows; its rows are independent and not stored.
+      const int visible = mine.x >= 0 ? mine.z : 0;
+      const uint64_t dq = smem_desc_sw128(st);
+      const uint64_t dk = smem_desc_sw128(kvs);
+      float s[64];
+      wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk)
-          Wgmma<bf16_t, 128>::mma_ss(s, desc_advance(dq, (kk / 4) * kAtom + (kk % 4) * 32),
-                                     desc_advance(dk, (kk / 4) * kAtom + (kk % 4) * 32), kk > 0);
-        wgmma_commit();
-        pass_turn();
-        wgmma_wait<0>();
-        fence_regs(s);
+      for (int kk = 0; kk < 8; ++kk)
+        Wgmma<bf16_t, 128>::mma_ss(s, desc_advance(dq, (kk / 4) * kQBox + (kk % 4) * 32),
+                                   desc_advance(dk, (kk / 4) * kKvBox + (kk % 4) * 32), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
 
-        float m0 = -INFINITY, m1 = -INFINITY;
+      // Single-pass softmax in the log2 domain: m over the raw scores, then 2^(s·c − m·c) as one FMA + ex2.
+      // Keys ≥ visible exist only on a query's local page (warp-uniform: a warp is one query).
+      if (visible < kB) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) {
           const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-          s[i] = col < visible ? s[i] * p.scale_log2 : -INFINITY;
-          if ((i / 2) % 2 == 0)
-            m0 = fmaxf(m0, s[i]);
-          else
-            m1 = fmaxf(m1, s[i]);
+          if (col >= visible) s[i] = -INFINITY;
         }
+      }
+      float m0 = -INFINITY, m1 = -INFINITY;
 #pragma unroll
-        for (int x = 1; x <= 2; x <<= 1) {
-          m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, x));
-          m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, x));
-        }
-        const float u0 = m0 == -INFINITY ? 0.f : m0, u1 = m1 == -INFINITY ? 0.f : m1;
-        float l0 = 0.f, l1 = 0.f;
-        uint32_t pa[8][4];
+      for (int i = 0; i < 64; i += 4) {
+        m0 = fmaxf(m0, fmaxf(s[i], s[i + 1]));
+        m1 = fmaxf(m1, fmaxf(s[i + 2], s[i + 3]));
+      }
 #pragma unroll
-        for (int i = 0; i < 64; i += 2) {
-          const bool r0 = (i / 2) % 2 == 0;
-          const float e0 = exp2f(s[i] - (r0 ? u0 : u1)), e1 = exp2f(s[i + 1] - (r0 ? u0 : u1));
-          if (r0)
-            l0 += e0 + e1;
-          else
-            l1 += e0 + e1;
-          pa[i / 8][(i % 8) / 2] = pack_bf16(e0, e1);
-        }
-        float o[64];
+      for (int x = 1; x <= 2; x <<= 1) {
+        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, x));
+        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, x));
+      }
+      const float c2 = p.scale_log2;
+      const float nb0 = m0 == -INFINITY ? 0.f : -m0 * c2, nb1 = m1 == -INFINITY ? 0.f : -m1 * c2;
+      float l0 = 0.f, l1 = 0.f;
+      uint32_t pa[8][4];
 #pragma unroll
-        for (int i = 0; i < 64; ++i) o[i] = 0.f;
-        const uint64_t dv = smem_desc_sw128_mn(kvs + 2 * kAtom, kAtom);
-        take_turn();
-        wgmma_fence();
+      for (int i = 0; i < 64; i += 2) {
+        const bool r0 = (i / 2) % 2 == 0;
+        const float e0 = exp2f(fmaf(s[i], c2, r0 ? nb0 : nb1)), e1 = exp2f(fmaf(s[i + 1], c2, r0 ? nb0 : nb1));
+        if (r0)
+          l0 += e0 + e1;
+        else
+          l1 += e0 + e1;
+        pa[i / 8][(i % 8) / 2] = pack_bf16(e0, e1);
+      }
+      float o[64];
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) Wgmma<bf16_t, 128>::mma_rs_nmajor(o, pa[kk], desc_advance(dv, kk * 2048));
-        wgmma_commit();
-        pass_turn();
-        wgmma_wait<0>();
-        fence_regs(o);
+      for (int i = 0; i < 64; ++i) o[i] = 0.f;
+      const uint64_t dv = smem_desc_sw128_mn(kvs + 2 * kKvBox, kKvBox);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) Wgmma<bf16_t, 128>::mma_rs_nmajor(o, pa[kk], desc_advance(dv, kk * 2048));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(o);
 
 #pragma unroll
-        for (int x = 1; x <= 2; x <<= 1) {
-          l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-          l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+      for (int x = 1; x <= 2; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+      }
+      // Stage this warp's normalised [16 heads, 128] bf16 in its own (now dead) Q rows of the stage, 16-byte
+      // chunks XOR-swizzled by row so the 4-byte fragment writes hit 32 distinct banks, then write the 4 KiB
+      // partial row block with coalesced 16-byte stores (o_part[slot, t, h·16 .. h·16 + 15, :] is contiguous).
+      uint8_t* stage_o = st + warp * (kG * 128);  // box 0 rows of this warp: 2 KiB; box 1: +kQBox
+      if (mine.x >= 0) {
+        const float i0 = 1.f / l0, i1 = 1.f / l1;  // visible ≥ 1: l ≥ 1
+        const int r0 = lane / 4, r1 = r0 + 8;
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) {  // channels 8jj .. 8jj + 7: chunk jj % 8 of box jj / 8
+          uint8_t* box = stage_o + (jj / 8) * kQBox;
+          const int ch = jj % 8;
+          *reinterpret_cast<uint32_t*>(box + r0 * 128 + ((ch ^ (r0 % 8)) * 16) + 4 * (lane % 4)) =
+              pack_bf16(o[4 * jj] * i0, o[4 * jj + 1] * i0);
+          *reinterpret_cast<uint32_t*>(box + r1 * 128 + ((ch ^ (r1 % 8)) * 16) + 4 * (lane % 4)) =
+              pack_bf16(o[4 * jj + 2] * i1, o[4 * jj + 3] * i1);
         }
-        // Stage this warp's normalised [16 heads, 128] bf16 in its own (now dead) Q rows of the stage, 16-byte
-        // chunks XOR-swizzled by row so the 4-byte fragment writes hit 32 distinct banks, then write the 4 KiB
-        // partial row block with coalesced 16-byte stores (o_part[slot, t, h·16 .. h·16 + 15, :] is contiguous).
-        uint8_t* stage_o = st + c * (64 * 128) + warp * (16 * 128);  // box 0 rows of this warp: 2 KiB; box 1: +kAtom
-        if (mine.x >= 0) {
-          const float i0 = 1.f / l0, i1 = 1.f / l1;  // visible ≥ 1: l ≥ 1
-          const int r0 = lane / 4, r1 = r0 + 8;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {  // channels 8j .. 8j + 7: chunk j % 8 of box j / 8
-            uint8_t* box = stage_o + (j / 8) * kAtom;
-            const int ch = j % 8;
-            *reinterpret_cast<uint32_t*>(box + r0 * 128 + ((ch ^ (r0 % 8)) * 16) + 4 * (lane % 4)) =
-                pack_bf16(o[4 * j] * i0, o[4 * j + 1] * i0);
-            *reinterpret_cast<uint32_t*>(box + r1 * 128 + ((ch ^ (r1 % 8)) * 16) + 4 * (lane % 4)) =
-                pack_bf16(o[4 * j + 2] * i1, o[4 * j + 3] * i1);
-          }
-          const int64_t row = (int64_t(mine.y) * p.T + mine.x) * Hq + (mine.w & 0xFFFF) * kG;
-          if (lane % 4 == 0) {
-            p.lse_part[row + r0] = m0 + log2f(l0);
-            p.lse_part[row + r1] = m1 + log2f(l1);
-          }
-          __syncwarp();
-          uint4* dst = reinterpret_cast<uint4*>(p.o_part + row * kD);  // 16 rows × 16 chunks of 16 bytes
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            const int idx = q * 32 + lane, r = idx / 16, ch16 = idx % 16;  // row r, 16-byte chunk ch16 of 256 B
-            const uint8_t* box = stage_o + (ch16 / 8) * kAtom;
-            dst[idx] = *reinterpret_cast<const uint4*>(box + r * 128 + (((ch16 % 8) ^ (r % 8)) * 16));
-          }
+        const int64_t row = (int64_t(mine.y) * p.T + mine.x) * Hq + (mine.w & 0xFFFF) * kG;
+        if (lane % 4 == 0) {
+          p.lse_part[row + r0] = -nb0 + log2f(l0);
+          p.lse_part[row + r1] = -nb1 + log2f(l1);
         }
         __syncwarp();
-        fence_proxy_async_smem();  // generic writes to the stage before the next TMA fill of it
-      } else {  // no query of this warpgroup in the tile: its two turns are passed on
-        take_turn();
-        pass_turn();
-        take_turn();
-        pass_turn();
+        uint4* dst = reinterpret_cast<uint4*>(p.o_part + row * kD);  // 16 rows × 16 chunks of 16 bytes
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const int idx = q * 32 + lane, r = idx / 16, ch16 = idx % 16;  // row r, 16-byte chunk ch16 of 256 B
+          const uint8_t* box = stage_o + (ch16 / 8) * kQBox;
+          dst[idx] = *reinterpret_cast<const uint4*>(box + r * 128 + (((ch16 % 8) ^ (r % 8)) * 16));
+        }
       }
-      if (lane == 0) {
-        mbar_arrive(&q_empty[qs.stage]);
-        if (lead.w & kMetaLast) mbar_arrive(&kv_empty[kv_slot]);
-      }
-      qs.advance();
+      __syncwarp();
+      fence_proxy_async_smem();  // generic writes to the stage before the next TMA fill of it
+      if (lane == 0) mbar_arrive(&q_empty[stage]);
     }
   }
 }
@@ -460,15 +464,15 @@ struct CombineParams {
 // partial pieces (16 bytes each) before it uses the first: 64 KiB in flight per CTA, so the kernel runs at the
 // memory system's rate instead of one round trip per slot. A row with no edge gets O = 0.
 __global__ void __launch_bounds__(256) kvm_combine_kernel(const CombineParams p) {
-  __shared__ float w_s[kTok][kG][16];  // [row][head][slot]
-  __shared__ float inv_s[kTok][kG];
-  __shared__ uint32_t valid_s[kTok];
+  __shared__ float w_s[kRouteRows][kG][16];  // [row][head][slot]
+  __shared__ float inv_s[kRouteRows][kG];
+  __shared__ uint32_t valid_s[kRouteRows];
   pdl_grid_dependency_wait();
   const int tile = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int Hkv = p.Hq / kG;
   if (p.route && !p.route[tile * Hkv + h]) return;  // the union-tile kernel wrote these rows
-  if (tid < kTok * 16) {  // thread = (row tid / 16, slot tid % 16); a warp covers two rows
-    const int rl = tid / 16, sl = tid % 16, t = tile * kTok + rl;
+  if (tid < kRouteRows * 16) {  // thread = (row tid / 16, slot tid % 16); a warp covers two rows
+    const int rl = tid / 16, sl = tid % 16, t = tile * kRouteRows + rl;
     bool v = false;
     if (t < p.T && sl < p.K) {
       const int b = p.selection[(int64_t(h) * p.T + t) * p.K + sl];
@@ -479,7 +483,7 @@ __global__ void __launch_bounds__(256) kvm_combine_kernel(const CombineParams p)
   }
   __syncthreads();
   {  // thread = (row tid / 32, head (tid % 32) / 2, slots 8·(tid % 2) .. +7)
-    const int rl = tid / 32, g = (tid % 32) / 2, half = tid % 2, t = tile * kTok + rl;
+    const int rl = tid / 32, g = (tid % 32) / 2, half = tid % 2, t = tile * kRouteRows + rl;
     const uint32_t valid = valid_s[rl];
     float lse[8], mx = -INFINITY;
 #pragma unroll
@@ -501,8 +505,8 @@ __global__ void __launch_bounds__(256) kvm_combine_kernel(const CombineParams p)
   }
   __syncthreads();
   const int g = tid / 16;  // this thread's head; channels 8·(tid % 16) .. +7 of it
-  for (int rl = 0; rl < kTok; ++rl) {
-    const int t = tile * kTok + rl;
+  for (int rl = 0; rl < kRouteRows; ++rl) {
+    const int t = tile * kRouteRows + rl;
     if (t >= p.T) break;
     const uint32_t valid = valid_s[rl];
     const int64_t col = (int64_t(h) * kG) * kD + 8 * tid;  // element offset of this thread's piece in a row
@@ -556,6 +560,10 @@ void MsaPrefillKvMajor::plan(int64_t T, int num_kv_heads, int group, int head_di
                       int64_t(num_kv_heads) * num_pages < (int64_t(1) << 31),
                   "MsaPrefillKvMajor: bad T %lld / Hkv %d / pages %lld", (long long)T, num_kv_heads,
                   (long long)num_pages);
+  n_windows_ = window_ > 0 ? int((T + window_ - 1) / window_) : 1;
+  M3_CUDA_REQUIRE(int64_t(num_kv_heads) * n_windows_ * num_pages < (int64_t(1) << 31),
+                  "MsaPrefillKvMajor: %d KV heads x %d windows x %lld pages is too many CSR rows", num_kv_heads,
+                  n_windows_, (long long)num_pages);
   T_ = T;
   P_ = num_pages;
   Hkv_ = num_kv_heads;
@@ -569,7 +577,7 @@ void MsaPrefillKvMajor::plan(int64_t T, int num_kv_heads, int group, int head_di
     M3_CUDA_CHECK(cudaGetDevice(&dev));
     M3_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
   }
-  const int64_t rows = int64_t(Hkv_) * P_, E = int64_t(Hkv_) * T_ * K_;
+  const int64_t rows = int64_t(Hkv_) * n_windows_ * P_, E = int64_t(Hkv_) * T_ * K_;
   cnt_.grow(size_t(rows));
   packed_.grow(size_t(rows));
   packed_off_.grow(size_t(rows));
@@ -603,20 +611,23 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   M3_CUDA_REQUIRE(selection != nullptr, "MsaPrefillKvMajor::run: no selection");
   if (T_ == 0) return;
   static const bool configured = [] {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_prefill_kvmajor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_prefill_kvmajor_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(kSmem)));
+    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_prefill_kvmajor_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(kSmem)));
     return true;
   }();
   (void)configured;
-  const int64_t nrows = int64_t(Hkv_) * P_, E = int64_t(Hkv_) * T_ * K_;
+  const int64_t nrows = int64_t(Hkv_) * n_windows_ * P_, E = int64_t(Hkv_) * T_ * K_;
   const int Hq = Hkv_ * G_;
+  const int window = window_ > 0 ? window_ : int(std::max<int64_t>(T_, 1));
 
   if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[0], s));
   // 1–3: the block → queries CSR and the tile list.
   M3_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(nrows) * 4, s));
   const EdgeParams ep{selection,   rows.pos,        rows.row_seq, rows.pt_indptr, rows.pt_pages, cnt_.get(),
                       rank_.get(), edge_row_.get(), error_.get(), route,          routed, E,             int(T_),
-                      K_,          int(P_),         Hkv_};
+                      K_,          int(P_),         Hkv_,         window,         n_windows_};
   const unsigned edge_grid = unsigned(std::min<int64_t>(blocks_for(E, 256), int64_t(8) * sms_));
   kvm_count_kernel<<<edge_grid, 256, 0, s>>>(ep);
   M3_CUDA_LAUNCH_CHECK();
@@ -644,8 +655,11 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   const Params p{selection,       rows.pos,           cnt_.get(),        packed_off_.get(),
                  csr_.get(),      tiles_.get(),       n_tiles_.get(),    reinterpret_cast<__nv_bfloat16*>(o_part_.get()),
                  lse_part_.get(), int(T_),            Hkv_,              K_,
-                 int(P_),         float(scale * 1.4426950408889634)};
-  msa_prefill_kvmajor_kernel<<<unsigned(sms_), kThreads, kSmem, s>>>(mq, mk, mv, p);
+                 int(P_),         int(n_windows_ * P_), chunk_,         float(scale * 1.4426950408889634)};
+  if (consumers_ == 2)
+    msa_prefill_kvmajor_kernel<2><<<unsigned(sms_), kThreadsFor<2>, kSmem, s>>>(mq, mk, mv, p);
+  else
+    msa_prefill_kvmajor_kernel<3><<<unsigned(sms_), kThreadsFor<3>, kSmem, s>>>(mq, mk, mv, p);
   M3_CUDA_LAUNCH_CHECK();
   if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[2], s));
 
@@ -654,7 +668,7 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
                          lse_part_.get(), out_bf16 ? nullptr : out, reinterpret_cast<__nv_bfloat16*>(out_bf16), route,
                          int(T_), Hq, K_};
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned((T_ + kTok - 1) / kTok), unsigned(Hkv_));
+  cfg.gridDim = dim3(unsigned((T_ + kRouteRows - 1) / kRouteRows), unsigned(Hkv_));
   cfg.blockDim = dim3(256);
   cfg.stream = s;
   cudaLaunchAttribute attr{};
@@ -664,6 +678,16 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   cfg.numAttrs = 1;
   M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kvm_combine_kernel, cp));
   if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[3], s));
+}
+
+void MsaPrefillKvMajor::set_order(int window, int chunk, int consumers) {
+  M3_CUDA_REQUIRE(window >= 0 && chunk >= 1 && chunk <= 64 && (consumers == 2 || consumers == 3),
+                  "MsaPrefillKvMajor::set_order: window %d (>= 0, 0 = none), chunk %d (1..64), consumers %d (2 or 3)",
+                  window, chunk, consumers);
+  window_ = window;
+  chunk_ = chunk;
+  consumers_ = consumers;
+  if (P_ > 0) plan(T_, Hkv_, G_, kD, kB, K_, P_);  // the CSR rows depend on the window count
 }
 
 void MsaPrefillKvMajor::profile_phases(bool on) {

@@ -1,7 +1,7 @@
 // MSA sparse prefill attention, KV-block-major loop order (the seed's first technique; docs/KERNELS.md §11,
 // ../shared/docs/MSA_KERNELS.md §4.3): selected KV blocks outside, the queries that chose them inside. Each
 // (KV head, physical page) is one row of a device-built block → queries CSR; a persistent tensor-core kernel takes
-// tiles of 8 queries × 16 heads of one row, loads the page's K and V and the 8 queries' Q by TMA, and writes one
+// tiles of 4 queries × 16 heads of one row, loads the page's K and V and the 4 queries' Q by TMA, and writes one
 // normalised partial output + log-sum-exp per (query, selection slot); a combine kernel merges each query's ≤ 16
 // partials by LSE. Unlike the union-tile kernel (msa_prefill_tc.cuh) no MMA row is ever masked for "did not
 // select", so its speed does not fall when neighbouring queries pick different blocks (random / long contexts);
@@ -35,6 +35,12 @@ class MsaPrefillKvMajor {
   void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
            float scale, float* out, cudaStream_t s, const uint8_t* route = nullptr, const int* routed = nullptr,
            uint16_t* out_bf16 = nullptr);
+  // Tile order and CTA shape (speed only; the output is the same bits). window > 0: CSR rows are (KV head, window
+  // of `window` consecutive step rows, page), so the tiles of one window's queries run together (0 = one window).
+  // chunk: each CTA takes runs of `chunk` consecutive tiles and keeps a page's K/V across them (1 = tiles dealt one
+  // by one). consumers: consumer warpgroups per CTA (2 or 3). Default (0, 4, 3), the fastest measured at KV 64k /
+  // 128k; at 16k a window of 16 × the context's pages is 7 % faster still (docs/KERNELS.md §8.1).
+  void set_order(int window, int chunk, int consumers = 3);
   // Throws m3::Error when a run() since the last check saw a selected block after the row's local block.
   void check(cudaStream_t s);
   // Bytes of device workspace the plan holds (partials dominate: 16 · T · Hq · 260 B at top-16).
@@ -47,6 +53,7 @@ class MsaPrefillKvMajor {
  private:
   int64_t T_ = 0, P_ = 0;
   int Hkv_ = 0, G_ = 0, K_ = 0, sms_ = 0;
+  int window_ = 0, chunk_ = 4, n_windows_ = 1, consumers_ = 3;
   DeviceBuffer<int> error_, cnt_, rank_, edge_row_, csr_, n_tiles_;
   DeviceBuffer<unsigned long long> packed_, packed_off_;
   DeviceBuffer<int2> tiles_;
