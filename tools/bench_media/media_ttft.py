@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What 8 images add to a chat request's TTFT beyond the vision encoder (issue 12's target: <= 5 %).
 
-Starts `m3serve serve --device cpu` on a checkpoint with vision weights (the demo VL model of
+Starts `m3serve serve --device cpu` (or --device cuda) on a checkpoint with vision weights (the demo VL model of
 `M3_DEMO_VISION=1 scripts/make_demo_model.sh`), prefix caching off, and sends, per repetition, with max_tokens 1
 (latency ~= TTFT) and a fresh nonce:
   text      the text-only request
@@ -11,7 +11,8 @@ The gateway and encoder wall times come from /metrics (request_media_{gateway,en
 request's whole HTTP-side preparation from request_preprocess_seconds.
 overhead = images - encode - samelen: what preprocessing, the request body (base64, JSON) and templating add.
 
-Usage: media_ttft.py --m3serve BIN --model DIR --template JINJA --jpegs DIR [--images 8] [--reps 5]
+Usage: media_ttft.py --m3serve BIN --model DIR --template JINJA --jpegs DIR [--images 8] [--reps 5] [--device cuda]
+       [--serve-arg=--media-threads --serve-arg=8]
 (`bench_media --write-jpegs DIR N HxW` writes the JPEGs.) Python 3 standard library only.
 """
 import argparse
@@ -59,6 +60,9 @@ def main():
     ap.add_argument("--jpegs", required=True)
     ap.add_argument("--images", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--device", default="cpu", help="serve --device (cpu, or cuda on the GPU host)")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="extra `serve` argument, repeatable (e.g. --serve-arg=--media-threads --serve-arg=8)")
     a = ap.parse_args()
     files = sorted((os.path.join(a.jpegs, f) for f in os.listdir(a.jpegs) if f.endswith(".jpg")),
                    key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
@@ -67,9 +71,10 @@ def main():
         raise SystemExit(f"need {need} JPEGs in {a.jpegs}, found {len(files)}")
     urls = ["data:image/jpeg;base64," + base64.b64encode(open(f, "rb").read()).decode() for f in files[:need]]
 
-    proc = subprocess.Popen([a.m3serve, "serve", "--model", a.model, "--device", "cpu", "--chat-template", a.template,
-                             "--served-model-name", "m3", "--host", "127.0.0.1", "--port", "0",
-                             "--max-model-len", "16384", "--no-enable-prefix-caching", "--max-body-bytes", "256MiB"],
+    proc = subprocess.Popen([a.m3serve, "serve", "--model", a.model, "--device", a.device, "--chat-template",
+                             a.template, "--served-model-name", "m3", "--host", "127.0.0.1", "--port", "0",
+                             "--max-model-len", "16384", "--no-enable-prefix-caching", "--max-body-bytes", "256MiB"]
+                            + a.serve_arg,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = None

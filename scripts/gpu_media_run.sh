@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call for issue 12's GPU-host measurements (never run yet — written 2026-12-02d, when the device was
+# out): the media gateway built on the GPU machine from the carried image codecs (scripts/gpu_deps.sh; no FFmpeg, so
+# videos get an error there), its CPU tests, bench_media's per-core throughput on the same host as HF's processor
+# (the same-machine ratio the issue asks for), and the 8-image TTFT through `serve --device cuda` on the demo VL model
+# (vision tower on CUDA, --media-threads 8).
+#   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_media_run.sh $OUT`   (≈ 5–7 minutes)
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${1:-${OUT:-/tmp/gpu_media}}"
+mkdir -p "$out"
+cd "$root"
+. scripts/gpu_env.sh >/dev/null 2>&1
+t0=$(date +%s)
+M3_TARGETS="m3serve bench_media media_test" M3_SKIP_TESTS=1 M3_SKIP_BENCH=1 M3_SKIP_E2E=1 \
+  timeout 300 bash scripts/gpu_run.sh "$out/build" >/dev/null 2>&1
+tail -1 "$out/build/summary.md"
+grep -E "m3_media" "$out/build/build.log" | head -3
+find_bin() { find build-gpu -name "$1" -type f | head -1; }
+M=$(find_bin media_test)
+B=$(find_bin bench_media)
+S=build-gpu/bin/m3serve
+[ -n "$M" ] && { timeout 120 "$M" >"$out/media_test.txt" 2>&1; echo "== media_test: rc $?"; tail -1 "$out/media_test.txt"; }
+# Same-host throughput: ours per core (median call) and HF's processor (torch threads = 1) on the same pixels.
+if [ -n "$B" ]; then
+  timeout 90 "$B" 2 >"$out/bench_media.txt" 2>&1; echo "== bench_media: rc $?"
+  grep -iE "img/s|1080p|4k" "$out/bench_media.txt" | head -12
+  timeout 60 "$B" 2 jpeg-kept >"$out/bench_media_kept.txt" 2>&1; echo "== bench_media jpeg-kept: rc $?"
+  grep -iE "img/s|1080p|4k" "$out/bench_media_kept.txt" | head -6
+fi
+timeout 240 python3 scripts/oracle/make_media_fixtures.py --out "$out/hf_fixtures" >"$out/hf_fixtures.log" 2>&1
+echo "== HF processor (make_media_fixtures.py bench): rc $?"
+python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['bench'], indent=1))" \
+  "$out/hf_fixtures/media_fixtures.json" 2>&1 | head -20
+rm -f "$out"/hf_fixtures/media_rows.f32 "$out"/hf_fixtures/*.tar
+# 8 images × 1080p through the GPU server: the demo VL model with the carried o200k tokenizer.
+vl=/tmp/m3-demo-vl
+M3_DEMO_VISION=1 M3_DEMO_TOKENIZER_DIR="$root/.gpucarry/tokenizer-o200k" PYTHON=python3 \
+  timeout 120 bash scripts/make_demo_model.sh "$vl" >"$out/make_vl.log" 2>&1
+echo "== demo VL model: rc $?"
+if [ -n "$B" ] && [ -x "$S" ]; then
+  rm -rf /tmp/m3-jpegs && mkdir -p /tmp/m3-jpegs && "$B" --write-jpegs /tmp/m3-jpegs 48 1080x1920 >/dev/null 2>&1
+  timeout 240 python3 tools/bench_media/media_ttft.py --m3serve "$S" --model "$vl" \
+    --template tests/chat_template/m3_format_synthetic.jinja --jpegs /tmp/m3-jpegs --images 8 --reps 5 \
+    --device cuda --serve-arg=--media-threads --serve-arg=8 >"$out/media_ttft.txt" 2>&1
+  echo "== media_ttft (cuda, 8 × 1080p): rc $?"
+  tail -15 "$out/media_ttft.txt"
+fi
+echo "total $(( $(date +%s) - t0 )) s; record the results in bench/results/ (date, GPU, commit, command)"
