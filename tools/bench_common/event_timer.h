@@ -36,13 +36,15 @@ inline std::vector<float> time_sorted_ms(const std::function<void()>& f, int war
   return t;
 }
 
-// The same for a call that must run on a capturable stream: f(s) is captured once into a CUDA graph (after `warm`
-// eager calls, so first-use work stays outside the capture) and `reps` back-to-back replays are timed one by one
-// (the MSA benchmark protocol for small kernels: launch gaps do not count, as in a graph-replayed serving step).
-inline std::vector<float> time_graph_sorted_ms(const std::function<void(cudaStream_t)>& f, int warm, int reps) {
+// f(s) captured once into a CUDA graph on a fresh stream (after `eager` plain calls, so first-use work such as
+// attribute setting stays outside the capture), then `warm` untimed replays and `reps` timed replays queued back to
+// back (no host sync in between, so the GPU never idles waiting for the host); returns each timed replay's ms, in
+// order — replay i is the time between the events recorded before and after it.
+inline std::vector<float> graph_replay_ms(const std::function<void(cudaStream_t)>& f, int eager, int warm,
+                                          int reps) {
   cudaStream_t s;
   M3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < std::max(warm, 1); ++i) f(s);
+  for (int i = 0; i < eager; ++i) f(s);
   M3_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaGraph_t g;
   cudaGraphExec_t ge;
@@ -50,7 +52,7 @@ inline std::vector<float> time_graph_sorted_ms(const std::function<void(cudaStre
   f(s);
   M3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
   M3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  for (int i = 0; i < warm; ++i) M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
   std::vector<cudaEvent_t> ev(size_t(reps) + 1);
   for (auto& e : ev) M3_CUDA_CHECK(cudaEventCreate(&e));
   M3_CUDA_CHECK(cudaEventRecord(ev[0], s));
@@ -69,6 +71,13 @@ inline std::vector<float> time_graph_sorted_ms(const std::function<void(cudaStre
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
+  return t;
+}
+
+// The MSA benchmark protocol for small kernels: graph replays (launch gaps do not count, as in a graph-replayed
+// serving step), sorted ascending like time_sorted_ms.
+inline std::vector<float> time_graph_sorted_ms(const std::function<void(cudaStream_t)>& f, int warm, int reps) {
+  std::vector<float> t = graph_replay_ms(f, std::max(warm, 1), 1, reps);
   std::sort(t.begin(), t.end());
   return t;
 }

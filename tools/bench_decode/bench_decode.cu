@@ -37,6 +37,7 @@
 #include "backend/cuda/msa_decode_index.cuh"
 #include "backend/cuda/paged_decode_mq.cuh"
 #include "backend/cuda/paged_decode_tc.cuh"
+#include "bench_common/event_timer.h"
 #include "decode_tc_checks.h"
 
 namespace {
@@ -75,48 +76,19 @@ struct Timing {
   double median_us = 0, cv = 0;
 };
 
-// Captures `calls(stream)` (rot back-to-back kernel calls) into a graph; returns the median time per call.
+// Captures `calls(stream)` (rot back-to-back kernel calls) into a graph; returns the median time per call over 25
+// back-to-back replays after 5 warm-ups, and the coefficient of variation.
 template <typename F>
 Timing time_graph(F calls, int rot) {
-  cudaStream_t s;
-  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  calls(s);  // eager once: first-use attribute calls happen outside capture
-  M3_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  M3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  calls(s);
-  M3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  M3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  // 5 warm-up replays, then 25 timed replays queued back to back (no host sync in between, so the GPU never idles
-  // waiting for the host); replay i is the time between the events recorded before and after it.
-  constexpr int kTimed = 25;
-  std::vector<cudaEvent_t> ev(kTimed + 1);
-  for (auto& e : ev) M3_CUDA_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < 5; ++i) M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  M3_CUDA_CHECK(cudaEventRecord(ev[0], s));
-  for (int i = 0; i < kTimed; ++i) {
-    M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
-    M3_CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
-  }
-  M3_CUDA_CHECK(cudaEventSynchronize(ev[kTimed]));
+  const std::vector<float> ms = m3::bench::graph_replay_ms(calls, 1, 5, 25);
   std::vector<double> t;
-  for (int i = 0; i < kTimed; ++i) {
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-    t.push_back(1e3 * ms / rot);
-  }
+  for (float x : ms) t.push_back(1e3 * x / rot);
   std::vector<double> sorted = t;
   std::sort(sorted.begin(), sorted.end());
   const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
   double var = 0;
   for (double x : t) var += (x - mean) * (x - mean);
-  Timing r{sorted[sorted.size() / 2], std::sqrt(var / t.size()) / mean};
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  for (auto& e : ev) cudaEventDestroy(e);
-  cudaStreamDestroy(s);
-  return r;
+  return Timing{sorted[sorted.size() / 2], std::sqrt(var / t.size()) / mean};
 }
 
 // 16-byte grid-stride copy, 4 loads in flight per thread.

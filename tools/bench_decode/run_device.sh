@@ -20,7 +20,7 @@ if [ -n "$deb" ]; then
   inc=(-I "$b/deps/usr/include")
 fi
 cuda_inc="$(dirname "$(dirname "$(command -v nvcc)")")/include"
-nv=(nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -I "$root/src" -I "$root/tests/gpu")
+nv=(nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -I "$root/src" -I "$root/tests/gpu" -I "$root/tools")
 t0=$(date +%s)
 "${nv[@]}" -std=c++17 -c "$root/tools/bench_decode/bench_decode.cu" -o "$b/bench.o" 2>"$out/build_bench.log" &
 "${nv[@]}" -std=c++17 -Xptxas -v -c "$root/src/backend/cuda/paged_decode_tc.cu" -o "$b/pdt.o" 2>"$out/ptxas.log" &
