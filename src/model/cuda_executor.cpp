@@ -51,20 +51,23 @@ constexpr Fp8Scale kFp8Fmt = Fp8Scale::Blk128;
 
 // A weight matrix on the device in the executor's weight type, or FP8 (`--dtype fp8`): e4m3 values [N, K] in mem and
 // kFp8Fmt scales beside them.
+// Stacked routed experts (`count` matrices [N, K] back to back) keep their scale arrays back to back as well.
 struct DevMat {
   DeviceBuffer<uint8_t> mem;
   cuda::WType wt = cuda::WType::F32;
   bool fp8 = false;
   DeviceBuffer<uint8_t> scales;
-  int64_t N = 0, K = 0;
+  int64_t N = 0, K = 0, count = 1;
+  const float* scales_f32() const { return reinterpret_cast<const float*>(scales.get()); }
   const void* get() const { return mem.get(); }
   cuda::Fp8Weight f8() const {
     return fp8 ? cuda::Fp8Weight{mem.get(), scales.get(), kFp8Fmt, N, K} : cuda::Fp8Weight{};
   }
 };
 
-// The slots `--dtype fp8` stores as FP8 (issue 15 item 2): attention q/k/v/o, index q/k, dense MLP, shared expert.
-// Routed experts stay bf16 (FP8 MoE is issue 15 item 3); embeddings, LM head, norms and router as without fp8.
+// The slots `--dtype fp8` stores as FP8 (issue 15 items 2–3): attention q/k/v/o, index q/k, dense MLP, shared expert,
+// routed experts (stacked, when the grouped MoE takes the layer's shape: it is the only path that reads FP8 experts).
+// Embeddings, LM head, norms and router as without fp8.
 bool fp8_slot_kind(SlotKind k) {
   switch (k) {
     case SlotKind::Wqkv:
@@ -73,7 +76,9 @@ bool fp8_slot_kind(SlotKind k) {
     case SlotKind::MlpGateUp:
     case SlotKind::MlpDown:
     case SlotKind::SharedGateUp:
-    case SlotKind::SharedDown: return true;
+    case SlotKind::SharedDown:
+    case SlotKind::ExpertGateUp:
+    case SlotKind::ExpertDown: return true;
     default: return false;
   }
 }
@@ -356,18 +361,29 @@ DeviceSlot CudaExecutor::Impl::bind(const WeightSlot& s, bool fp8_ok) {
   const bool bf16 = s.matrix && wt == cuda::WType::BF16;
   const size_t esz = bf16 ? 2 : 4, n = size_t(s.numel());
   const int64_t cols = s.pieces.empty() ? 0 : s.pieces[0].shape.back();
+  const bool expert = s.kind == SlotKind::ExpertGateUp || s.kind == SlotKind::ExpertDown;
+  // Routed experts: whenever the grouped MoE takes the layer (its W8A16 GEMMs read K % 16, which H % 64 and
+  // I % 32 give), for gate_up and down alike; other matrices: when every FP8 projection kernel takes K.
   const bool want_fp8 = opt.fp8_weights && fp8_ok && s.matrix && fp8_slot_kind(s.kind) &&
-                        fp8_matrix_supported(s.rows(), cols);
+                        (expert ? cuda::moe_grouped_supported(c.hidden_size, c.num_experts, c.num_experts_per_tok,
+                                                              c.moe_intermediate_size, c.shared_intermediate_size)
+                                : fp8_matrix_supported(s.rows(), cols));
   auto mat = [&](DevMat& m, size_t elems, size_t at) {
-    if (m.fp8 || (want_fp8 && !m.mem.get())) {  // FP8 storage (only for whole, unstacked slots)
+    // FP8 storage: whole slots, or stacked experts (slot e at matrix e; the first expert bound decides the storage
+    // of the stack — a later expert that is not MXFP8 then fails in the loader with the tensor named).
+    if (m.fp8 || (want_fp8 && !m.mem.get())) {
+      const int64_t count = int64_t(elems / n), e = int64_t(at / n);
       if (!m.fp8) {
-        M3_CHECK(at == 0 && elems == n, "CUDA executor: FP8 storage for a stacked slot {}", s.label());
-        m.fp8 = true, m.wt = wt, m.N = s.rows(), m.K = cols;
-        m.mem.grow(size_t(m.N * m.K));
-        m.scales.grow(size_t(fp8_scale_count(kFp8Fmt, m.N, m.K)) * 4);
+        M3_CHECK(expert || (at == 0 && elems == n), "CUDA executor: FP8 storage for a stacked slot {}", s.label());
+        m.fp8 = true, m.wt = wt, m.N = s.rows(), m.K = cols, m.count = count;
+        m.mem.grow(size_t(count * m.N * m.K));
+        m.scales.grow(size_t(count * fp8_scale_count(kFp8Fmt, m.N, m.K)) * 4);
         ++fp8_count;
       }
-      return DeviceSlot{m.mem.get(), false, true, kFp8Fmt, m.scales.get()};
+      M3_CHECK(m.N == s.rows() && m.K == cols && e < m.count, "CUDA executor: FP8 slot {} does not fit its stack",
+               s.label());
+      return DeviceSlot{m.mem.get() + e * m.N * m.K, false, true, kFp8Fmt,
+                        m.scales.get() + e * fp8_scale_count(kFp8Fmt, m.N, m.K) * 4};
     }
     m.wt = wt;
     m.mem.grow(elems * esz);  // keeps an existing allocation of that size (experts share one stacked buffer)
@@ -809,11 +825,21 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     // (MoE layers keep the fp32 norm: the router runs in fp32, and its kernel writes the bf16 expert input itself.)
     // (FP8 shared expert: the norm is written in fp32 for the router and in bf16 for the shared expert, one pass.)
     const bool mlp_bf16 = act_bf16 && c.mlp_kinds[l] == MlpKind::Dense;
+    // FP8 routed experts run in the grouped kernels with the shared expert as group E when it is FP8 in both
+    // matrices; any other shared expert beside them, and an FP8 shared expert beside bf16 experts, runs on its own
+    // (the grouped kernels read one weight type).
+    const bool experts_fp8 = c.mlp_kinds[l] != MlpKind::Dense && L.experts_gate_up.fp8;
+    M3_CHECK(L.experts_gate_up.fp8 == L.experts_down.fp8,
+             "CUDA executor: layer {}'s routed experts are FP8 in one matrix only (gate_up {}, down {}): the checkpoint "
+             "must give both as MXFP8 or neither", l, L.experts_gate_up.fp8, L.experts_down.fp8);
     const bool shared_fp8 =
         c.mlp_kinds[l] != MlpKind::Dense && L.shared.I > 0 && (L.shared.gate_up.fp8 || L.shared.down.fp8);
+    const bool shared_in_group =
+        L.shared.I > 0 && (experts_fp8 ? L.shared.gate_up.fp8 && L.shared.down.fp8 : !shared_fp8);
+    const bool shared_alone = c.mlp_kinds[l] != MlpKind::Dense && L.shared.I > 0 && !shared_in_group;
     if (mlp_bf16)
       cuda::rms_norm_gemma_bf16(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
-    else if (shared_fp8)
+    else if (shared_fp8 && shared_alone)
       cuda::rms_norm_gemma_bf16(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xnb.get(), xn.get(), s);
     else
       cuda::rms_norm_gemma(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xn.get(), s);
@@ -829,24 +855,30 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
       m.router_bias = L.router_bias.size() ? L.router_bias.get() : nullptr;
       const int64_t E = c.num_experts, I = L.expert_I;
       const size_t esz = wt == cuda::WType::BF16 ? 2 : 4;
-      for (int64_t e = 0; e < E; ++e)
-        m.experts.push_back(cuda::MlpDev{L.experts_gate_up.mem.get() + size_t(e * 2 * I * H) * esz,
-                                         L.experts_down.mem.get() + size_t(e * H * I) * esz, wt, I});
-      // An FP8 shared expert runs after the routed experts (its own MLP, += x) instead of inside the grouped kernel,
-      // which reads bf16 weights: x + routed + shared summed in that order (the CPU sums routed + shared first; the
-      // difference is fp32 rounding).
-      if (L.shared.I > 0 && !shared_fp8)
-        m.shared = cuda::MlpDev{L.shared.gate_up.get(), L.shared.down.get(), wt, L.shared.I};
-      if (wt == cuda::WType::BF16)  // the grouped device path (no host sync); fp32 keeps the exact sync path
+      if (!experts_fp8)
+        for (int64_t e = 0; e < E; ++e)
+          m.experts.push_back(cuda::MlpDev{L.experts_gate_up.mem.get() + size_t(e * 2 * I * H) * esz,
+                                           L.experts_down.mem.get() + size_t(e * H * I) * esz, wt, I});
+      // A shared expert outside the group runs after the routed experts (its own MLP, += x): x + routed + shared
+      // summed in that order (the CPU sums routed + shared first; the difference is fp32 rounding).
+      if (shared_in_group)
+        m.shared = cuda::MlpDev{L.shared.gate_up.get(), L.shared.down.get(), wt, L.shared.I, L.shared.gate_up.f8(),
+                                L.shared.down.f8()};
+      if (experts_fp8) {  // FP8 experts: the grouped path's W8A16 GEMMs (docs/FP8.md §9)
+        m.stacked_gate_up8 = L.experts_gate_up.mem.get(), m.stacked_gate_up8_scales = L.experts_gate_up.scales_f32();
+        m.stacked_down8 = L.experts_down.mem.get(), m.stacked_down8_scales = L.experts_down.scales_f32();
+        m.expert_I = I;
+      } else if (wt == cuda::WType::BF16) {  // the grouped device path (no host sync); fp32 keeps the exact sync path
         m.stacked_gate_up = L.experts_gate_up.mem.get(), m.stacked_down = L.experts_down.mem.get(), m.expert_I = I;
+      }
       m.E = E, m.top_k = c.num_experts_per_tok, m.routed_scale = c.routed_scaling_factor;
       m.alpha = c.swiglu_alpha, m.limit = c.swiglu_limit;
       cuda::moe_forward(*gemm, m, xn.get(), T, H, x.get(), ffn, s);
-      if (shared_fp8) {
+      if (shared_alone) {
         const cuda::MlpDev sh{L.shared.gate_up.get(), L.shared.down.get(), wt, L.shared.I, L.shared.gate_up.f8(),
                               L.shared.down.f8()};
-        cuda::run_mlp(*gemm, sh, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s, xnb.get(),
-                      f8gemm.get(), opt.fp8_lt_min_rows);
+        cuda::run_mlp(*gemm, sh, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s,
+                      shared_fp8 ? xnb.get() : nullptr, f8gemm.get(), opt.fp8_lt_min_rows);
       }
       prof.mark(GpuStepProfile::kMoe, s);
     }

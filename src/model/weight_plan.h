@@ -89,8 +89,8 @@ std::vector<SlotShare> rank_weight_plan(const M3Config& c, const RankShare& shar
 // Bytes of a share's weights in a storage model: Fp32 = the CPU's host arrays; Bf16 = matrices bf16, norms / router
 // / bias fp32 (the CUDA executor's bf16 storage); Fp8 = the MXFP8 matrices as the checkpoint holds them (e4m3 plus
 // one UE8M0 byte per 32 elements of a row: attention, index, dense MLP, shared and routed experts), embedding and
-// LM head bf16, the rest fp32 (docs/FP8.md; routed experts in FP8 are issue 15 item 3); Fp8Bf16Experts = Fp8 with
-// the routed experts bf16 (what `--dtype fp8` builds today).
+// LM head bf16, the rest fp32 (docs/FP8.md); Fp8Bf16Experts = Fp8 with the routed experts bf16 (what `--dtype fp8`
+// built before FP8 routed experts, docs/FP8.md §9, and still builds for a layer the grouped MoE does not take).
 enum class WeightBytes { Fp32, Bf16, Fp8, Fp8Bf16Experts };
 int64_t share_bytes(const std::vector<SlotShare>& plan, WeightBytes model);
 

@@ -285,8 +285,9 @@ TEST(GpuLoad, FullWidthM3SliceInFp8ViaDummyAndTheFullModelsMemoryFit) {
       std::printf("[gpu-load] %s\n", ex->describe().c_str());
       ms[fp8][3] = ex->load_stats().seconds;
       if (fp8) {
-        // 5 layers: q/k/v/o × 5, index × 2, dense MLP × 3 (gate_up, down), shared expert × 2 (gate_up, down).
-        EXPECT_EQ(ex->fp8_matrices(), 5 * 2 + 2 + 3 * 2 + 2 * 2);
+        // 5 layers: q/k/v/o × 5, index × 2, dense MLP × 3 (gate_up, down), shared expert × 2 (gate_up, down),
+        // routed experts × 2 (the gate_up and down stacks).
+        EXPECT_EQ(ex->fp8_matrices(), 5 * 2 + 2 + 3 * 2 + 2 * 2 + 2 * 2);
         const std::vector<float> l = logits_of(*ex, 300);
         for (float x : l) ASSERT_TRUE(std::isfinite(x));
       }
@@ -308,16 +309,16 @@ TEST(GpuLoad, FullWidthM3SliceInFp8ViaDummyAndTheFullModelsMemoryFit) {
     const int64_t experts_bf16 = E * 3 * I * H * 2;  // stacked [E, 2I, H] + [E, H, I], bf16
     const int64_t experts_fp8 = E * (fp8_matrix_bytes(Fp8Scale::Blk128, 2 * I, H) + fp8_matrix_bytes(Fp8Scale::Blk128, H, I));
     const int64_t total = fixed + moe_layers * moe, rank = total / 8;
-    const int64_t total_e8 = total - moe_layers * (experts_bf16 - experts_fp8), rank_e8 = total_e8 / 8;
     std::printf("[gpu-load] memory fit, %s: fixed part %.2f GB, one MoE layer %.3f GB -> M3 (60 layers) %.1f GB, "
                 "per rank on 8 GPUs %.1f GB, leaving %.1f GB of the %.1f GB H200 (KV + activations)%s\n",
-                fp8 ? "--dtype fp8 (routed experts bf16)" : "bf16", fixed / 1e9, moe / 1e9, total / 1e9, rank / 1e9,
+                fp8 ? "--dtype fp8 (routed experts FP8)" : "bf16", fixed / 1e9, moe / 1e9, total / 1e9, rank / 1e9,
                 (double(total_b) - double(rank)) / 1e9, double(total_b) / 1e9, fp8 ? "" : "");
+    // The allocations include the FP8 routed experts now; the computed expert bytes of both storages, for the record.
     if (fp8)
-      std::printf("[gpu-load] memory fit, --dtype fp8 with FP8 routed experts too (issue 15 item 3, computed: %.3f GB "
-                  "per MoE layer's experts instead of %.3f): M3 %.1f GB, per rank %.1f GB, leaving %.1f GB of %.1f GB\n",
-                  experts_fp8 / 1e9, experts_bf16 / 1e9, total_e8 / 1e9, rank_e8 / 1e9,
-                  (double(total_b) - double(rank_e8)) / 1e9, double(total_b) / 1e9);
+      std::printf("[gpu-load] routed experts per MoE layer: %.3f GB FP8 (e4m3 + 128×128 scales) vs %.3f GB bf16; "
+                  "bf16 experts would make M3 %.1f GB (%.1f GB per rank)\n",
+                  experts_fp8 / 1e9, experts_bf16 / 1e9, (total + moe_layers * (experts_bf16 - experts_fp8)) / 1e9,
+                  (total + moe_layers * (experts_bf16 - experts_fp8)) / 8 / 1e9);
   }
 }
 

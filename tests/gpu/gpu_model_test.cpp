@@ -380,9 +380,10 @@ MakeGpu mxfp8_maker(bool fp8, int lt_min_rows, int* fp8_matrices = nullptr) {
   };
 }
 
-// The matrices `--dtype fp8` keeps FP8 on this fixture: q/k/v/o of 5 layers, index q/k of 2, the dense MLPs of 3 and
-// the shared experts of 2 (every K here is a multiple of 64, so none falls back to bf16).
-constexpr int kFixtureFp8Matrices = 5 * 2 + 2 + 3 * 2 + 2 * 2;
+// The matrices `--dtype fp8` keeps FP8 on this fixture: q/k/v/o of 5 layers, index q/k of 2, the dense MLPs of 3,
+// the shared experts of 2 (every K here is a multiple of 64, so none falls back to bf16) and the routed experts of
+// the 2 MoE layers (gate_up and down, each counted once for its stack of 8 experts).
+constexpr int kFixtureFp8Matrices = 5 * 2 + 2 + 3 * 2 + 2 * 2 + 2 * 2;
 
 // The bf16 bounds of expect_bf16_bounds as a verdict (printed, not asserted), and the numbers the FP8 tests compare.
 struct Summary {

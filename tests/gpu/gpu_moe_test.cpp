@@ -16,6 +16,8 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/fp8.h"
+#include "backend/cuda/fp8_gemm.cuh"
 #include "backend/cuda/moe_grouped.cuh"
 #include "backend/cuda/moe_grouped_wgmma.cuh"
 #include "base/dtype.h"
@@ -32,26 +34,78 @@ struct Shape {
   int64_t H, E, K, I, Is;
 };
 
-// One MoE layer's weights on the device (hash-filled there: M3 widths are 14 GB of experts).
+std::vector<float> download_bf16(const __nv_bfloat16* p, int64_t n);
+
+// FP8 expert weights (docs/FP8.md §9): MXFP8-like values with scales varying per 32-group (fill_hash_mxfp8),
+// requantised on the device to e4m3 + 128×128 block scales exactly as the loader does (fp8_requant_from_mx).
+struct Fp8Mat {
+  cuda::DeviceBuffer<uint8_t> q;
+  cuda::DeviceBuffer<float> s;
+  int64_t N = 0, K = 0, count = 0, per = 0;  // `count` matrices [N, K], `per` scales each
+  void make(int64_t n_mats, int64_t N_, int64_t K_, uint64_t seed, float amp) {
+    N = N_, K = K_, count = n_mats, per = fp8_scale_count(Fp8Scale::Blk128, N, K);
+    q.grow(size_t(count * N * K)), s.grow(size_t(count * per));
+    cuda::DeviceBuffer<uint8_t> g32(size_t(N * K / 32));
+    // |w| ≈ 448·|u|·2^(e0 + {0, 1, 2}): e0 puts the typical |w| near amp/2.
+    const int e0 = int(std::floor(std::log2(amp / 448.f))) - 1;
+    for (int64_t m = 0; m < count; ++m) {
+      uint8_t* qm = q.get() + m * N * K;
+      cuda::fill_hash_mxfp8(qm, g32.get(), N, K, seed * 1000003ull + uint64_t(m), e0, nullptr);
+      cuda::fp8_requant_from_mx(qm, g32.get(), N, K, Fp8Scale::Blk128, qm, s.get() + m * per, nullptr);
+    }
+    M3_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // Matrix m dequantised exactly (cpu::fp8_dequant, the CPU twin of the kernels' e4m3 · scale).
+  std::vector<float> host(int64_t m) const {
+    std::vector<uint8_t> hq(size_t(N * K));
+    std::vector<float> hs(static_cast<size_t>(per)), out(static_cast<size_t>(N * K));
+    M3_CUDA_CHECK(cudaMemcpy(hq.data(), q.get() + m * N * K, hq.size(), cudaMemcpyDeviceToHost));
+    M3_CUDA_CHECK(cudaMemcpy(hs.data(), s.get() + m * per, hs.size() * 4, cudaMemcpyDeviceToHost));
+    cpu::fp8_dequant(hq.data(), hs.data(), Fp8Scale::Blk128, N, K, out.data());
+    return out;
+  }
+  // The same values as bf16 (exact), stacked like q.
+  void to_bf16(cuda::DeviceBuffer<__nv_bfloat16>& out) const {
+    out.grow(size_t(count * N * K));
+    for (int64_t m = 0; m < count; ++m)
+      cuda::fp8_blk128_to_bf16(q.get() + m * N * K, s.get() + m * per, N, K, out.get() + m * N * K, nullptr);
+    M3_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+// One MoE layer's weights on the device (hash-filled there: M3 widths are 14 GB of experts). fp8: the experts (and
+// the shared expert) are FP8 instead of bf16.
 struct Layer {
   Shape sh;
+  bool fp8 = false;
   cuda::DeviceBuffer<float> router, bias;
   cuda::DeviceBuffer<__nv_bfloat16> gu, dn, sgu, sdn;
+  Fp8Mat gu8, dn8, sgu8, sdn8;
   std::vector<float> h_router, h_bias;
   cuda::MoeGroupedWeights w;
 
-  Layer(Shape s, uint64_t seed, float bias0 = 0.f, float bias1 = 0.f) : sh(s) {
+  Layer(Shape s, uint64_t seed, float bias0 = 0.f, float bias1 = 0.f, bool fp8_experts = false)
+      : sh(s), fp8(fp8_experts) {
     const int64_t H = s.H, E = s.E, I = s.I, Is = s.Is;
     router.grow(size_t(E * H)), bias.grow(size_t(E));
-    gu.grow(size_t(E * 2 * I * H)), dn.grow(size_t(E * H * I));
     // Logit std ≈ 1 for x uniform in ±1; gate/up std ≈ 1.3 (some values reach the SwiGLU limit of 7).
     cuda::fill_hash_f32(router.get(), E * H, seed + 1, 3.f / std::sqrt(float(H)), nullptr);
-    cuda::fill_hash_bf16(gu.get(), E * 2 * I * H, seed + 2, 4.f / std::sqrt(float(H)), nullptr);
-    cuda::fill_hash_bf16(dn.get(), E * H * I, seed + 3, 2.f / std::sqrt(float(I)), nullptr);
-    if (Is > 0) {
-      sgu.grow(size_t(2 * Is * H)), sdn.grow(size_t(H * Is));
-      cuda::fill_hash_bf16(sgu.get(), 2 * Is * H, seed + 4, 4.f / std::sqrt(float(H)), nullptr);
-      cuda::fill_hash_bf16(sdn.get(), H * Is, seed + 5, 2.f / std::sqrt(float(Is)), nullptr);
+    if (fp8) {
+      gu8.make(E, 2 * I, H, seed + 2, 4.f / std::sqrt(float(H)));
+      dn8.make(E, H, I, seed + 3, 2.f / std::sqrt(float(I)));
+      if (Is > 0) {
+        sgu8.make(1, 2 * Is, H, seed + 4, 4.f / std::sqrt(float(H)));
+        sdn8.make(1, H, Is, seed + 5, 2.f / std::sqrt(float(Is)));
+      }
+    } else {
+      gu.grow(size_t(E * 2 * I * H)), dn.grow(size_t(E * H * I));
+      cuda::fill_hash_bf16(gu.get(), E * 2 * I * H, seed + 2, 4.f / std::sqrt(float(H)), nullptr);
+      cuda::fill_hash_bf16(dn.get(), E * H * I, seed + 3, 2.f / std::sqrt(float(I)), nullptr);
+      if (Is > 0) {
+        sgu.grow(size_t(2 * Is * H)), sdn.grow(size_t(H * Is));
+        cuda::fill_hash_bf16(sgu.get(), 2 * Is * H, seed + 4, 4.f / std::sqrt(float(H)), nullptr);
+        cuda::fill_hash_bf16(sdn.get(), H * Is, seed + 5, 2.f / std::sqrt(float(Is)), nullptr);
+      }
     }
     h_bias = gpu_test::rand_vec(size_t(E), 0.001f, 0.1f);
     h_bias[0] += bias0;
@@ -59,10 +113,39 @@ struct Layer {
     M3_CUDA_CHECK(cudaMemcpy(bias.get(), h_bias.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
     h_router.resize(size_t(E * H));
     M3_CUDA_CHECK(cudaMemcpy(h_router.data(), router.get(), h_router.size() * 4, cudaMemcpyDeviceToHost));
-    w.router = router.get(), w.router_bias = bias.get(), w.gate_up = gu.get(), w.down = dn.get();
-    if (Is > 0) w.shared_gate_up = sgu.get(), w.shared_down = sdn.get();
+    w.router = router.get(), w.router_bias = bias.get();
+    if (fp8) {
+      w.gate_up8 = gu8.q.get(), w.gate_up8_scales = gu8.s.get(), w.down8 = dn8.q.get(), w.down8_scales = dn8.s.get();
+      if (Is > 0) {
+        w.shared_gate_up8 = sgu8.q.get(), w.shared_gate_up8_scales = sgu8.s.get();
+        w.shared_down8 = sdn8.q.get(), w.shared_down8_scales = sdn8.s.get();
+      }
+    } else {
+      w.gate_up = gu.get(), w.down = dn.get();
+      if (Is > 0) w.shared_gate_up = sgu.get(), w.shared_down = sdn.get();
+    }
     w.E = E, w.top_k = s.K, w.I = I, w.Is = Is, w.routed_scale = 2.f, w.alpha = 1.702f, w.limit = 7.f;
   }
+
+  // Expert e's gate_up [2I, H] and down [H, I] as the kernels' exact values (e = E: the shared expert).
+  void host_expert(int64_t e, std::vector<float>& hgu, std::vector<float>& hdn) const;
+
+  // FP8 layer → the bf16 weights of the same values (the bf16 kernels on them are the FP8 kernels' reference up to
+  // fp32 summation order).
+  void make_bf16_twin() {
+    gu8.to_bf16(gu), dn8.to_bf16(dn);
+    cuda::MoeGroupedWeights b = w;
+    b.gate_up8 = nullptr, b.gate_up8_scales = nullptr, b.down8 = nullptr, b.down8_scales = nullptr;
+    b.shared_gate_up8 = nullptr, b.shared_gate_up8_scales = nullptr, b.shared_down8 = nullptr;
+    b.shared_down8_scales = nullptr;
+    b.gate_up = gu.get(), b.down = dn.get();
+    if (sh.Is > 0) {
+      sgu8.to_bf16(sgu), sdn8.to_bf16(sdn);
+      b.shared_gate_up = sgu.get(), b.shared_down = sdn.get();
+    }
+    w_bf16 = b;
+  }
+  cuda::MoeGroupedWeights w_bf16;
 };
 
 std::vector<float> download_bf16(const __nv_bfloat16* p, int64_t n) {
@@ -73,6 +156,18 @@ std::vector<float> download_bf16(const __nv_bfloat16* p, int64_t n) {
   return f;
 }
 
+void Layer::host_expert(int64_t e, std::vector<float>& hgu, std::vector<float>& hdn) const {
+  const bool sh_e = e == sh.E;
+  const int64_t H = sh.H, I = sh_e ? sh.Is : sh.I;
+  if (fp8) {
+    hgu = sh_e ? sgu8.host(0) : gu8.host(e);
+    hdn = sh_e ? sdn8.host(0) : dn8.host(e);
+  } else {
+    hgu = download_bf16(sh_e ? sgu.get() : gu.get() + e * 2 * I * H, 2 * I * H);
+    hdn = download_bf16(sh_e ? sdn.get() : dn.get() + e * H * I, H * I);
+  }
+}
+
 struct GpuRun {
   std::vector<float> x, logits, weights;
   std::vector<int32_t> ids;
@@ -81,13 +176,14 @@ struct GpuRun {
 
 // x0 + MoE(xn) on the GPU; scratch poisoned first (every used element must be written).
 GpuRun run_gpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
-            cuda::MoeGroupedScratch& scr, cuda::MoeGemmPath path = cuda::MoeGemmPath::Auto) {
+            cuda::MoeGroupedScratch& scr, cuda::MoeGemmPath path = cuda::MoeGemmPath::Auto,
+            const cuda::MoeGroupedWeights* weights = nullptr) {
   Dev<float> dxn(xn), dx(x0);
   cuda::moe_reserve(scr, T, L.sh.H, L.sh.E, L.sh.K, L.sh.I, L.sh.Is);
   M3_CUDA_CHECK(cudaMemset(scr.y.get(), 0xFF, scr.y.size() * 4));
   M3_CUDA_CHECK(cudaMemset(scr.act.get(), 0xFF, scr.act.size() * 2));
   M3_CUDA_CHECK(cudaMemset(scr.logits.get(), 0xFF, scr.logits.size() * 4));
-  cuda::moe_grouped_forward(L.w, dxn.p(), T, L.sh.H, dx.p(), scr, nullptr, nullptr, path);
+  cuda::moe_grouped_forward(weights ? *weights : L.w, dxn.p(), T, L.sh.H, dx.p(), scr, nullptr, nullptr, path);
   GpuRun r;
   r.x = dx.get();
   r.logits.resize(size_t(T * L.sh.E)), r.ids.resize(size_t(T * L.sh.K)), r.weights.resize(size_t(T * L.sh.K));
@@ -155,8 +251,8 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
     for (int64_t p = 0; p < T * K; ++p)
       if (ids[size_t(p)] == e) pairs.push_back(p);
     if (pairs.empty()) continue;
-    const std::vector<float> gu = download_bf16(L.gu.get() + e * 2 * I * H, 2 * I * H);
-    const std::vector<float> dn = download_bf16(L.dn.get() + e * H * I, H * I);
+    std::vector<float> gu, dn;
+    L.host_expert(e, gu, dn);
     for (int64_t p : pairs) {
       const int64_t t = p / K;
       for (int pass = 0; pass < 2; ++pass) {
@@ -167,7 +263,8 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
     }
   }
   if (Is > 0) {
-    const std::vector<float> gu = download_bf16(L.sgu.get(), 2 * Is * H), dn = download_bf16(L.sdn.get(), H * Is);
+    std::vector<float> gu, dn;
+    L.host_expert(E, gu, dn);
     for (int64_t t = 0; t < T; ++t)
       for (int pass = 0; pass < 2; ++pass) {
         cpu_mlp(&xn[size_t(t * H)], gu, dn, H, Is, pass == 0, y);
@@ -184,9 +281,9 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
     rr.ref_max = std::max(rr.ref_max, std::abs(ref[i]));
   }
   EXPECT_EQ(bad, 0u) << what << ": non-finite outputs";
-  std::printf("[gpu-op] moe_grouped %s: max|err|/max|ref| %.3g (bf16-mirroring ref), %.3g (fp32 activations ref); "
+  std::printf("[gpu-op] moe_grouped%s %s: max|err|/max|ref| %.3g (bf16-mirroring ref), %.3g (fp32 activations ref); "
               "logits %.3g, weights %.3g, tiles %d, active experts %d\n",
-              what.c_str(), rr.err / rr.ref_max, rr.err_unrounded / rr.ref_max, lerr / lmax, werr, g.tiles, g.active);
+              L.fp8 ? " fp8-experts" : "", what.c_str(), rr.err / rr.ref_max, rr.err_unrounded / rr.ref_max, lerr / lmax, werr, g.tiles, g.active);
   EXPECT_LE(rr.err, 1e-3 * rr.ref_max) << what;
   return rr;
 }
@@ -198,18 +295,20 @@ std::string name_of(const Shape& s, int64_t T) {
   return b;
 }
 
-std::string path_name(const Shape& s, int64_t T, cuda::MoeGemmPath path) {
-  if (path == cuda::MoeGemmPath::Auto) path = cuda::moe_gemm_path(T, s.H, s.E, s.K, s.I, s.Is);
+std::string path_name(const Shape& s, int64_t T, cuda::MoeGemmPath path, bool fp8 = false) {
+  if (path == cuda::MoeGemmPath::Auto)
+    path = fp8 ? cuda::MoeGemmPath::MmaSync : cuda::moe_gemm_path(T, s.H, s.E, s.K, s.I, s.Is);
   if (path == cuda::MoeGemmPath::Wgmma) return " wgmma BM128";
   return cuda::moe_tile_rows(T, s.E, s.K) == 16 ? " BM16" : " BM64";
 }
 
-void check_case(const Shape& s, int64_t T, uint64_t seed, cuda::MoeGemmPath path = cuda::MoeGemmPath::Auto) {
-  Layer L(s, seed);
+void check_case(const Shape& s, int64_t T, uint64_t seed, cuda::MoeGemmPath path = cuda::MoeGemmPath::Auto,
+                bool fp8 = false) {
+  Layer L(s, seed, 0.f, 0.f, fp8);
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;
   const GpuRun g = run_gpu(L, xn, x0, T, scr, path);
-  check_against_cpu(L, xn, x0, T, g, name_of(s, T) + path_name(s, T, path));
+  check_against_cpu(L, xn, x0, T, g, name_of(s, T) + path_name(s, T, path, fp8));
 }
 
 TEST(GpuMoe, GroupedMoeMatchesCpuReferenceAtSmallWidths) {
@@ -243,10 +342,10 @@ TEST(GpuMoe, ExpertWithNoTokensAndExpertWithAllTokens) {
   check_against_cpu(L, xn, x0, T, g, "all tokens on expert 0, none on expert 1");
 }
 
-void check_graph_replay(cuda::MoeGemmPath path) {
+void check_graph_replay(cuda::MoeGemmPath path, bool fp8 = false) {
   const Shape s{256, 16, 4, 128, 128};
   const int64_t T = 24;
-  Layer L(s, 31);
+  Layer L(s, 31, 0.f, 0.f, fp8);
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;
   const GpuRun eager = run_gpu(L, xn, x0, T, scr, path);  // also reserves the scratch: nothing allocates under capture
@@ -273,8 +372,9 @@ void check_graph_replay(cuda::MoeGemmPath path) {
     const std::vector<float> got = dx.get();
     EXPECT_EQ(0, std::memcmp(got.data(), eager.x.data(), got.size() * 4)) << "replay " << rep;
   }
-  std::printf("[gpu-op] moe_grouped graph replay (T %lld, E %lld, k %lld%s): 3 replays bitwise equal to eager\n",
-              (long long)T, (long long)s.E, (long long)s.K, path_name(s, T, path).c_str());
+  std::printf("[gpu-op] moe_grouped graph replay (T %lld, E %lld, k %lld%s%s): 3 replays bitwise equal to eager\n",
+              (long long)T, (long long)s.E, (long long)s.K, path_name(s, T, path, fp8).c_str(),
+              fp8 ? ", fp8 experts" : "");
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
@@ -286,11 +386,10 @@ TEST(GpuMoe, CudaGraphReplayIsBitwiseEqualToEager) {
   check_graph_replay(cuda::MoeGemmPath::Wgmma);
 }
 
-TEST(GpuMoe, ResultsDoNotDependOnOtherRowsInTheBatch) {
-  M3_SKIP_WITHOUT_GPU();
+void check_batch_independence(bool fp8) {
   const Shape s{128, 8, 2, 64, 64};
   const int64_t T = 200;  // BM 64 tiles; the subsets below run with BM 16
-  Layer L(s, 41);
+  Layer L(s, 41, 0.f, 0.f, fp8);
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;
   const GpuRun full = run_gpu(L, xn, x0, T, scr);
@@ -303,8 +402,13 @@ TEST(GpuMoe, ResultsDoNotDependOnOtherRowsInTheBatch) {
     const GpuRun sub = run_gpu(L, sxn, sx0, int64_t(rows.size()), scr);
     for (size_t i = 0; i < rows.size(); ++i)
       EXPECT_EQ(0, std::memcmp(&sub.x[i * s.H], &full.x[size_t(rows[i] * s.H)], size_t(s.H) * 4))
-          << "row " << rows[i] << " alone vs in the batch of " << T;
+          << "row " << rows[i] << " alone vs in the batch of " << T << (fp8 ? " (fp8 experts)" : "");
   }
+}
+
+TEST(GpuMoe, ResultsDoNotDependOnOtherRowsInTheBatch) {
+  M3_SKIP_WITHOUT_GPU();
+  check_batch_independence(false);
 }
 
 // The wgmma GEMMs of long prefills (moe_grouped_wgmma.cuh), forced at sizes the CPU reference can check: ragged
@@ -385,6 +489,89 @@ TEST(GpuMoe, WgmmaResultsDoNotDependOnOtherRowsInTheBatch) {
     EXPECT_EQ(0, std::memcmp(&sub.x[i * s.H], &full.x[size_t(rows[i] * s.H)], size_t(s.H) * 4))
         << "row " << rows[i] << " alone vs in the batch of " << T;
   }
+}
+
+// ---- FP8 routed experts (docs/FP8.md §9): W8A16 grouped GEMMs on e4m3 + 128×128 block scales ------------------------
+// Reference: the same CPU check as bf16 on the exactly dequantised weights (cpu::fp8_dequant; e4m3 · a power-of-two
+// scale is exact in bf16, so the kernels multiply exactly these values): same tolerance.
+
+TEST(GpuMoe, Fp8ExpertsMatchCpuReferenceAtSmallWidths) {
+  M3_SKIP_WITHOUT_GPU();
+  const auto au = cuda::MoeGemmPath::Auto;
+  const Shape tiny{128, 8, 2, 64, 64};
+  for (int64_t T : {1, 8, 64, 200}) check_case(tiny, T, 300 + uint64_t(T), au, true);  // 200 rows: BM 64 tiles
+  check_case(Shape{128, 8, 2, 64, 0}, 20, 307, au, true);      // no shared expert
+  check_case(Shape{256, 128, 4, 128, 64}, 64, 308, au, true);  // M3's router, narrow experts
+  // 2I = 192 and H = 256: ragged 128-row scale blocks; down K = 96 / 160: a short last K step; BM 64.
+  check_case(Shape{256, 16, 4, 96, 160}, 300, 309, au, true);
+  check_case(Shape{384, 16, 2, 160, 96}, 9, 310, au, true);  // H = 384: three K steps, a short down K, BM 16
+}
+
+TEST(GpuMoe, Fp8ExpertsMatchCpuReferenceAtM3Widths) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape m3{6144, 128, 4, 3072, 3072};  // 7.2 GB of e4m3 experts
+  Layer L(m3, 311, 0.f, 0.f, true);
+  cuda::MoeGroupedScratch scr;
+  for (int64_t T : {1, 4}) {  // the fp64 reference costs ≈ 0.1 G multiply-adds per (token, expert) here
+    const auto xn = gpu_test::rand_vec(size_t(T * m3.H)), x0 = gpu_test::rand_vec(size_t(T * m3.H));
+    const GpuRun g = run_gpu(L, xn, x0, T, scr);
+    check_against_cpu(L, xn, x0, T, g, name_of(m3, T) + path_name(m3, T, cuda::MoeGemmPath::Auto, true));
+  }
+}
+
+// Decode and prefill sizes at M3 widths against the bf16 kernels on the same (dequantised) values: both mma.sync, the
+// same tiles; only the k order inside each 64-wide chunk differs (fp32 summation order, and the odd act element on
+// the other side of a bf16 rounding boundary).
+TEST(GpuMoe, Fp8ExpertsEqualBf16ExpertsOnTheSameValuesAtM3Widths) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape m3{6144, 128, 4, 3072, 3072};
+  Layer L(m3, 312, 0.f, 0.f, true);
+  L.make_bf16_twin();
+  cuda::MoeGroupedScratch scr;
+  for (int64_t T : {1, 8, 64, 2048}) {
+    const auto xn = gpu_test::rand_vec(size_t(T * m3.H)), x0 = gpu_test::rand_vec(size_t(T * m3.H));
+    const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::MmaSync, &L.w_bf16);
+    const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Auto);
+    EXPECT_EQ(a.ids, b.ids) << T;
+    double diff = 0, delta = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < a.x.size(); ++i) {
+      if (!std::isfinite(b.x[i])) ++bad;
+      diff = std::max(diff, double(std::abs(a.x[i] - b.x[i])));
+      delta = std::max(delta, double(std::abs(a.x[i] - x0[i])));
+    }
+    EXPECT_EQ(bad, 0u) << T;
+    EXPECT_GT(delta, 0.0) << T;
+    EXPECT_LE(diff, 1e-3 * delta) << T;
+    std::printf("[gpu-op] moe_grouped fp8 experts T %lld at M3 widths (%s): vs bf16 kernels on the same values "
+                "max|diff| %.3g of max|moe out| %.3g (%.2g)\n",
+                (long long)T, path_name(m3, T, cuda::MoeGemmPath::Auto, true).c_str(), diff, delta, diff / delta);
+  }
+}
+
+TEST(GpuMoe, Fp8ExpertsCudaGraphReplayIsBitwiseEqualToEager) {
+  M3_SKIP_WITHOUT_GPU();
+  check_graph_replay(cuda::MoeGemmPath::Auto, true);
+}
+
+TEST(GpuMoe, Fp8ExpertsResultsDoNotDependOnOtherRowsInTheBatch) {
+  M3_SKIP_WITHOUT_GPU();
+  check_batch_independence(true);
+}
+
+TEST(GpuMoe, Fp8ExpertsRefuseWhatTheKernelsDoNotRead) {
+  M3_SKIP_WITHOUT_GPU();
+  Layer L(Shape{256, 8, 2, 128, 128}, 313, 0.f, 0.f, true);
+  const std::vector<float> xn(size_t(4 * 256), 0.5f), x0(size_t(4 * 256), 0.f);
+  cuda::MoeGroupedScratch scr;
+  EXPECT_THROW(run_gpu(L, xn, x0, 4, scr, cuda::MoeGemmPath::Wgmma), Error);  // wgmma reads bf16 only
+  cuda::MoeGroupedWeights w = L.w;
+  w.down8_scales = nullptr;
+  EXPECT_THROW(run_gpu(L, xn, x0, 4, scr, cuda::MoeGemmPath::Auto, &w), Error);  // missing scales
+  cuda::DeviceBuffer<__nv_bfloat16> b(size_t(2 * 128 * 256));
+  w = L.w;
+  w.shared_gate_up = b.get();  // a bf16 shared expert beside FP8 routed experts
+  EXPECT_THROW(run_gpu(L, xn, x0, 4, scr, cuda::MoeGemmPath::Auto, &w), Error);
 }
 
 TEST(GpuMoe, UnsupportedShapesAreRefused) {

@@ -8,7 +8,10 @@
 // ceiling measured in the same run, where bytes = weights of the experts the calls actually chose (counted on the
 // device by the grouping kernel) + the shared expert + the router + activations (xn read, x read and written).
 // Also timed: the previous synchronous path (moe_forward_sync: host sync + one cuBLASLt GEMM per expert), eager.
-//   bench_moe [--quick | --t T]
+// --fp8 also times the same layer with FP8 experts (e4m3 + 128×128 block scales, routed and shared: the W8A16
+// grouped GEMMs, docs/FP8.md §9) on the same inputs and prints bf16 vs FP8 side by side, with GB/s on the unique
+// expert bytes each variant reads (the memory-bound decode sizes' measure).
+//   bench_moe [--quick] [--t T[,T…]] [--fp8]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8_gemm.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/mlp_moe.cuh"
 #include "backend/cuda/moe_grouped.cuh"
@@ -145,8 +149,29 @@ double copy_ceiling_gbps() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const int64_t only_T = argc > 2 && std::strcmp(argv[1], "--t") == 0 ? std::atoll(argv[2]) : 0;  // one step size
+  bool quick = false, fp8 = false;
+  std::vector<int64_t> only_T;  // --t: these step sizes
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--fp8") == 0) {
+      fp8 = true;
+    } else if (std::strcmp(argv[i], "--t") == 0 && i + 1 < argc) {
+      for (const char* p = argv[++i]; *p;) {
+        char* end = nullptr;
+        const long long v = std::strtoll(p, &end, 10);
+        if (end == p || v <= 0) {
+          std::fprintf(stderr, "bench_moe: --t wants positive step sizes separated by commas, got '%s'\n", argv[i]);
+          return 2;
+        }
+        only_T.push_back(v);
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else {
+      std::fprintf(stderr, "usage: bench_moe [--quick] [--t T[,T...]] [--fp8]\n");
+      return 2;
+    }
+  }
   try {
     cudaDeviceProp prop{};
     M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -187,9 +212,44 @@ int main(int argc, char** argv) {
                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<int64_t> Ts = {1, 8, 32, 64, 512, 1024, 2048, 4096, 8192, 16384};
     if (quick) Ts = {1, 64};
-    if (only_T > 0) Ts = {only_T};
+    if (!only_T.empty()) Ts = only_T;
+    // FP8 experts (--fp8): MXFP8-like values with per-group scales, requantised to 128×128 blocks as the loader does.
+    const int64_t sc_gu = m3::fp8_scale_count(m3::Fp8Scale::Blk128, 2 * I, H);
+    const int64_t sc_dn = m3::fp8_scale_count(m3::Fp8Scale::Blk128, H, I);
+    const size_t expert_bytes8 = size_t(3 * I * H) + size_t(sc_gu + sc_dn) * 4;
+    const size_t shared_bytes8 = size_t(3 * Is * H) + size_t(m3::fp8_scale_count(m3::Fp8Scale::Blk128, 2 * Is, H) +
+                                                             m3::fp8_scale_count(m3::Fp8Scale::Blk128, H, Is)) * 4;
+    DeviceBuffer<uint8_t> gu8, dn8, sgu8, sdn8;
+    DeviceBuffer<float> gu8s, dn8s, sgu8s, sdn8s;
+    m3::cuda::MoeGroupedWeights w8 = w;
+    if (fp8) {
+      gu8.grow(size_t(E * 2 * I * H)), dn8.grow(size_t(E * H * I)), sgu8.grow(size_t(2 * Is * H));
+      sdn8.grow(size_t(H * Is)), gu8s.grow(size_t(E * sc_gu)), dn8s.grow(size_t(E * sc_dn));
+      sgu8s.grow(size_t(m3::fp8_scale_count(m3::Fp8Scale::Blk128, 2 * Is, H)));
+      sdn8s.grow(size_t(m3::fp8_scale_count(m3::Fp8Scale::Blk128, H, Is)));
+      DeviceBuffer<uint8_t> g32(size_t(2 * std::max(I, Is) * H / 32));
+      auto make = [&](uint8_t* q, float* sc, int64_t N, int64_t Kd, uint64_t seed, float amp) {
+        const int e0 = int(std::floor(std::log2(amp / 448.f))) - 1;
+        m3::cuda::fill_hash_mxfp8(q, g32.get(), N, Kd, seed, e0, nullptr);
+        m3::cuda::fp8_requant_from_mx(q, g32.get(), N, Kd, m3::Fp8Scale::Blk128, q, sc, nullptr);
+      };
+      for (int64_t e = 0; e < E; ++e) {
+        make(gu8.get() + e * 2 * I * H, gu8s.get() + e * sc_gu, 2 * I, H, 1000 + uint64_t(e), 4.f / std::sqrt(float(H)));
+        make(dn8.get() + e * H * I, dn8s.get() + e * sc_dn, H, I, 5000 + uint64_t(e), 2.f / std::sqrt(float(I)));
+      }
+      make(sgu8.get(), sgu8s.get(), 2 * Is, H, 9001, 4.f / std::sqrt(float(H)));
+      make(sdn8.get(), sdn8s.get(), H, Is, 9002, 2.f / std::sqrt(float(Is)));
+      M3_CUDA_CHECK(cudaDeviceSynchronize());
+      w8.gate_up = nullptr, w8.down = nullptr, w8.shared_gate_up = nullptr, w8.shared_down = nullptr;
+      w8.gate_up8 = gu8.get(), w8.gate_up8_scales = gu8s.get(), w8.down8 = dn8.get(), w8.down8_scales = dn8s.get();
+      w8.shared_gate_up8 = sgu8.get(), w8.shared_gate_up8_scales = sgu8s.get();
+      w8.shared_down8 = sdn8.get(), w8.shared_down8_scales = sdn8s.get();
+      std::printf("fp8 experts: %.1f MB each + shared %.1f MB (e4m3 + 128×128 fp32 block scales)\n\n",
+                  expert_bytes8 / 1e6, shared_bytes8 / 1e6);
+    }
+    std::vector<std::string> fp8_rows;
     m3::cuda::MoeGroupedScratch scr;
-    m3::cuda::moe_reserve(scr, Ts.back(), H, E, K, I, Is);  // everything allocated before any capture
+    m3::cuda::moe_reserve(scr, *std::max_element(Ts.begin(), Ts.end()), H, E, K, I, Is);  // before any capture
     std::vector<std::string> breakdown, paths;
     for (int64_t T : Ts) {
       const int rot = T >= 512 ? 2 : 8;
@@ -247,6 +307,24 @@ int main(int argc, char** argv) {
       std::printf("| %lld | %d | %.1f | %.3f | %.2f | %.0f | %.1f | %.0f %% | %.1f | %.1f | %.0f %% | %s |\n",
                   (long long)T, rot, t.median_us, t.cv, active, bytes / 1e6, floor_us, 100.0 * floor_us / t.median_us,
                   flops / (t.median_us * 1e6), rfloor_us, 100.0 * rfloor_us / t.median_us, sync_s);
+      // FP8 experts on the same inputs (same router: the same experts are read).
+      if (fp8) {
+        const Timing t8 = time_graph(
+            [&](cudaStream_t s) {
+              for (int r = 0; r < rot; ++r) m3::cuda::moe_grouped_forward(w8, xn[r].get(), T, H, x[r].get(), scr, s);
+            },
+            rot);
+        const double ex16 = active * expert_bytes + shared_bytes, ex8 = active * expert_bytes8 + shared_bytes8;
+        const double other = double(E * H * 4) + double(T * H * 12);
+        char b[320];
+        std::snprintf(b, sizeof b,
+                      "| %lld | %.2f | %.1f | %.1f | %.2f | %.0f | %.0f | %.0f | %.0f | %.0f %% | %.0f %% |",
+                      (long long)T, active, t.median_us, t8.median_us, t.median_us / t8.median_us, ex16 / 1e6,
+                      ex8 / 1e6, (ex16 + other) / (t.median_us * 1e3), (ex8 + other) / (t8.median_us * 1e3),
+                      100.0 * (ex16 + other) / (t.median_us * 1e3) / copy,
+                      100.0 * (ex8 + other) / (t8.median_us * 1e3) / copy);
+        fp8_rows.push_back(b);
+      }
       // Prefill-sized steps: both GEMM paths forced, same inputs (the Auto row above is one of them).
       if (T >= 512) {
         const Timing tm = time_path(m3::cuda::MoeGemmPath::MmaSync), tw = time_path(m3::cuda::MoeGemmPath::Wgmma);
@@ -291,6 +369,14 @@ int main(int argc, char** argv) {
                 "routed + shared expert FLOPs):\n\n| T | mma.sync µs | TFLOP/s | wgmma µs | TFLOP/s | speed-up | Auto |\n"
                 "|---|---|---|---|---|---|---|\n");
     for (const auto& l : paths) std::printf("%s\n", l.c_str());
+    if (fp8) {
+      std::printf("\nbf16 vs FP8 experts (W8A16 grouped GEMMs, mma.sync at every size; graph of rotated calls, median "
+                  "µs per call). GB/s = (unique expert bytes read + router + activations) / time; copy ceiling %.0f "
+                  "GB/s:\n\n| T | experts/call | bf16 µs | fp8 µs | bf16/fp8 | bf16 expert MB | fp8 expert MB | bf16 "
+                  "GB/s | fp8 GB/s | bf16 %% of copy | fp8 %% of copy |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+                  copy);
+      for (const auto& l : fp8_rows) std::printf("%s\n", l.c_str());
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_moe: %s\n", e.what());

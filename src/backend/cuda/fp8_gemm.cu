@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backend/cuda/e4m3_bf16.cuh"
 #include "backend/cuda/warp_mma.cuh"
 #include "base/counter_hash.h"
 
@@ -33,27 +34,7 @@ constexpr int kWarps = 8;  // W8A16: warps per block, each on its own K chunks o
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-// ---- element types ------------------------------------------------------------------------------------------------
-// The W8A16 kernel's element trait: two packed 8-bit codes → bf16x2 holding value·2^−kBias, with no rounding.
-struct E4M3 {
-  static constexpr int kBias = 120;  // bf16 exponent bias 127 − e4m3 bias 7
-  // Codes S.EEEE.MMM placed as bf16 S.0000EEEE.MMM0000: exponent field E, mantissa M/8 — for E > 0 that is
-  // (1 + M/8)·2^(E−127) = value·2^−120; for E = 0 the bf16 subnormal (M/8)·2^−126 = value·2^−120 as well.
-  __device__ __forceinline__ static uint32_t lo2(uint32_t w) {  // bytes 0, 1
-    const uint32_t v = __byte_perm(w, 0, 0x1404);
-    return ((v >> 4) & 0x07F007F0u) | (v & 0x80008000u);
-  }
-  __device__ __forceinline__ static uint32_t hi2(uint32_t w) {  // bytes 2, 3
-    const uint32_t v = __byte_perm(w, 0, 0x3424);
-    return ((v >> 4) & 0x07F007F0u) | (v & 0x80008000u);
-  }
-};
-
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
+// ---- element types: E4M3 and mul_bf16x2 (backend/cuda/e4m3_bf16.cuh) ----------------------------------------------
 
 // ---- scalar helpers (the CPU twins' arithmetic, restated) -----------------------------------------------------------
 __device__ __forceinline__ float e4m3_to_f32_dev(uint8_t v) {

@@ -156,24 +156,48 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
   g.nt(scr.act.get(), T, m.I, m.down, m.wt, H, y, accumulate, s);
 }
 
+namespace {
+bool fp8_blk128(const Fp8Weight& w) { return w.q != nullptr && w.fmt == Fp8Scale::Blk128; }
+}  // namespace
+
 bool moe_uses_grouped(const MoeArgs& a, int64_t H) {
   const bool shared = a.shared.I > 0;
+  const int64_t Is = shared ? a.shared.I : 0;
+  if (a.stacked_gate_up8)  // FP8 experts: only the grouped path reads them, with an FP8 (Blk128) shared expert
+    return a.stacked_down8 && a.stacked_gate_up8_scales && a.stacked_down8_scales &&
+           (!shared || (fp8_blk128(a.shared.gate_up8) && fp8_blk128(a.shared.down8))) &&
+           moe_grouped_supported(H, a.E, a.top_k, a.expert_I, Is);
   return a.stacked_gate_up && a.stacked_down && (a.experts.empty() || a.experts[0].wt == WType::BF16) &&
-         (!shared || a.shared.wt == WType::BF16) &&
-         moe_grouped_supported(H, a.E, a.top_k, a.expert_I, shared ? a.shared.I : 0);
+         (!shared || (a.shared.wt == WType::BF16 && !a.shared.fp8())) &&
+         moe_grouped_supported(H, a.E, a.top_k, a.expert_I, Is);
 }
 
 void moe_forward(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,
                  cudaStream_t s) {
-  if (!moe_uses_grouped(a, H)) return moe_forward_sync(g, a, xn, T, H, x, scr, s);
+  const bool grouped = moe_uses_grouped(a, H);
+  M3_CUDA_REQUIRE(grouped || !a.stacked_gate_up8,
+                  "moe_forward: FP8 routed experts need the grouped path (H %lld, E %lld, top_k %lld, I %lld, its "
+                  "scales, and a shared expert that is absent or FP8 in both matrices)",
+                  (long long)H, (long long)a.E, (long long)a.top_k, (long long)a.expert_I);
+  if (!grouped) return moe_forward_sync(g, a, xn, T, H, x, scr, s);
   MoeGroupedWeights w;
   w.router = a.router, w.router_bias = a.router_bias;
-  w.gate_up = static_cast<const __nv_bfloat16*>(a.stacked_gate_up);
-  w.down = static_cast<const __nv_bfloat16*>(a.stacked_down);
-  if (a.shared.I > 0) {
-    w.shared_gate_up = static_cast<const __nv_bfloat16*>(a.shared.gate_up);
-    w.shared_down = static_cast<const __nv_bfloat16*>(a.shared.down);
-    w.Is = a.shared.I;
+  if (a.stacked_gate_up8) {
+    w.gate_up8 = a.stacked_gate_up8, w.gate_up8_scales = a.stacked_gate_up8_scales;
+    w.down8 = a.stacked_down8, w.down8_scales = a.stacked_down8_scales;
+    if (a.shared.I > 0) {
+      w.shared_gate_up8 = a.shared.gate_up8.q, w.shared_gate_up8_scales = static_cast<const float*>(a.shared.gate_up8.scales);
+      w.shared_down8 = a.shared.down8.q, w.shared_down8_scales = static_cast<const float*>(a.shared.down8.scales);
+      w.Is = a.shared.I;
+    }
+  } else {
+    w.gate_up = static_cast<const __nv_bfloat16*>(a.stacked_gate_up);
+    w.down = static_cast<const __nv_bfloat16*>(a.stacked_down);
+    if (a.shared.I > 0) {
+      w.shared_gate_up = static_cast<const __nv_bfloat16*>(a.shared.gate_up);
+      w.shared_down = static_cast<const __nv_bfloat16*>(a.shared.down);
+      w.Is = a.shared.I;
+    }
   }
   w.E = a.E, w.top_k = a.top_k, w.I = a.expert_I;
   w.routed_scale = a.routed_scale, w.alpha = a.alpha, w.limit = a.limit;

@@ -70,6 +70,14 @@ struct MoeArgs {
   MlpDev shared;                       // I = 0 → none
   const void* stacked_gate_up = nullptr;  // [E, 2I, H] bf16 (the grouped path), or null
   const void* stacked_down = nullptr;     // [E, H, I] bf16
+  // FP8 routed experts (`--dtype fp8`, docs/FP8.md §9), replacing the two bf16 stacks: e4m3 [E, 2I, H] / [E, H, I]
+  // with per-expert Blk128 scales, read by the grouped path's W8A16 GEMMs. The shared expert then joins them as
+  // group E when both its matrices are FP8 (Blk128); any other shared expert must be run by the caller (shared.I = 0
+  // here), as the grouped kernels read one weight type.
+  const uint8_t* stacked_gate_up8 = nullptr;
+  const float* stacked_gate_up8_scales = nullptr;  // [E][fp8_scale_count(Blk128, 2I, H)]
+  const uint8_t* stacked_down8 = nullptr;
+  const float* stacked_down8_scales = nullptr;  // [E][fp8_scale_count(Blk128, H, I)]
   int64_t expert_I = 0;
   int64_t E = 0, top_k = 0;
   float routed_scale = 1.f, alpha = 1.702f, limit = 7.f;

@@ -4,9 +4,16 @@
 #include "backend/cuda/moe_grouped.cuh"
 #include "backend/cuda/moe_grouped_wgmma.cuh"
 
-#include <algorithm>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
+#include <algorithm>
+#include <functional>
+#include <type_traits>
+
+#include "backend/cuda/e4m3_bf16.cuh"
 #include "backend/cuda/warp_mma.cuh"
+#include "base/fp8_format.h"
 
 namespace m3::cuda {
 
@@ -223,8 +230,11 @@ struct GemmParams {
   const int32_t* offsets;
   const int32_t* tiles;
   const int32_t* counters;
-  const __nv_bfloat16* w;         // stacked experts
-  const __nv_bfloat16* w_shared;  // group E
+  const void* w;         // stacked experts: bf16, or e4m3 bytes (WT = uint8_t)
+  const void* w_shared;  // group E
+  const float* ws;         // e4m3 only: Blk128 scales of expert 0, experts ws_stride floats apart
+  const float* ws_shared;  // e4m3 only: the shared expert's Blk128 scales
+  int64_t ws_stride;
   int E, I, Is, H;
   __nv_bfloat16* act;  // gate/up output [rows, ld_act]
   int64_t ld_act;
@@ -232,18 +242,42 @@ struct GemmParams {
   float alpha, limit;
 };
 
-template <int BM, int kStages>
+// Weight element types of the GEMMs: bf16, or e4m3 codes (uint8_t) with Blk128 scales (W8A16, docs/FP8.md §9).
+template <typename WT>
+constexpr int kWRowBytes = std::is_same_v<WT, uint8_t> ? 128 : kRowBytes;  // a weight row of one 128-wide K step
+
+template <int BM, int kStages, typename WT = __nv_bfloat16>
 constexpr int gemm_smem_bytes() {
-  return kStages * (BM + kBN) * kRowBytes;
+  return kStages * (BM * kRowBytes + kBN * kWRowBytes<WT>);
+}
+
+// A [64, 128] e4m3 weight tile in shared memory: a row is 128 bytes = 8 chunks of 16 bytes, chunk c of row r stored
+// at c ^ 4·(r & 1). A quarter warp of the fragment loads below reads rows r, r + 1 at chunks 4h + {0..3}: 8 distinct
+// 16-byte bank groups (rows are 128 bytes, so without the swizzle rows r and r + 1 collide).
+__device__ __forceinline__ uint32_t swz_w8(int row, int chunk) {
+  return uint32_t(row * 128 + ((chunk ^ ((row & 1) << 2)) << 4));
+}
+
+__device__ __forceinline__ void lds128(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
 
 // Grouped y = A·Wᵀ over one tile: rows [r0, r0 + nrows) of group g, 64 weight rows, K in steps of 128.
 // 4 warps as WM × (4 / WM); warp tile (BM / WM) × (64 / WN); mma.sync m16n8k16, fp32 accumulate; cp.async ring
 // of kStages stages, rows past the tile and K past the end zero-filled.
-template <int BM, int WM, int kStages, bool kGateUp>
+// WT = uint8_t: W8A16 on e4m3 weights with Blk128 scales. The ring carries the e4m3 bytes (half the bf16 tile) and
+// the fragments are made in registers, as fp8_gemm.cu's W8A16 kernel does: per 64-wide half of a K step a thread
+// loads 16 contiguous weight bytes of its row (one 16-byte load) and 16 contiguous bf16 of each of its A rows (two
+// 16-byte loads), and mma step j pairs bytes 4j..4j+3 with A elements 4j..4j+3 — the k order inside an mma is free
+// as long as A and B agree: lane quad position c owns logical k {2c, 2c+1} = physical 16c + 4j + {0, 1} and
+// {2c+8, 2c+9} = 16c + 4j + {2, 3}. The codes become bf16 by E4M3::lo2 / hi2 (value·2^−120, exact) and one
+// mul.bf16x2 by the block's scale·2^120 (exact for power-of-two scales): the products are the bf16 GEMM's on the
+// dequantised weights, only the fp32 summation order differs.
+template <int BM, int WM, int kStages, bool kGateUp, typename WT>
 __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
+  constexpr bool kFp8 = std::is_same_v<WT, uint8_t>;
   constexpr int WN = 4 / WM, RW = BM / WM, MT = RW / 16, CW = kBN / WN, NP = CW / 16;
-  constexpr int kStageBytes = (BM + kBN) * kRowBytes, kABytes = BM * kRowBytes;
+  constexpr int kABytes = BM * kRowBytes, kStageBytes = kABytes + kBN * kWRowBytes<WT>;
   static_assert(MT >= 1 && NP >= 1, "warp tile");
   extern __shared__ __align__(128) uint8_t smem[];
   const int tile = blockIdx.y;
@@ -252,17 +286,19 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
   const int nrows = min(BM, p.offsets[g + 1] - r0);
   const int Ig = g < p.E ? p.I : p.Is;
   int n0, K;
-  const __nv_bfloat16* W;
+  const WT* W;
+  const float* WS = nullptr;  // e4m3: this group's Blk128 scales
   if (kGateUp) {
     n0 = blockIdx.x * (kBN / 2);
     if (n0 >= Ig) return;
     K = p.H;
-    W = g < p.E ? p.w + int64_t(g) * 2 * p.I * p.H : p.w_shared;
+    W = g < p.E ? static_cast<const WT*>(p.w) + int64_t(g) * 2 * p.I * p.H : static_cast<const WT*>(p.w_shared);
   } else {
     n0 = blockIdx.x * kBN;
     K = Ig;
-    W = g < p.E ? p.w + int64_t(g) * p.H * p.I : p.w_shared;
+    W = g < p.E ? static_cast<const WT*>(p.w) + int64_t(g) * p.H * p.I : static_cast<const WT*>(p.w_shared);
   }
+  if constexpr (kFp8) WS = g < p.E ? p.ws + int64_t(g) * p.ws_stride : p.ws_shared;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t sbase = smem_addr(smem);
   // Load assignment: chunk (16 bytes) ch = tid & 15 of rows (tid >> 4) + 8i; fixed for the whole K loop.
@@ -276,13 +312,17 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
     const int64_t ar = aok[i] ? (kGateUp ? int64_t(p.row_tok[r0 + row]) : int64_t(r0 + row)) : 0;
     asrc[i] = p.a + ar * p.lda;
   }
-  const __nv_bfloat16* bsrc[kBN / 8];
+  // Weight rows: smem row j ↔ global row wrow(j) (gate/up: 32 gate rows, then the matching 32 up rows).
+  auto wrow = [&](int j) -> int64_t {
+    return kGateUp ? (j < kBN / 2 ? n0 + j : Ig + n0 + j - kBN / 2) : n0 + j;
+  };
+  // bf16: chunk ch of rows rsub + 8i (16 chunks of 8 elements per row). e4m3: chunk tid & 7 of rows (tid >> 3) + 16i
+  // (8 chunks of 16 codes per row).
+  constexpr int kWLoads = kFp8 ? kBN / 16 : kBN / 8;
+  const int wch = kFp8 ? (tid & 7) : ch, wsub = kFp8 ? (tid >> 3) : rsub, wstep = kFp8 ? 16 : 8;
+  const WT* bsrc[kWLoads];
 #pragma unroll
-  for (int i = 0; i < kBN / 8; ++i) {
-    const int j = rsub + 8 * i;
-    const int64_t wr = kGateUp ? (j < kBN / 2 ? n0 + j : Ig + n0 + j - kBN / 2) : n0 + j;
-    bsrc[i] = W + wr * K;
-  }
+  for (int i = 0; i < kWLoads; ++i) bsrc[i] = W + wrow(wsub + wstep * i) * K;
   const int nk = (K + 127) / 128;
   auto load = [&](int kb, int stage) {
     const int k0 = kb * 128 + ch * 8;
@@ -293,8 +333,17 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
       const bool ok = aok[i] && kok;
       cp_async16(as + swz128(rsub + 8 * i, ch), ok ? asrc[i] + k0 : p.a, ok ? 16 : 0);
     }
+    if constexpr (kFp8) {
+      const int kw = kb * 128 + wch * 16;  // K % 16 == 0 (H % 64, I % 32): a chunk is all in or all out
+      const bool wok = kw < K;
 #pragma unroll
-    for (int i = 0; i < kBN / 8; ++i) cp_async16(bs + swz128(rsub + 8 * i, ch), kok ? bsrc[i] + k0 : W, kok ? 16 : 0);
+      for (int i = 0; i < kWLoads; ++i)
+        cp_async16(bs + swz_w8(wsub + wstep * i, wch), wok ? bsrc[i] + kw : W, wok ? 16 : 0);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWLoads; ++i)
+        cp_async16(bs + swz128(rsub + 8 * i, ch), kok ? bsrc[i] + k0 : W, kok ? 16 : 0);
+    }
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -308,28 +357,82 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
 #pragma unroll
     for (int j = 0; j < 2 * NP; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
+  // e4m3: the scale row of each of the warp's 8-row n-tiles (8 rows never straddle a 128-row block: n0 is a
+  // multiple of 32 and I of 32), and the scale of K step kb prefetched one step ahead.
+  const int sld = ((K + 127) / 128 + 3) / 4 * 4;  // fp8_scale_ld(Blk128, ·, K)
+  const float* srow[2 * NP];
+  float sc_next[2 * NP];
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int j = 0; j < 2 * NP; ++j) {
+      srow[j] = WS + (wrow(wn * CW + j * 8) / 128) * int64_t(sld);
+      sc_next[j] = srow[j][0];
+    }
+  }
+
   for (int kb = 0; kb < nk; ++kb) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // stage kb landed for all; the stage refilled below was consumed in iteration kb − 1
     if (kb + kStages - 1 < nk) load(kb + kStages - 1, (kb + kStages - 1) % kStages);
     cp_async_commit();
     const uint32_t as = sbase + (kb % kStages) * kStageBytes, bs = as + kABytes;
+    if constexpr (kFp8) {
+      uint32_t smul[2 * NP];  // bf16x2 of scale·2^120
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      uint32_t af[MT][4];
+      for (int j = 0; j < 2 * NP; ++j) {
+        const float v = sc_next[j] * 0x1p120f;
+        smul[j] = pack_bf16x2(v, v);
+        if (kb + 1 < nk) sc_next[j] = srow[j][kb + 1];
+      }
+      const int gq = lane >> 2, c = lane & 3;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        ldmatrix_x4(as + swz128(wm * RW + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)),
-                    af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+      for (int h = 0; h < 2; ++h) {  // 64-wide halves of the K step
+        uint32_t af[MT][2][8];      // rows g and g + 8 of each m-tile: bf16 k 64h + 16c … + 15
 #pragma unroll
-      for (int np = 0; np < NP; ++np) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(bs + swz128(wn * CW + np * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0,
-                    b1, b2, b3);
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16_16816(acc[mt][2 * np], af[mt], b0, b1);
-          mma_bf16_16816(acc[mt][2 * np + 1], af[mt], b2, b3);
+          for (int hr = 0; hr < 2; ++hr) {
+            const int row = wm * RW + mt * 16 + gq + 8 * hr;
+            lds128(as + swz128(row, 8 * h + 2 * c), af[mt][hr][0], af[mt][hr][1], af[mt][hr][2], af[mt][hr][3]);
+            lds128(as + swz128(row, 8 * h + 2 * c + 1), af[mt][hr][4], af[mt][hr][5], af[mt][hr][6], af[mt][hr][7]);
+          }
+        uint32_t bw[2 * NP][4];  // row gq of each n-tile: codes k 64h + 16c … + 15
+#pragma unroll
+        for (int j = 0; j < 2 * NP; ++j)
+          lds128(bs + swz_w8(wn * CW + j * 8 + gq, 4 * h + c), bw[j][0], bw[j][1], bw[j][2], bw[j][3]);
+#pragma unroll
+        for (int st = 0; st < 4; ++st) {
+#pragma unroll
+          for (int j = 0; j < 2 * NP; ++j) {
+            const uint32_t b0 = mul_bf16x2(E4M3::lo2(bw[j][st]), smul[j]);
+            const uint32_t b1 = mul_bf16x2(E4M3::hi2(bw[j][st]), smul[j]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              const uint32_t a[4] = {af[mt][0][2 * st], af[mt][1][2 * st], af[mt][0][2 * st + 1],
+                                     af[mt][1][2 * st + 1]};
+              mma_bf16_16816(acc[mt][j], a, b0, b1);
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          ldmatrix_x4(as + swz128(wm * RW + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)),
+                      af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+#pragma unroll
+        for (int np = 0; np < NP; ++np) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(bs + swz128(wn * CW + np * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)),
+                      b0, b1, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16_16816(acc[mt][2 * np], af[mt], b0, b1);
+            mma_bf16_16816(acc[mt][2 * np + 1], af[mt], b2, b3);
+          }
         }
       }
     }
@@ -401,30 +504,56 @@ __global__ void combine_kernel(float* __restrict__ x, int H, int K, int TK, cons
 }
 
 // Decode-sized tiles keep 4 warps side by side on the weight columns (BM 16); prefill tiles trade them for rows.
+// e4m3 stages are 12 KB (BM 16) / 24 KB (BM 64) instead of 20 / 32: twice the stages at BM 16 keep about as many
+// weight bytes in flight per CTA as bf16 (7 × 8 KB vs 3 × 16 KB) in the same 96 KB (2 CTAs per SM).
 constexpr int kStagesSmall = 4, kStagesLarge = 3;
+constexpr int kStagesSmall8 = 8, kStagesLarge8 = 4;
 
-template <int BM, int WM, int kStages, bool kGateUp>
+template <int BM, int WM, int kStages, bool kGateUp, typename WT>
 void set_gemm_attribute() {
-  M3_CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<BM, WM, kStages, kGateUp>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes<BM, kStages>()));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<BM, WM, kStages, kGateUp, WT>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     gemm_smem_bytes<BM, kStages, WT>()));
 }
 
 // Opt-in shared memory for every GEMM instantiation, once, outside any capture (from moe_reserve).
 void ensure_attributes() {
   static const bool done = [] {
-    set_gemm_attribute<16, 1, kStagesSmall, true>();
-    set_gemm_attribute<16, 1, kStagesSmall, false>();
-    set_gemm_attribute<64, 2, kStagesLarge, true>();
-    set_gemm_attribute<64, 2, kStagesLarge, false>();
+    using bf = __nv_bfloat16;
+    set_gemm_attribute<16, 1, kStagesSmall, true, bf>();
+    set_gemm_attribute<16, 1, kStagesSmall, false, bf>();
+    set_gemm_attribute<64, 2, kStagesLarge, true, bf>();
+    set_gemm_attribute<64, 2, kStagesLarge, false, bf>();
+    set_gemm_attribute<16, 1, kStagesSmall8, true, uint8_t>();
+    set_gemm_attribute<16, 1, kStagesSmall8, false, uint8_t>();
+    set_gemm_attribute<64, 2, kStagesLarge8, true, uint8_t>();
+    set_gemm_attribute<64, 2, kStagesLarge8, false, uint8_t>();
     return true;
   }();
   (void)done;
 }
 
-template <int BM, int WM, int kStages, bool kGateUp>
+template <int BM, int WM, int kStages, bool kGateUp, typename WT>
 void launch_gemm(const GemmParams& p, dim3 grid, cudaStream_t s) {
-  moe_gemm_kernel<BM, WM, kStages, kGateUp><<<grid, 128, gemm_smem_bytes<BM, kStages>(), s>>>(p);
+  moe_gemm_kernel<BM, WM, kStages, kGateUp, WT><<<grid, 128, gemm_smem_bytes<BM, kStages, WT>(), s>>>(p);
   M3_CUDA_LAUNCH_CHECK();
+}
+
+// Both grouped GEMMs of one call with weights of type WT, BM-row tiles.
+template <typename WT>
+void launch_gemms(int BM, const GemmParams& pg, dim3 grid_gu, const GemmParams& pd, dim3 grid_dn, cudaStream_t s,
+                  const std::function<void()>& after_gate_up) {
+  constexpr bool f8 = std::is_same_v<WT, uint8_t>;
+  constexpr int SS = f8 ? kStagesSmall8 : kStagesSmall, SL = f8 ? kStagesLarge8 : kStagesLarge;
+  if (BM == 16) {
+    launch_gemm<16, 1, SS, true, WT>(pg, grid_gu, s);
+    after_gate_up();
+    launch_gemm<16, 1, SS, false, WT>(pd, grid_dn, s);
+  } else {
+    launch_gemm<64, 2, SL, true, WT>(pg, grid_gu, s);
+    after_gate_up();
+    launch_gemm<64, 2, SL, false, WT>(pd, grid_dn, s);
+  }
 }
 
 int64_t max_tiles(int64_t T, int64_t E, int64_t K, int BM, bool shared) {
@@ -480,12 +609,23 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
     if (marks) M3_CUDA_CHECK(cudaEventRecord(marks->ev[i], s));
   };
   if (T <= 0) return;
-  const bool shared = w.shared_gate_up != nullptr && w.Is > 0;
+  const bool fp8 = w.fp8();
+  const bool shared = w.has_shared();
   const int64_t E = w.E, K = w.top_k, I = w.I, Is = shared ? w.Is : 0, TK = T * K;
   M3_CUDA_REQUIRE(moe_grouped_supported(H, E, K, I, Is),
                   "moe_grouped_forward: unsupported shape H %lld, E %lld, top_k %lld, I %lld, shared I %lld",
                   (long long)H, (long long)E, (long long)K, (long long)I, (long long)Is);
-  M3_CUDA_REQUIRE(w.router && w.gate_up && w.down, "moe_grouped_forward: missing weights");
+  if (fp8) {
+    M3_CUDA_REQUIRE(w.router && w.gate_up8_scales && w.down8 && w.down8_scales,
+                    "moe_grouped_forward: FP8 experts need values and Blk128 scales for gate_up and down");
+    M3_CUDA_REQUIRE(!shared || (w.shared_gate_up8_scales && w.shared_down8 && w.shared_down8_scales),
+                    "moe_grouped_forward: an FP8 shared expert needs values and Blk128 scales for gate_up and down");
+    M3_CUDA_REQUIRE(w.shared_gate_up == nullptr || w.Is == 0,
+                    "moe_grouped_forward: a bf16 shared expert with FP8 routed experts must run on its own");
+    M3_CUDA_REQUIRE(path != MoeGemmPath::Wgmma, "moe_grouped_forward: the wgmma GEMMs do not read FP8 experts");
+  } else {
+    M3_CUDA_REQUIRE(w.router && w.gate_up && w.down, "moe_grouped_forward: missing weights");
+  }
   M3_CUDA_REQUIRE(TK + T < (int64_t(1) << 31) / 2, "moe_grouped_forward: %lld rows is too many", (long long)T);
   if (!fits(scr, sizes_for(T, H, E, K, I, Is))) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -508,7 +648,7 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
         xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get());
   M3_CUDA_LAUNCH_CHECK();
   mark(1);
-  if (path == MoeGemmPath::Auto) path = moe_gemm_path(T, H, E, K, I, Is);
+  if (path == MoeGemmPath::Auto) path = fp8 ? MoeGemmPath::MmaSync : moe_gemm_path(T, H, E, K, I, Is);
   M3_CUDA_REQUIRE(path != MoeGemmPath::Wgmma || moe_wgmma_supported(H, I, Is),
                   "moe_grouped_forward: the wgmma GEMMs do not take H %lld, I %lld, shared I %lld", (long long)H,
                   (long long)I, (long long)Is);
@@ -534,10 +674,18 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
   // gate/up: A = xb rows by token.
   GemmParams pg = p;
   pg.a = scr.xb.get(), pg.lda = H, pg.w = w.gate_up, pg.w_shared = w.shared_gate_up;
+  if (fp8) {
+    pg.w = w.gate_up8, pg.w_shared = w.shared_gate_up8, pg.ws = w.gate_up8_scales;
+    pg.ws_shared = w.shared_gate_up8_scales, pg.ws_stride = fp8_scale_count(Fp8Scale::Blk128, 2 * I, H);
+  }
   const dim3 grid_gu(unsigned(std::max(I, Is) / (kBN / 2)), ntiles);
   // down: A = act rows.
   GemmParams pd = p;
   pd.a = scr.act.get(), pd.lda = std::max(I, Is), pd.w = w.down, pd.w_shared = w.shared_down;
+  if (fp8) {
+    pd.w = w.down8, pd.w_shared = w.shared_down8, pd.ws = w.down8_scales, pd.ws_shared = w.shared_down8_scales;
+    pd.ws_stride = fp8_scale_count(Fp8Scale::Blk128, H, I);
+  }
   const dim3 grid_dn(unsigned(H / kBN), ntiles);
   if (wgmma) {
     // Grouped rows of this call: T·K routed + T shared. xg (the gathered A of gate/up) lives in y, which only the
@@ -554,14 +702,10 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
     mark(3);
     moe_down_wgmma(static_cast<const __nv_bfloat16*>(scr.act.get()), p.ld_act, w.down,
                    shared ? w.shared_down : nullptr, H, I, Is, rt, scr.y.get(), s);
-  } else if (BM == 16) {
-    launch_gemm<16, 1, kStagesSmall, true>(pg, grid_gu, s);
-    mark(3);
-    launch_gemm<16, 1, kStagesSmall, false>(pd, grid_dn, s);
+  } else if (fp8) {
+    launch_gemms<uint8_t>(BM, pg, grid_gu, pd, grid_dn, s, [&] { mark(3); });
   } else {
-    launch_gemm<64, 2, kStagesLarge, true>(pg, grid_gu, s);
-    mark(3);
-    launch_gemm<64, 2, kStagesLarge, false>(pd, grid_dn, s);
+    launch_gemms<__nv_bfloat16>(BM, pg, grid_gu, pd, grid_dn, s, [&] { mark(3); });
   }
   mark(4);
   combine_kernel<<<unsigned(T), 256, 0, s>>>(x, int(H), int(K), int(TK), scr.weights.get(), scr.y.get(),
@@ -586,7 +730,39 @@ __global__ void fill_f32_kernel(float* p, int64_t n, uint64_t seed, float scale)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     p[i] = scale * hash_unit(seed, i);
 }
+// q = rne_e4m3(448·u) (saturating; never the NaN code), one UE8M0 byte per 32-group: 127 + e0 + (hash mod 3).
+__global__ void fill_mxfp8_kernel(uint8_t* q, uint8_t* ue8m0, int64_t n, int64_t groups, uint64_t seed, int e0) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    q[i] = uint8_t(__nv_cvt_float_to_fp8(448.f * hash_unit(seed, i), __NV_SATFINITE, __NV_E4M3));
+    if (i < groups) {
+      const float u = hash_unit(seed ^ 0x5bd1e995ull, i);  // [−1, 1)
+      ue8m0[i] = uint8_t(127 + e0 + min(2, int((u + 1.f) * 1.5f)));
+    }
+  }
+}
+__global__ void blk128_to_bf16_kernel(const uint8_t* __restrict__ q, const float* __restrict__ sc, int64_t N,
+                                      int64_t K, int64_t sld, __nv_bfloat16* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * K; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / K, k = i % K;
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3);  // exact for every code
+    out[i] = __float2bfloat16_rn(__half2float(__half(h)) * sc[(n / 128) * sld + k / 128]);
+  }
+}
 }  // namespace
+
+void fill_hash_mxfp8(uint8_t* q, uint8_t* ue8m0, int64_t N, int64_t K, uint64_t seed, int e0, cudaStream_t s) {
+  M3_CUDA_REQUIRE(K % 32 == 0 && e0 >= -127 && e0 <= 125, "fill_hash_mxfp8: K %lld, e0 %d", (long long)K, e0);
+  if (N * K <= 0) return;
+  fill_mxfp8_kernel<<<4096, 256, 0, s>>>(q, ue8m0, N * K, N * K / 32, seed, e0);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void fp8_blk128_to_bf16(const uint8_t* q, const float* scales, int64_t N, int64_t K, __nv_bfloat16* out,
+                        cudaStream_t s) {
+  if (N * K <= 0) return;
+  blk128_to_bf16_kernel<<<4096, 256, 0, s>>>(q, scales, N, K, fp8_scale_ld(Fp8Scale::Blk128, N, K), out);
+  M3_CUDA_LAUNCH_CHECK();
+}
 
 void fill_hash_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale, cudaStream_t s) {
   if (n <= 0) return;

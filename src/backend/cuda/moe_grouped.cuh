@@ -26,7 +26,11 @@
 
 namespace m3::cuda {
 
-// Device weights of one MoE layer for the grouped path (bf16 experts, fp32 router).
+// Device weights of one MoE layer for the grouped path (bf16 or FP8 experts, fp32 router).
+// FP8 experts (`--dtype fp8`, docs/FP8.md §9): e4m3 values with 128×128 power-of-two fp32 block scales (Blk128 of
+// base/fp8_format.h, one scale array per expert matrix, stacked like the values). When `gate_up8` is set the GEMMs
+// read the FP8 fields and ignore the bf16 ones; the shared expert (group E of the same kernels) is then FP8 too
+// (`shared_gate_up8`) or absent — a bf16 shared expert beside FP8 routed experts runs on its own (mlp_moe.cu).
 struct MoeGroupedWeights {
   const float* router = nullptr;       // [E, H]
   const float* router_bias = nullptr;  // [E] or null
@@ -34,8 +38,18 @@ struct MoeGroupedWeights {
   const __nv_bfloat16* down = nullptr;     // stacked [E, H, I]
   const __nv_bfloat16* shared_gate_up = nullptr;  // [2·Is, H] or null (no shared expert)
   const __nv_bfloat16* shared_down = nullptr;     // [H, Is]
+  const uint8_t* gate_up8 = nullptr;          // stacked [E, 2I, H] e4m3
+  const float* gate_up8_scales = nullptr;     // [E][fp8_scale_count(Blk128, 2I, H)]
+  const uint8_t* down8 = nullptr;             // stacked [E, H, I] e4m3
+  const float* down8_scales = nullptr;        // [E][fp8_scale_count(Blk128, H, I)]
+  const uint8_t* shared_gate_up8 = nullptr;   // [2·Is, H] e4m3 or null
+  const float* shared_gate_up8_scales = nullptr;
+  const uint8_t* shared_down8 = nullptr;      // [H, Is] e4m3
+  const float* shared_down8_scales = nullptr;
   int64_t E = 0, top_k = 0, I = 0, Is = 0;
   float routed_scale = 1.f, alpha = 1.702f, limit = 7.f;
+  bool fp8() const { return gate_up8 != nullptr; }
+  bool has_shared() const { return Is > 0 && (fp8() ? shared_gate_up8 != nullptr : shared_gate_up != nullptr); }
 };
 
 // Every buffer of the grouped path, allocated at capacity by moe_reserve (before any graph capture).
@@ -76,7 +90,8 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
                          MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks = nullptr,
                          MoeGemmPath path = MoeGemmPath::Auto);
 
-// What Auto picks for T rows: wgmma when the widths fit it (moe_wgmma_supported) and the step routes at least
+// What Auto picks for T rows (FP8 experts: always mma.sync — the wgmma GEMMs read bf16 weights only; see
+// docs/FP8.md §9 for what that costs at prefill sizes): wgmma when the widths fit it (moe_wgmma_supported) and the step routes at least
 // kMoeWgmmaMinRowsPerExpert rows per expert on average, else mma.sync. Measured at M3's widths on the H200
 // (bench/results/2026-12-02c-moe-wgmma-h200.md), wgmma was faster from 512 rows (16 per expert: 1.26×) up; below
 // that it is not measured. The two paths give the same bits, so the choice changes only the speed.
@@ -93,4 +108,12 @@ namespace m3::cuda {
 // u uniform in [−1, 1) from a 64-bit hash of (seed, i) — the same values whatever the launch shape.
 void fill_hash_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale, cudaStream_t s);
 void fill_hash_f32(float* p, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+// MXFP8-like test weights [N, K] (K % 32 == 0): q = rne_e4m3(448·u(seed, i)) and per 32-group UE8M0 bytes
+// 127 + e0 + (hash of the group mod 3), so w = e4m3(q)·2^(s − 127) has |w| < 448·2^(e0 + 2) and scales that vary by
+// group (fp8_requant_from_mx then gives 128×128 blocks of different scales, as a real checkpoint would).
+void fill_hash_mxfp8(uint8_t* q, uint8_t* ue8m0, int64_t N, int64_t K, uint64_t seed, int e0, cudaStream_t s);
+// out[n, k] = bf16(e4m3(q[n, k])·scale(n, k)) for Blk128 scales (exact: an e4m3 value times a power of two fits bf16).
+// The bf16 copy of FP8 weights the tests and the benchmark compare against; CPU twin cpu::fp8_dequant.
+void fp8_blk128_to_bf16(const uint8_t* q, const float* scales, int64_t N, int64_t K, __nv_bfloat16* out,
+                        cudaStream_t s);
 }  // namespace m3::cuda
