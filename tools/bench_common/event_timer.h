@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -72,6 +73,23 @@ inline std::vector<float> graph_replay_ms(const std::function<void(cudaStream_t)
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
   return t;
+}
+
+// Median µs per call and coefficient of variation of 25 graph replays (after 5 warm-ups) of f(s), which makes
+// `calls_per_replay` calls — the decode and MoE benchmarks' timing.
+struct CallTiming {
+  double median_us = 0, cv = 0;
+};
+inline CallTiming graph_call_timing(const std::function<void(cudaStream_t)>& f, int calls_per_replay) {
+  const std::vector<float> ms = graph_replay_ms(f, 1, 5, 25);
+  std::vector<double> t;
+  for (float x : ms) t.push_back(1e3 * x / calls_per_replay);
+  std::vector<double> sorted = t;
+  std::sort(sorted.begin(), sorted.end());
+  double mean = 0, var = 0;
+  for (double x : t) mean += x / double(t.size());
+  for (double x : t) var += (x - mean) * (x - mean);
+  return CallTiming{sorted[sorted.size() / 2], std::sqrt(var / double(t.size())) / mean};
 }
 
 // The MSA benchmark protocol for small kernels: graph replays (launch gaps do not count, as in a graph-replayed

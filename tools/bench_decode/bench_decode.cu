@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -72,23 +73,11 @@ void fill(bf16* p, size_t n, uint64_t seed) {
   M3_CUDA_CHECK(cudaGetLastError());
 }
 
-struct Timing {
-  double median_us = 0, cv = 0;
-};
+using Timing = m3::bench::CallTiming;
 
-// Captures `calls(stream)` (rot back-to-back kernel calls) into a graph; returns the median time per call over 25
-// back-to-back replays after 5 warm-ups, and the coefficient of variation.
-template <typename F>
-Timing time_graph(F calls, int rot) {
-  const std::vector<float> ms = m3::bench::graph_replay_ms(calls, 1, 5, 25);
-  std::vector<double> t;
-  for (float x : ms) t.push_back(1e3 * x / rot);
-  std::vector<double> sorted = t;
-  std::sort(sorted.begin(), sorted.end());
-  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
-  double var = 0;
-  for (double x : t) var += (x - mean) * (x - mean);
-  return Timing{sorted[sorted.size() / 2], std::sqrt(var / t.size()) / mean};
+// Median µs per call of `calls(stream)` (rot back-to-back calls) over graph replays (bench_common/event_timer.h).
+Timing time_graph(const std::function<void(cudaStream_t)>& calls, int rot) {
+  return m3::bench::graph_call_timing(calls, rot);
 }
 
 // 16-byte grid-stride copy, 4 loads in flight per thread.

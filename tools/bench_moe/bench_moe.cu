@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,54 +30,17 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/mlp_moe.cuh"
 #include "backend/cuda/moe_grouped.cuh"
+#include "bench_common/event_timer.h"
 
 namespace {
 
 using m3::cuda::DeviceBuffer;
 
-struct Timing {
-  double median_us = 0, cv = 0;
-};
+using Timing = m3::bench::CallTiming;
 
-// Graph of `calls(stream)` (rot calls); median per call over 25 back-to-back replays after 5 warm-ups.
-template <typename F>
-Timing time_graph(F calls, int rot) {
-  cudaStream_t s;
-  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  calls(s);  // eager once (first-use attributes outside capture)
-  M3_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  M3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  calls(s);
-  M3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  M3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  constexpr int kTimed = 25;
-  std::vector<cudaEvent_t> ev(kTimed + 1);
-  for (auto& e : ev) M3_CUDA_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < 5; ++i) M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  M3_CUDA_CHECK(cudaEventRecord(ev[0], s));
-  for (int i = 0; i < kTimed; ++i) {
-    M3_CUDA_CHECK(cudaGraphLaunch(ge, s));
-    M3_CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
-  }
-  M3_CUDA_CHECK(cudaEventSynchronize(ev[kTimed]));
-  std::vector<double> t;
-  for (int i = 0; i < kTimed; ++i) {
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-    t.push_back(1e3 * ms / rot);
-  }
-  std::vector<double> sorted = t;
-  std::sort(sorted.begin(), sorted.end());
-  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
-  double var = 0;
-  for (double x : t) var += (x - mean) * (x - mean);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  for (auto& e : ev) cudaEventDestroy(e);
-  cudaStreamDestroy(s);
-  return Timing{sorted[sorted.size() / 2], std::sqrt(var / t.size()) / mean};
+// Median µs per call of `calls(stream)` (rot back-to-back calls) over graph replays (bench_common/event_timer.h).
+Timing time_graph(const std::function<void(cudaStream_t)>& calls, int rot) {
+  return m3::bench::graph_call_timing(calls, rot);
 }
 
 __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
