@@ -262,8 +262,8 @@ __global__ void __launch_bounds__(kThreadsFor<kConsumers>, 1)
     } else if (warp0 == 0) {
       // TMA warp: per tile, the page's K and V when the row changes, and the Q gather, from the resolved groups.
       // A K/V slot is refilled only when every tile that read its previous page is done. Those tiles ran on the
-      // three consumers in turn and each consumer finishes its tiles in order, so it is enough that the last
-      // (up to) three of them released their Q stages; older ones are known done when their Q stage was refilled.
+      // consumers in turn and each consumer finishes its tiles in order, so it is enough that the last (up to)
+      // kConsumers of them released their Q stages; older ones are known done when their Q stage was refilled.
       static_assert(kKvStages == 2, "the slot state below is two registers per field");
       PipeState<kQStages> qs;
       int cur_row = -1, kv_slot = kKvStages - 1;
