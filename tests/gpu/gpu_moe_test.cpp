@@ -174,6 +174,22 @@ struct GpuRun {
   int32_t tiles = 0, active = 0;
 };
 
+// Two GPU runs on the same input x0 + MoE(xn): outputs of b that are not finite, max |a − b|, and max |a − x0| (the
+// size of the MoE's contribution, so a difference can be judged relative to it).
+struct RunDiff {
+  size_t bad = 0;
+  double diff = 0, delta = 0;
+};
+RunDiff diff_runs(const GpuRun& a, const GpuRun& b, const std::vector<float>& x0) {
+  RunDiff d;
+  for (size_t i = 0; i < a.x.size(); ++i) {
+    if (!std::isfinite(b.x[i])) ++d.bad;
+    d.diff = std::max(d.diff, double(std::abs(a.x[i] - b.x[i])));
+    d.delta = std::max(d.delta, double(std::abs(a.x[i] - x0[i])));
+  }
+  return d;
+}
+
 // x0 + MoE(xn) on the GPU; scratch poisoned first (every used element must be written).
 GpuRun run_gpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
             cuda::MoeGroupedScratch& scr, cuda::MoeGemmPath path = cuda::MoeGemmPath::Auto,
@@ -449,13 +465,7 @@ TEST(GpuMoe, WgmmaAndMmaSyncPathsAgreeAtM3Widths) {
   const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::MmaSync);
   const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Wgmma);
   EXPECT_EQ(a.ids, b.ids);
-  double diff = 0, delta = 0;
-  size_t bad = 0;
-  for (size_t i = 0; i < a.x.size(); ++i) {
-    if (!std::isfinite(b.x[i])) ++bad;
-    diff = std::max(diff, double(std::abs(a.x[i] - b.x[i])));
-    delta = std::max(delta, double(std::abs(a.x[i] - x0[i])));
-  }
+  const auto [bad, diff, delta] = diff_runs(a, b, x0);
   EXPECT_EQ(bad, 0u);
   EXPECT_GT(delta, 0.0);
   EXPECT_LE(diff, 1e-3 * delta);
@@ -533,13 +543,7 @@ TEST(GpuMoe, Fp8ExpertsEqualBf16ExpertsOnTheSameValuesAtM3Widths) {
     const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::MmaSync, &L.w_bf16);
     const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Auto);
     EXPECT_EQ(a.ids, b.ids) << T;
-    double diff = 0, delta = 0;
-    size_t bad = 0;
-    for (size_t i = 0; i < a.x.size(); ++i) {
-      if (!std::isfinite(b.x[i])) ++bad;
-      diff = std::max(diff, double(std::abs(a.x[i] - b.x[i])));
-      delta = std::max(delta, double(std::abs(a.x[i] - x0[i])));
-    }
+    const auto [bad, diff, delta] = diff_runs(a, b, x0);
     EXPECT_EQ(bad, 0u) << T;
     EXPECT_GT(delta, 0.0) << T;
     EXPECT_LE(diff, 1e-3 * delta) << T;
