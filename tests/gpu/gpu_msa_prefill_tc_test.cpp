@@ -153,15 +153,16 @@ void run_case(const Case& c, int bad_row = -1, Variant variant = Variant::Union,
       EXPECT_EQ(dout.get(), first) << "KV-block-major: a second run differs";
       // The tile order (windows of step rows, runs of tiles per CTA) changes only the speed: each partial is one
       // (query, page) product and the combine merges slots in slot order, so the output is the same bits.
-      // Likewise the number of consumer warpgroups per CTA (2 or 3).
-      for (const auto& [window, chunk, cons] :
-           std::vector<std::tuple<int, int, int>>{{64, 1, 3}, {37, 3, 2}, {0, 5, 3}, {1, 64, 2}, {0, 1, 2}}) {
-        kvm.set_order(window, chunk, cons);
+      // Likewise the number of consumer warpgroups per CTA (2 or 3) and the partial store (TMA or per lane).
+      for (const auto& [window, chunk, cons, tma] : std::vector<std::tuple<int, int, int, bool>>{
+               {64, 1, 3, false}, {37, 3, 2, false}, {0, 5, 3, false}, {1, 64, 2, false}, {0, 1, 2, false},
+               {0, 4, 3, true}, {37, 1, 2, true}}) {
+        kvm.set_order(window, chunk, cons, tma);
         dout.poison();
         kvm.run(dq.p(), dsel.p(), rows, kv, scale, dout.p(), nullptr);
         kvm.check(nullptr);
         EXPECT_EQ(dout.get(), first) << "KV-block-major: tile order window " << window << " chunk " << chunk
-                                     << " consumers " << cons << " changes the output";
+                                     << " consumers " << cons << " tma store " << tma << " changes the output";
       }
       kvm.set_order(0, 1);
     }

@@ -176,10 +176,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-template <int kConsumers>
+// kTmaStore: each warp's staged 4 KiB partial block leaves by two TMA stores (one thread) instead of 8 shared loads
+// and 8 global stores per lane — fewer instructions in the per-tile tail (an A/B knob until measured).
+template <int kConsumers, bool kTmaStore>
 __global__ void __launch_bounds__(kThreadsFor<kConsumers>, 1)
     msa_prefill_kvmajor_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                               const __grid_constant__ CUtensorMap map_v, const Params p) {
+                               const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o,
+                               const Params p) {
   static_assert(kQStages % kConsumers == 0, "a consumer's tiles always use the same Q stages");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -199,6 +202,7 @@ __global__ void __launch_bounds__(kThreadsFor<kConsumers>, 1)
     tma_prefetch_map(&map_q);
     tma_prefetch_map(&map_k);
     tma_prefetch_map(&map_v);
+    if (kTmaStore) tma_prefetch_map(&map_o);
     for (int s = 0; s < kQStages; ++s) {
       mbar_init(&q_full[s], 1);
       mbar_init(&q_empty[s], 4);  // lane 0 of each warp of the tile's consumer warpgroup
@@ -428,18 +432,33 @@ __global__ void __launch_bounds__(kThreadsFor<kConsumers>, 1)
           p.lse_part[row + r0] = -nb0 + log2f(l0);
           p.lse_part[row + r1] = -nb1 + log2f(l1);
         }
-        __syncwarp();
-        uint4* dst = reinterpret_cast<uint4*>(p.o_part + row * kD);  // 16 rows × 16 chunks of 16 bytes
+        if constexpr (kTmaStore) {
+          // The staging layout is the 128B-swizzled box layout: o_part viewed as [K·T rows, Hq, D], box [1, 16, 64].
+          fence_proxy_async_smem();
+          __syncwarp();
+          if (lane == 0) {
+            const int orow = mine.y * p.T + mine.x, h16 = (mine.w & 0xFFFF) * kG;
+            tma_store_3d(&map_o, stage_o, 0, h16, orow);
+            tma_store_3d(&map_o, stage_o + kQBox, 64, h16, orow);
+            tma_store_commit();
+          }
+        } else {
+          __syncwarp();
+          uint4* dst = reinterpret_cast<uint4*>(p.o_part + row * kD);  // 16 rows × 16 chunks of 16 bytes
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          const int idx = q * 32 + lane, r = idx / 16, ch16 = idx % 16;  // row r, 16-byte chunk ch16 of 256 B
-          const uint8_t* box = stage_o + (ch16 / 8) * kQBox;
-          dst[idx] = *reinterpret_cast<const uint4*>(box + r * 128 + (((ch16 % 8) ^ (r % 8)) * 16));
+          for (int q = 0; q < 8; ++q) {
+            const int idx = q * 32 + lane, r = idx / 16, ch16 = idx % 16;  // row r, 16-byte chunk ch16 of 256 B
+            const uint8_t* box = stage_o + (ch16 / 8) * kQBox;
+            dst[idx] = *reinterpret_cast<const uint4*>(box + r * 128 + (((ch16 % 8) ^ (r % 8)) * 16));
+          }
         }
       }
       __syncwarp();
       fence_proxy_async_smem();  // generic writes to the stage before the next TMA fill of it
-      if (lane == 0) mbar_arrive(&q_empty[stage]);
+      if (lane == 0) {
+        if constexpr (kTmaStore) tma_store_wait_read<0>();  // the stores have read the stage (none pending: no wait)
+        mbar_arrive(&q_empty[stage]);
+      }
     }
   }
 }
@@ -611,10 +630,11 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   M3_CUDA_REQUIRE(selection != nullptr, "MsaPrefillKvMajor::run: no selection");
   if (T_ == 0) return;
   static const bool configured = [] {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_prefill_kvmajor_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(kSmem)));
-    M3_CUDA_CHECK(cudaFuncSetAttribute(msa_prefill_kvmajor_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(kSmem)));
+    for (const void* k : {reinterpret_cast<const void*>(msa_prefill_kvmajor_kernel<2, false>),
+                          reinterpret_cast<const void*>(msa_prefill_kvmajor_kernel<3, false>),
+                          reinterpret_cast<const void*>(msa_prefill_kvmajor_kernel<2, true>),
+                          reinterpret_cast<const void*>(msa_prefill_kvmajor_kernel<3, true>)})
+      M3_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
   }();
   (void)configured;
@@ -656,10 +676,20 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
                  csr_.get(),      tiles_.get(),       n_tiles_.get(),    reinterpret_cast<__nv_bfloat16*>(o_part_.get()),
                  lse_part_.get(), int(T_),            Hkv_,              K_,
                  int(P_),         int(n_windows_ * P_), chunk_,         float(scale * 1.4426950408889634)};
-  if (consumers_ == 2)
-    msa_prefill_kvmajor_kernel<2><<<unsigned(sms_), kThreadsFor<2>, kSmem, s>>>(mq, mk, mv, p);
+  // o_part [K·T, Hq, D] for the TMA-store epilogue: a box is one (slot, t) row's 16 heads × 64 channels.
+  const uint64_t odims[3] = {uint64_t(kD), uint64_t(Hq), uint64_t(K_) * uint64_t(T_)};
+  const uint64_t ostr[2] = {uint64_t(kD), uint64_t(Hq) * kD};
+  const uint32_t obox[3] = {64, uint32_t(kG), 1};
+  const CUtensorMap mo = make_tma_map_3d(o_part_.get(), TmaDtype::BF16, odims, ostr, obox, TmaSwizzle::B128);
+  const unsigned grid = unsigned(sms_);
+  if (consumers_ == 2 && !tma_store_)
+    msa_prefill_kvmajor_kernel<2, false><<<grid, kThreadsFor<2>, kSmem, s>>>(mq, mk, mv, mo, p);
+  else if (consumers_ == 2)
+    msa_prefill_kvmajor_kernel<2, true><<<grid, kThreadsFor<2>, kSmem, s>>>(mq, mk, mv, mo, p);
+  else if (!tma_store_)
+    msa_prefill_kvmajor_kernel<3, false><<<grid, kThreadsFor<3>, kSmem, s>>>(mq, mk, mv, mo, p);
   else
-    msa_prefill_kvmajor_kernel<3><<<unsigned(sms_), kThreadsFor<3>, kSmem, s>>>(mq, mk, mv, p);
+    msa_prefill_kvmajor_kernel<3, true><<<grid, kThreadsFor<3>, kSmem, s>>>(mq, mk, mv, mo, p);
   M3_CUDA_LAUNCH_CHECK();
   if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[2], s));
 
@@ -680,7 +710,8 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[3], s));
 }
 
-void MsaPrefillKvMajor::set_order(int window, int chunk, int consumers) {
+void MsaPrefillKvMajor::set_order(int window, int chunk, int consumers, bool tma_store) {
+  tma_store_ = tma_store;
   M3_CUDA_REQUIRE(window >= 0 && chunk >= 1 && chunk <= 64 && (consumers == 2 || consumers == 3),
                   "MsaPrefillKvMajor::set_order: window %d (>= 0, 0 = none), chunk %d (1..64), consumers %d (2 or 3)",
                   window, chunk, consumers);

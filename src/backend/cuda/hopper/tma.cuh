@@ -1,4 +1,4 @@
-// Tensor Memory Accelerator (TMA): host-side tensor maps and the device-side bulk tensor copy into shared memory.
+// Tensor Memory Accelerator (TMA): host-side tensor maps and the device-side bulk tensor copies (shared ↔ global).
 // A map describes a 2-D row-major tensor [rows, cols] (cols contiguous) and the box one copy moves; the copy lands
 // in shared memory in the map's swizzle layout (128B swizzle: rows of 128 bytes, 16-byte chunks XOR-permuted by
 // row % 8, the layout wgmma's 128B-swizzle descriptors read; docs/KERNELS.md §7). Out-of-bounds box elements are
@@ -49,6 +49,23 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
           smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
+}
+
+// The reverse copy: the box at `src` (shared, in the map's swizzle layout, 1024-byte aligned for 128B swizzle) to the
+// tensor at (c0, c1, c2), as one bulk-async group of this thread. Make the thread's (and, after a __syncwarp, the
+// warp's) generic shared-memory writes visible first (fence_proxy_async_smem); before `src` is written again, this
+// thread waits with tma_store_wait_read.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(src))
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed store groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
 #endif
 
