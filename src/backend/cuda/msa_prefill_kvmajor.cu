@@ -565,6 +565,14 @@ __global__ void __launch_bounds__(256) kvm_combine_kernel(const CombineParams p)
   }
 }
 
+// The attention kernel for 2 or 3 consumer warpgroups (launched with kThreadsFor<consumers> threads) and either
+// epilogue.
+using AttentionKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, Params);
+AttentionKernel attention_kernel(int consumers, bool tma_store) {
+  if (consumers == 2) return tma_store ? msa_prefill_kvmajor_kernel<2, true> : msa_prefill_kvmajor_kernel<2, false>;
+  return tma_store ? msa_prefill_kvmajor_kernel<3, true> : msa_prefill_kvmajor_kernel<3, false>;
+}
+
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
 }  // namespace
@@ -630,11 +638,10 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
   M3_CUDA_REQUIRE(selection != nullptr, "MsaPrefillKvMajor::run: no selection");
   if (T_ == 0) return;
   static const bool configured = [] {
-    for (const void* k : {reinterpret_cast<const void*>(msa_prefill_kvmajor_kernel<2, false>),
-                          reinterpret_cast<const void*>(msa_prefill_kvmajor_kernel<3, false>),
-                          reinterpret_cast<const void*>(msa_prefill_kvmajor_kernel<2, true>),
-                          reinterpret_cast<const void*>(msa_prefill_kvmajor_kernel<3, true>)})
-      M3_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    for (int c : {2, 3})
+      for (bool tma : {false, true})
+        M3_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel(c, tma), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(kSmem)));
     return true;
   }();
   (void)configured;
@@ -676,20 +683,16 @@ void MsaPrefillKvMajor::run(const uint16_t* q, const int32_t* selection, const D
                  csr_.get(),      tiles_.get(),       n_tiles_.get(),    reinterpret_cast<__nv_bfloat16*>(o_part_.get()),
                  lse_part_.get(), int(T_),            Hkv_,              K_,
                  int(P_),         int(n_windows_ * P_), chunk_,         float(scale * 1.4426950408889634)};
-  // o_part [K·T, Hq, D] for the TMA-store epilogue: a box is one (slot, t) row's 16 heads × 64 channels.
-  const uint64_t odims[3] = {uint64_t(kD), uint64_t(Hq), uint64_t(K_) * uint64_t(T_)};
-  const uint64_t ostr[2] = {uint64_t(kD), uint64_t(Hq) * kD};
-  const uint32_t obox[3] = {64, uint32_t(kG), 1};
-  const CUtensorMap mo = make_tma_map_3d(o_part_.get(), TmaDtype::BF16, odims, ostr, obox, TmaSwizzle::B128);
-  const unsigned grid = unsigned(sms_);
-  if (consumers_ == 2 && !tma_store_)
-    msa_prefill_kvmajor_kernel<2, false><<<grid, kThreadsFor<2>, kSmem, s>>>(mq, mk, mv, mo, p);
-  else if (consumers_ == 2)
-    msa_prefill_kvmajor_kernel<2, true><<<grid, kThreadsFor<2>, kSmem, s>>>(mq, mk, mv, mo, p);
-  else if (!tma_store_)
-    msa_prefill_kvmajor_kernel<3, false><<<grid, kThreadsFor<3>, kSmem, s>>>(mq, mk, mv, mo, p);
-  else
-    msa_prefill_kvmajor_kernel<3, true><<<grid, kThreadsFor<3>, kSmem, s>>>(mq, mk, mv, mo, p);
+  // o_part [K·T, Hq, D] for the TMA-store epilogue: a box is one (slot, t) row's 16 heads × 64 channels. The other
+  // epilogue never reads the map (any valid map fills the parameter).
+  CUtensorMap mo = mq;
+  if (tma_store_) {
+    const uint64_t odims[3] = {uint64_t(kD), uint64_t(Hq), uint64_t(K_) * uint64_t(T_)};
+    const uint64_t ostr[2] = {uint64_t(kD), uint64_t(Hq) * kD};
+    const uint32_t obox[3] = {64, uint32_t(kG), 1};
+    mo = make_tma_map_3d(o_part_.get(), TmaDtype::BF16, odims, ostr, obox, TmaSwizzle::B128);
+  }
+  attention_kernel(consumers_, tma_store_)<<<unsigned(sms_), 128 * (1 + consumers_), kSmem, s>>>(mq, mk, mv, mo, p);
   M3_CUDA_LAUNCH_CHECK();
   if (profile_) M3_CUDA_CHECK(cudaEventRecord(ev_.e[2], s));
 
