@@ -204,9 +204,9 @@ int main(int argc, char** argv) {
         }
         const double best = std::min(ms[0], ms[1]);
         std::string thr_cols;
+        cuda::MsaPrefillSparse attn;  // one plan (its buffers) for every threshold
+        if (!thresholds.empty()) attn.plan(T, kHkv, kG, kD, kB, kTopK, num_pages, cuda::MsaPrefillSparse::Mode::Auto);
         for (size_t k = 0; k < thresholds.size(); ++k) {
-          cuda::MsaPrefillSparse attn;
-          attn.plan(T, kHkv, kG, kD, kB, kTopK, num_pages, cuda::MsaPrefillSparse::Mode::Auto);
           attn.set_threshold_pct(thresholds[k]);
           const double mt =
               time_ms([&](cudaStream_t st) { attn.run(q.get(), dsel.get(), rows, kv, scale, out.get(), st); });
