@@ -79,15 +79,24 @@ TEST(MediaResize, IdentityAndConstantImagesStayExact) {
 // The AVX2 resample and normalisation loops (used where the CPU has AVX2) against the portable ones: the same integer sums, so the
 // same bytes, on noise (every tap matters) over down- and upscales, odd sizes, single rows and columns, and the
 // 1080p / 4k budgets. The HF fixtures (media_fixture_test) check whichever path this CPU runs against torchvision.
+// An image of LCG noise, so every tap of a resample matters; `s` is the generator's state, carried from image to
+// image.
+RgbImage noise_image(int w, int h, uint32_t& s) {
+  RgbImage img(w, h);
+  for (auto& v : img.data) {
+    s = s * 1664525u + 1013904223u;
+    v = uint8_t(s >> 24);
+  }
+  return img;
+}
+
 TEST(MediaResize, Avx2LoopsEqualThePortableOnes) {
   uint32_t s = 12345;
-  auto rnd = [&] { s = s * 1664525u + 1013904223u; return s >> 24; };
   struct Case { int h, w, th, tw; } cases[] = {
       {1080, 1920, 504, 896}, {2160, 3840, 504, 896}, {45, 61, 56, 56}, {1, 200, 28, 812}, {200, 1, 812, 28},
       {97, 131, 28, 56},      {31, 17, 336, 224},     {2, 3, 28, 28},   {333, 501, 336, 504}, {60, 100, 60, 252}};
   for (auto c : cases) {
-    RgbImage img(c.w, c.h);
-    for (auto& v : img.data) v = uint8_t(rnd());
+    const RgbImage img = noise_image(c.w, c.h, s);
     detail::force_scalar_resize(true);
     const RgbImage a = resize_bicubic_aa(img, c.th, c.tw);
     detail::force_scalar_resize(false);
@@ -115,12 +124,10 @@ TEST(MediaResize, Avx512WidthPassEqualsTheAvx2One) {
   GTEST_SKIP() << "x86 only";
 #endif
   uint32_t s = 777;
-  auto rnd = [&] { s = s * 1664525u + 1013904223u; return s >> 24; };
   struct Case { int h, w, tw; } cases[] = {{1080, 1920, 896}, {2160, 3840, 896}, {37, 501, 504}, {9, 13, 56},
                                            {5, 3, 28},        {64, 64, 56},      {17, 4000, 812}};
   for (auto c : cases) {
-    RgbImage img(c.w, c.h);
-    for (auto& v : img.data) v = uint8_t(rnd());
+    const RgbImage img = noise_image(c.w, c.h, s);
     detail::disable_avx512(true);
     const RgbImage a = resize_bicubic_aa(img, c.h, c.tw);
     detail::disable_avx512(false);
