@@ -24,6 +24,10 @@ if ls "$root"/.gpudeps/*.deb >/dev/null 2>&1; then
   fi
   export PKG_CONFIG_PATH="$deps/usr/lib/x86_64-linux-gnu/pkgconfig:$deps/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # Debian keeps per-architecture headers (jconfig.h, openssl/configuration.h) in include/x86_64-linux-gnu, which no
+  # .pc file names: without this the compiler takes the device's own Ubuntu copies, e.g. libjpeg-turbo8's jconfig.h
+  # (JPEG_LIB_VERSION 80) against the carried libjpeg62 → "Wrong JPEG library version" at the first decode.
+  export CPATH="$deps/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
   cmake_extra+=(-DCMAKE_PREFIX_PATH="$deps/usr")
   command -v pkg-config >/dev/null || cmake_extra+=(-DPKG_CONFIG_EXECUTABLE="$deps/usr/bin/pkgconf")
 fi

@@ -12,6 +12,7 @@ mkdir -p "$out"
 cd "$root"
 . scripts/gpu_env.sh >/dev/null 2>&1
 t0=$(date +%s)
+rm -rf build-gpu/src/media  # a warm machine's objects may predate gpu_env.sh's CPATH (the JPEG header fix)
 M3_TARGETS="m3serve bench_media media_test" M3_SKIP_TESTS=1 M3_SKIP_BENCH=1 M3_SKIP_E2E=1 \
   timeout 300 bash scripts/gpu_run.sh "$out/build" >/dev/null 2>&1
 tail -1 "$out/build/summary.md"
@@ -35,7 +36,10 @@ python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['benc
 rm -f "$out"/hf_fixtures/media_rows.f32 "$out"/hf_fixtures/*.tar
 # 8 images × 1080p through the GPU server: the demo VL model with the carried o200k tokenizer.
 vl=/tmp/m3-demo-vl
-M3_DEMO_VISION=1 M3_DEMO_TOKENIZER_DIR="$root/.gpucarry/tokenizer-o200k" PYTHON=python3 \
+tok=/tmp/m3-o200k && mkdir -p "$tok"  # gpu_carry.sh ships the tokenizer gzipped (64 MiB carry limit)
+gzip -dc "$root/.gpucarry/tokenizer-o200k/tokenizer.json.gz" >"$tok/tokenizer.json"
+cp "$root/.gpucarry/tokenizer-o200k/tokenizer_config.json" "$tok/"
+M3_DEMO_VISION=1 M3_DEMO_TOKENIZER_DIR="$tok" PYTHON=python3 \
   timeout 120 bash scripts/make_demo_model.sh "$vl" >"$out/make_vl.log" 2>&1
 echo "== demo VL model: rc $?"
 if [ -n "$B" ] && [ -x "$S" ]; then

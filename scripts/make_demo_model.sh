@@ -45,9 +45,21 @@ print(m + 1, m + 2)
 PY
 )
   read -r img vid <<<"$ids"
-  vision=(--vision-weights --set image_token_index="$img" --set video_token_index="$vid")
+  # Vision width 64 over 2 heads: head dim 32, which the CUDA vision attention takes (multiples of 16; the tiny
+  # preset's 48 / 2 = 24 is CPU-only), so the same demo model serves images on both devices.
+  vision=(--vision-weights --set image_token_index="$img" --set video_token_index="$vid"
+          --set vision_config.hidden_size=64 --set vision_config.intermediate_size=128)
 fi
-eos=$("$py" -c "import json,sys; t=json.load(open(sys.argv[1])); print(next(a['id'] for a in t['added_tokens'] if a['content']=='<|im_end|>'))" "$tok_dir/tokenizer.json")
+# End of turn: Qwen3's <|im_end|>; another tokenizer (the o200k one the GPU host gets) names its eos_token in its config.
+eos=$("$py" - "$tok_dir/tokenizer.json" "$tok_dir/tokenizer_config.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+name = json.load(open(sys.argv[2])).get("eos_token", "<|im_end|>")
+name = name.get("content", "<|im_end|>") if isinstance(name, dict) else name
+ids = {a["content"]: a["id"] for a in t.get("added_tokens", [])}
+print(ids.get("<|im_end|>", ids.get(name, t["model"]["vocab"].get(name))))
+PY
+)
 "$py" "$root/tools/checkpoint/make_checkpoint.py" --preset tiny --dtype bf16 --seed 1 --out "$out" \
   --set text_config.vocab_size="$vocab" --set text_config.hidden_size=64 --set text_config.num_hidden_layers=6 \
   --set 'text_config.moe_layer_freq=[0,0,0,1,1,1]' \

@@ -404,7 +404,9 @@ TEST(GpuMoe, CudaGraphReplayIsBitwiseEqualToEager) {
 
 void check_batch_independence(bool fp8) {
   const Shape s{128, 8, 2, 64, 64};
-  const int64_t T = 200;  // BM 64 tiles; the subsets below run with BM 16
+  // BM 64 tiles and the router's 8-experts-per-CTA layout (T ≥ 256); the subsets below run with BM 16 and one
+  // expert per router CTA: the same bits either way.
+  const int64_t T = 300;
   Layer L(s, 41, 0.f, 0.f, fp8);
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;

@@ -20,12 +20,13 @@ namespace m3::cuda {
 namespace {
 
 constexpr int kRouterTT = 8;        // tokens per router CTA (router rows are re-read once per 8 tokens)
-constexpr int kRouterExperts = 4;   // warps per router CTA (each 1 or 8 experts)
-constexpr int64_t kRouterWideRows = 256;  // steps of at least this many rows give each router warp 8 experts
+constexpr int kRouterSeg = 4;       // warps per router CTA: each sums one quarter of H
+constexpr int64_t kRouterWideRows = 256;  // steps of at least this many rows give each router CTA 8 experts
 constexpr int kGroupThreads = 1024;
 constexpr int kMaxE = 256, kMaxK = 8;
 constexpr int kBN = 64;             // GEMM columns per CTA (gate/up: 32 gate + 32 up)
 constexpr int kRowBytes = 256;      // a smem tile row = 128 bf16 of K (the swz128 layout of warp_mma.cuh)
+constexpr int kMaxScaleSteps = 256;  // e4m3 experts: K steps of 128 whose scales a GEMM CTA keeps (K ≤ 32768)
 
 __device__ __forceinline__ float sigmoidf_(float l) { return 1.0f / (1.0f + expf(-l)); }
 
@@ -34,22 +35,26 @@ __device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
   return ka > kb || (ka == kb && a < b);
 }
 
-// logits[t, e] = Σ_h xn[t, h]·router[e, h]. CTA = (8 tokens, 4 warps); warp = EW experts; lane j sums the float4
-// columns j, j + 32, … in order, then a butterfly sum: the order depends on H only, never on T, on EW or on which
-// other tokens share the CTA, so a token's logits are the same bits in a decode step and in a long prefill. EW = 1
-// for small steps (many CTAs to stream the router), 8 for long ones (8 × 8 outputs per warp: 16 loads per 256 FMAs
-// instead of 9 per 32). CTAs of column 0 also write xn as bf16 (the A operand of the gate/up GEMM); CTA (0, 0) zeroes
-// the per-expert counts that route_kernel fills.
+// logits[t, e] = Σ_h xn[t, h]·router[e, h]. CTA = (8 tokens, EW experts), 4 warps; warp w sums quarter w of H:
+// lane j the float4 columns w·H/16 + j, + 32, … in order, then a butterfly sum, and the four quarters are added in
+// warp order. The order depends on H only, never on T, on EW or on which other tokens share the CTA, so a token's
+// logits are the same bits in a decode step and in a long prefill. EW = 1 for small steps: a decode step has E CTAs
+// of 4 warps, each lane 12 float4 loads at H = 6144 (one warp per expert over all of H left 32 CTAs, 48 dependent
+// load rounds per lane — ≈ 30 µs of a 180 µs decode MoE at M3 widths). EW = 8 for long steps (8 × 8 outputs per
+// warp: 16 loads per 256 FMAs instead of 9 per 32). CTAs of column 0 also write xn as bf16 (the A operand of the
+// gate/up GEMM); CTA (0, 0) zeroes the per-expert counts that route_kernel fills.
 template <int EW>
-__global__ void __launch_bounds__(128) router_logits_kernel(const float* __restrict__ xn, int T, int H,
-                                                            const float* __restrict__ router, int E,
-                                                            float* __restrict__ logits,
-                                                            __nv_bfloat16* __restrict__ xb,
-                                                            int32_t* __restrict__ counts) {
+__global__ void __launch_bounds__(32 * kRouterSeg) router_logits_kernel(const float* __restrict__ xn, int T, int H,
+                                                                        const float* __restrict__ router, int E,
+                                                                        float* __restrict__ logits,
+                                                                        __nv_bfloat16* __restrict__ xb,
+                                                                        int32_t* __restrict__ counts) {
+  constexpr int kThreads = 32 * kRouterSeg;
+  __shared__ float part[kRouterSeg][EW][kRouterTT];
   const int t0 = blockIdx.x * kRouterTT, nt = min(kRouterTT, T - t0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (blockIdx.x == 0 && blockIdx.y == 0)
-    for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+    for (int e = threadIdx.x; e < E; e += kThreads) counts[e] = 0;
   if (blockIdx.y == 0) {
     // Unrolled, no division: a thread keeps several independent loads in flight (this copy is on the critical path
     // of every long step's first wave).
@@ -57,33 +62,34 @@ __global__ void __launch_bounds__(128) router_logits_kernel(const float* __restr
       const float4* src = reinterpret_cast<const float4*>(xn + int64_t(t0 + t) * H);
       uint2* dst = reinterpret_cast<uint2*>(xb + int64_t(t0 + t) * H);
 #pragma unroll 4
-      for (int c = threadIdx.x; c < H / 4; c += 128) {
+      for (int c = threadIdx.x; c < H / 4; c += kThreads) {
         const float4 v = src[c];
         const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
         dst[c] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
       }
     }
   }
-  const int e0 = (blockIdx.y * kRouterExperts + warp) * EW;
-  if (e0 >= E) return;
+  const int e0 = blockIdx.y * EW;
+  const int q4 = H / (4 * kRouterSeg), c0 = warp * q4;  // this warp's quarter of the float4 columns (H % 64 == 0)
   const float4* w4[EW];
 #pragma unroll
-  for (int i = 0; i < EW; ++i) w4[i] = reinterpret_cast<const float4*>(router + int64_t(min(e0 + i, E - 1)) * H);
+  for (int i = 0; i < EW; ++i)
+    w4[i] = reinterpret_cast<const float4*>(router + int64_t(min(e0 + i, E - 1)) * H) + c0;
   // Rows past the step's end read the last row again (always valid memory, results never stored): no branch around
   // the loads, so all of an iteration's loads issue before the first FMA waits (a guarded load per token made the
   // kernel wait for 8 load latencies in a row per iteration).
   const float4* x4[kRouterTT];
 #pragma unroll
-  for (int t = 0; t < kRouterTT; ++t) x4[t] = reinterpret_cast<const float4*>(xn + int64_t(t0 + min(t, nt - 1)) * H);
+  for (int t = 0; t < kRouterTT; ++t)
+    x4[t] = reinterpret_cast<const float4*>(xn + int64_t(t0 + min(t, nt - 1)) * H) + c0;
   float acc[EW][kRouterTT];
 #pragma unroll
   for (int i = 0; i < EW; ++i)
 #pragma unroll
     for (int t = 0; t < kRouterTT; ++t) acc[i][t] = 0.f;
-  // Unrolled so several iterations' loads are in flight (a decode step has 32 CTAs here); the FMA order per output
-  // is unchanged.
+  // Unrolled so several iterations' loads are in flight; the FMA order per output is unchanged.
 #pragma unroll(EW == 1 ? 4 : 1)
-  for (int c = lane; c < H / 4; c += 32) {
+  for (int c = lane; c < q4; c += 32) {
     float4 w[EW], v[kRouterTT];
 #pragma unroll
     for (int i = 0; i < EW; ++i) w[i] = w4[i][c];
@@ -104,8 +110,17 @@ __global__ void __launch_bounds__(128) router_logits_kernel(const float* __restr
 #pragma unroll
     for (int t = 0; t < kRouterTT; ++t) {
       const float v = warp_sum(acc[i][t]);
-      if (lane == 0 && t < nt && e0 + i < E) logits[int64_t(t0 + t) * E + e0 + i] = v;
+      if (lane == 0) part[warp][i][t] = v;
     }
+  __syncthreads();
+  for (int o = threadIdx.x; o < EW * kRouterTT; o += kThreads) {
+    const int i = o / kRouterTT, t = o % kRouterTT;
+    if (t >= nt || e0 + i >= E) continue;
+    float v = part[0][i][t];
+#pragma unroll
+    for (int w = 1; w < kRouterSeg; ++w) v += part[w][i][t];
+    logits[int64_t(t0 + t) * E + e0 + i] = v;
+  }
 }
 
 // Routing, one warp per token (cpu::moe_route's rule). Round k picks the best expert ranking strictly after round
@@ -357,17 +372,21 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
 #pragma unroll
     for (int j = 0; j < 2 * NP; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
-  // e4m3: the scale row of each of the warp's 8-row n-tiles (8 rows never straddle a 128-row block: n0 is a
-  // multiple of 32 and I of 32), and the scale of K step kb prefetched one step ahead.
+  // e4m3: the CTA's weight rows touch at most two 128-row scale blocks (gate/up: the gate rows' and the up rows';
+  // down: one — 8-row n-tiles never straddle a block, n0 and I being multiples of 32). Both scale rows, every K
+  // step, go to shared memory once here, beside the ring's first stages: a scale read from global memory each K step
+  // (prefetched only one step ahead) left every step waiting on a dependent load.
   const int sld = ((K + 127) / 128 + 3) / 4 * 4;  // fp8_scale_ld(Blk128, ·, K)
-  const float* srow[2 * NP];
-  float sc_next[2 * NP];
+  __shared__ float ssc[kFp8 ? 2 * kMaxScaleSteps : 1];
+  int sidx[2 * NP];  // which of the two scale rows each n-tile reads
   if constexpr (kFp8) {
-#pragma unroll
-    for (int j = 0; j < 2 * NP; ++j) {
-      srow[j] = WS + (wrow(wn * CW + j * 8) / 128) * int64_t(sld);
-      sc_next[j] = srow[j][0];
+    const int64_t b0 = wrow(0) / 128, b1 = wrow(kBN - 1) / 128;
+    for (int i = tid; i < 2 * nk; i += 128) {
+      const int r = i / nk, k = i % nk;
+      ssc[r * kMaxScaleSteps + k] = WS[(r == 0 ? b0 : b1) * int64_t(sld) + k];
     }
+#pragma unroll
+    for (int j = 0; j < 2 * NP; ++j) sidx[j] = wrow(wn * CW + j * 8) / 128 == b0 ? 0 : kMaxScaleSteps;
   }
 
   for (int kb = 0; kb < nk; ++kb) {
@@ -377,12 +396,11 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
     cp_async_commit();
     const uint32_t as = sbase + (kb % kStages) * kStageBytes, bs = as + kABytes;
     if constexpr (kFp8) {
-      uint32_t smul[2 * NP];  // bf16x2 of scale·2^120
+      uint32_t smul[2 * NP];  // bf16x2 of scale·2^120 (ssc was written before the loop's first __syncthreads)
 #pragma unroll
       for (int j = 0; j < 2 * NP; ++j) {
-        const float v = sc_next[j] * 0x1p120f;
+        const float v = ssc[sidx[j] + kb] * 0x1p120f;
         smul[j] = pack_bf16x2(v, v);
-        if (kb + 1 < nk) sc_next[j] = srow[j][kb + 1];
       }
       const int gq = lane >> 2, c = lane & 3;
 #pragma unroll
@@ -481,11 +499,15 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
   }
 }
 
-// x[t] += Σ_k w[t,k]·y[t·K + k] (+ y[T·K + t]), in slot order (M3Model::forward's sum). One CTA per token.
-__global__ void combine_kernel(float* __restrict__ x, int H, int K, int TK, const float* __restrict__ w,
-                               const float* __restrict__ y, int has_shared) {
+// x[t] += Σ_k w[t,k]·y[t·K + k] (+ y[T·K + t]), in slot order (M3Model::forward's sum). CTA (t, j): token t,
+// float4 columns j·256 + threadIdx.x (+ gridDim.y·256 …): H / 1024 CTAs per token, so a decode step's few tokens
+// still spread over many SMs (one CTA per token took ≈ 11 µs at T = 1, H = 6144: six dependent rounds of 9 loads).
+constexpr int kCombineThreads = 256;
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(float* __restrict__ x, int H, int K, int TK,
+                                                                  const float* __restrict__ w,
+                                                                  const float* __restrict__ y, int has_shared) {
   const int t = blockIdx.x;
-  for (int h = threadIdx.x * 4; h < H; h += blockDim.x * 4) {
+  for (int h = (blockIdx.y * kCombineThreads + threadIdx.x) * 4; h < H; h += gridDim.y * kCombineThreads * 4) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int k = 0; k < K; ++k) {
       const float wk = w[t * K + k];
@@ -623,6 +645,9 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
     M3_CUDA_REQUIRE(w.shared_gate_up == nullptr || w.Is == 0,
                     "moe_grouped_forward: a bf16 shared expert with FP8 routed experts must run on its own");
     M3_CUDA_REQUIRE(path != MoeGemmPath::Wgmma, "moe_grouped_forward: the wgmma GEMMs do not read FP8 experts");
+    M3_CUDA_REQUIRE(H <= 128 * kMaxScaleSteps && std::max(I, Is) <= 128 * kMaxScaleSteps,
+                    "moe_grouped_forward: FP8 experts with H %lld, I %lld, shared I %lld: K above %d", (long long)H,
+                    (long long)I, (long long)Is, 128 * kMaxScaleSteps);
   } else {
     M3_CUDA_REQUIRE(w.router && w.gate_up && w.down, "moe_grouped_forward: missing weights");
   }
@@ -640,11 +665,10 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
   // Experts per router warp: a function of T only (launch shape), never of the summation order.
   const unsigned router_tiles = unsigned((T + kRouterTT - 1) / kRouterTT);
   if (T >= kRouterWideRows)
-    router_logits_kernel<8><<<dim3(router_tiles, unsigned((E + 8 * kRouterExperts - 1) / (8 * kRouterExperts))), 128, 0,
-                              s>>>(xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(),
-                                   scr.counts.get());
+    router_logits_kernel<8><<<dim3(router_tiles, unsigned((E + 7) / 8)), 32 * kRouterSeg, 0, s>>>(
+        xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get());
   else
-    router_logits_kernel<1><<<dim3(router_tiles, unsigned((E + kRouterExperts - 1) / kRouterExperts)), 128, 0, s>>>(
+    router_logits_kernel<1><<<dim3(router_tiles, unsigned(E)), 32 * kRouterSeg, 0, s>>>(
         xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get());
   M3_CUDA_LAUNCH_CHECK();
   mark(1);
@@ -708,8 +732,9 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
     launch_gemms<__nv_bfloat16>(BM, pg, grid_gu, pd, grid_dn, s, [&] { mark(3); });
   }
   mark(4);
-  combine_kernel<<<unsigned(T), 256, 0, s>>>(x, int(H), int(K), int(TK), scr.weights.get(), scr.y.get(),
-                                             shared ? 1 : 0);
+  combine_kernel<<<dim3(unsigned(T), unsigned((H + 4 * kCombineThreads - 1) / (4 * kCombineThreads))),
+                   kCombineThreads, 0, s>>>(x, int(H), int(K), int(TK), scr.weights.get(), scr.y.get(),
+                                            shared ? 1 : 0);
   M3_CUDA_LAUNCH_CHECK();
   mark(5);
 }

@@ -39,9 +39,10 @@ class MsaPrefillKvMajor {
   // of `window` consecutive step rows, page), so the tiles of one window's queries run together (0 = one window).
   // chunk: each CTA takes runs of `chunk` consecutive tiles and keeps a page's K/V across them (1 = tiles dealt one
   // by one). consumers: consumer warpgroups per CTA (2 or 3). tma_store: partial blocks leave by TMA stores instead
-  // of per-lane global stores (not measured yet: off). Default (0, 4, 3, false), the fastest measured at KV 64k /
-  // 128k; at 16k a window of 16 × the context's pages is 7 % faster still (docs/KERNELS.md §8.1).
-  void set_order(int window, int chunk, int consumers = 3, bool tma_store = false);
+  // of per-lane global stores (3–6 % faster at every KV length measured, bench/results/2026-12-02e-kvmajor-h200.md).
+  // Default (0, 4, 3, true), the fastest measured at KV 64k / 128k; at 16k a window of 16 × the context's pages is
+  // 5 % faster still (docs/KERNELS.md §8.1).
+  void set_order(int window, int chunk, int consumers = 3, bool tma_store = true);
   // Throws m3::Error when a run() since the last check saw a selected block after the row's local block.
   void check(cudaStream_t s);
   // Bytes of device workspace the plan holds (partials dominate: 16 · T · Hq · 260 B at top-16).
@@ -55,7 +56,7 @@ class MsaPrefillKvMajor {
   int64_t T_ = 0, P_ = 0;
   int Hkv_ = 0, G_ = 0, K_ = 0, sms_ = 0;
   int window_ = 0, chunk_ = 4, n_windows_ = 1, consumers_ = 3;
-  bool tma_store_ = false;
+  bool tma_store_ = true;
   DeviceBuffer<int> error_, cnt_, rank_, edge_row_, csr_, n_tiles_;
   DeviceBuffer<unsigned long long> packed_, packed_off_;
   DeviceBuffer<int2> tiles_;
