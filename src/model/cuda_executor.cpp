@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/fp8_gemm.cuh"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/gemv.cuh"
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/mlp_moe.cuh"
 #include "backend/cuda/msa_decode.cuh"
@@ -196,15 +198,26 @@ struct CudaExecutor::Impl {
   DeviceSlot bind(const WeightSlot& s, bool fp8_ok = false);
   // One projection y[T, N] (+)= x[T, K] · Wᵀ with bf16 activations, fp32 out: FP8 weights through Fp8Gemm::proj,
   // bf16 through Gemm::nt_bf16.
+  // M3_GEMV=1: decode rows (T ≤ 8) through the weight-streaming GEMV (backend/cuda/gemv.cuh) instead — written
+  // 2026-12-02e and not yet measured on a device, so off by default.
   void proj(const uint16_t* xb, int64_t T, int64_t K, const DevMat& W, int64_t N, float* y, bool accumulate,
             cudaStream_t s) {
     if (W.fp8) {
       M3_CHECK(W.K == K && W.N == N, "CUDA executor: FP8 matrix [{}, {}] used as [{}, {}]", W.N, W.K, N, K);
-      f8gemm->proj(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, opt.fp8_lt_min_rows, s);
+      if (gemv_rows && cuda::gemv_supported(T, K, true))
+        cuda::gemv_e4m3(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, s);
+      else
+        f8gemm->proj(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, opt.fp8_lt_min_rows, s);
+    } else if (gemv_rows && cuda::gemv_supported(T, K, false)) {
+      cuda::gemv_bf16(xb, T, K, static_cast<const uint16_t*>(W.get()), N, y, cuda::GemmOut::F32, accumulate, s);
     } else {
       gemm->nt_bf16(xb, T, K, W.get(), N, y, accumulate, s);
     }
   }
+  const bool gemv_rows = [] {
+    const char* e = std::getenv("M3_GEMV");
+    return e && std::string(e) == "1";
+  }();
   ~Impl() {
     drop_graphs();
     if (h_step) cudaFreeHost(h_step);
