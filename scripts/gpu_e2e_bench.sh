@@ -145,7 +145,7 @@ start_server() {  # $1 backend, $2 max_model_len, $3 log file; sets spid, return
               --shutdown-timeout 5 --max-num-batched-tokens "$batched" "${extra[@]}")
   [ "$device" = cuda ] && args+=(--attention "$backend")
   echo "serve ${args[*]}" >"$log"
-  M3_STEP_PROFILE=1 "$m3" serve "${args[@]}" >>"$log" 2>&1 &
+  M3_STEP_PROFILE="${M3_STEP_PROFILE:-1}" "$m3" serve "${args[@]}" >>"$log" 2>&1 &
   spid=$!
   server_log="$log"
   wait_s=$(( $(left) - 20 ))

@@ -31,4 +31,11 @@ for d in bfloat16 fp8; do
     rm -rf "$out/e2e-$d-gemv$g/runs"
   done
 done
+# The step profile's event nodes sit inside the decode graph: one run without them says what they cost in TPOT.
+M3_STEP_PROFILE=0 M3_GEMV=0 M3_COMMIT="$c" M3_E2E_DTYPE=bfloat16 M3_E2E_M3SERVE="$root/build-gpu/bin/m3serve" \
+  M3_E2E_PLAN="msa:long" M3_E2E_LONG=60000 M3_E2E_LONG_OUTPUT=64 M3_E2E_LONG_MIN=30 M3_E2E_BUDGET=60 \
+  timeout 90 bash scripts/gpu_e2e_bench.sh "$out/e2e-noprof" >"$out/e2e-noprof.log" 2>&1
+echo "== e2e 60k bfloat16 M3_GEMV=0, no step profile: rc $?"
+grep -E "Median TTFT|Median TPOT" "$out/e2e-noprof.log" | cut -c1-200
+rm -rf "$out/e2e-noprof/runs"
 echo "total $(( $(date +%s) - t0 )) s; record the results in bench/results/ (date, GPU, commit, command)"
