@@ -198,26 +198,30 @@ struct CudaExecutor::Impl {
   DeviceSlot bind(const WeightSlot& s, bool fp8_ok = false);
   // One projection y[T, N] (+)= x[T, K] · Wᵀ with bf16 activations, fp32 out: FP8 weights through Fp8Gemm::proj,
   // bf16 through Gemm::nt_bf16.
-  // M3_GEMV=1: decode rows (T ≤ 8) through the weight-streaming GEMV (backend/cuda/gemv.cuh) instead — written
-  // 2026-12-02e and not yet measured on a device, so off by default.
+  // Decode rows go through the weight-streaming GEMV (backend/cuda/gemv.cuh) where it measured faster on the H200
+  // (bench/results/2026-12-03-gemv-h200.md, M3 shapes): FP8 weights at T ≤ 2 (1.5–1.7× the W8A16 mma), bf16 at
+  // T = 1 (2–6 % over cuBLASLt; from T = 2 on cuBLASLt wins). M3_GEMV=0 never, =1 for every T it supports (≤ 8).
   void proj(const uint16_t* xb, int64_t T, int64_t K, const DevMat& W, int64_t N, float* y, bool accumulate,
             cudaStream_t s) {
     if (W.fp8) {
       M3_CHECK(W.K == K && W.N == N, "CUDA executor: FP8 matrix [{}, {}] used as [{}, {}]", W.N, W.K, N, K);
-      if (gemv_rows && cuda::gemv_supported(T, K, true))
+      if (T <= gemv_max_rows(true) && cuda::gemv_supported(T, K, true))
         cuda::gemv_e4m3(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, s);
       else
         f8gemm->proj(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, opt.fp8_lt_min_rows, s);
-    } else if (gemv_rows && cuda::gemv_supported(T, K, false)) {
+    } else if (T <= gemv_max_rows(false) && cuda::gemv_supported(T, K, false)) {
       cuda::gemv_bf16(xb, T, K, static_cast<const uint16_t*>(W.get()), N, y, cuda::GemmOut::F32, accumulate, s);
     } else {
       gemm->nt_bf16(xb, T, K, W.get(), N, y, accumulate, s);
     }
   }
-  const bool gemv_rows = [] {
+  const int gemv_mode = [] {  // -1: the measured policy; 0: off; 1: every supported T
     const char* e = std::getenv("M3_GEMV");
-    return e && std::string(e) == "1";
+    return e && std::string(e) == "0" ? 0 : e && std::string(e) == "1" ? 1 : -1;
   }();
+  int64_t gemv_max_rows(bool e4m3) const {
+    return gemv_mode == 0 ? 0 : gemv_mode == 1 ? cuda::kGemvMaxRows : e4m3 ? 2 : 1;
+  }
   ~Impl() {
     drop_graphs();
     if (h_step) cudaFreeHost(h_step);

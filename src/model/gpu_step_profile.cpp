@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@ const char* GpuStepProfile::name(Cat c) {
 GpuStepProfile::GpuStepProfile() {
   const char* e = std::getenv("M3_STEP_PROFILE");
   on_ = e && std::strcmp(e, "0") != 0 && *e;
+  intervals_ = e && std::strcmp(e, "2") == 0;
 }
 
 GpuStepProfile::~GpuStepProfile() {
@@ -26,6 +28,7 @@ GpuStepProfile::~GpuStepProfile() {
     cudaDeviceSynchronize();
     collect();
     spdlog::info("gpu step profile (at exit): {}", report());
+    if (intervals_) spdlog::info("decode step intervals (at exit): {}", interval_report());
   }
   for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
 }
@@ -93,7 +96,12 @@ void GpuStepProfile::collect() {
     }
     step[size_t(cats_[i])] += ms;
     total += ms;
+    if (intervals_ && pending_decode_) {
+      if (i == 1 && interval_cats_ != cats_) interval_cats_ = cats_, interval_ms_.assign(used_, 0.0), interval_steps_ = 0;
+      interval_ms_[i] += ms;
+    }
   }
+  if (intervals_ && pending_decode_) ++interval_steps_;
   auto& acc = ms_[pending_decode_ ? 1 : 0];
   for (int c = 0; c < kCount; ++c) acc[size_t(c)] += step[size_t(c)];
   ++steps_[pending_decode_ ? 1 : 0];
@@ -134,6 +142,22 @@ std::string GpuStepProfile::report() const {
                        std::max(0.0, busy_wall_ms_ - busy_gpu_ms_), busy_wall_ms_);
   if (untimed_) out += fmt::format(" | {} steps not timed", untimed_);
   return out.empty() ? "no steps" : out;
+}
+
+std::string GpuStepProfile::interval_report() const {
+  if (interval_steps_ == 0) return "none";
+  std::vector<size_t> order;
+  for (size_t i = 1; i < interval_ms_.size(); ++i) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return interval_ms_[a] > interval_ms_[b]; });
+  std::string out = fmt::format("{} steps, {} intervals; largest (interval #: category, mean ms):",
+                                interval_steps_, interval_ms_.size() - 1);
+  for (size_t k = 0; k < order.size() && k < 24; ++k)
+    out += fmt::format(" #{}: {} {:.4f}", order[k], name(Cat(interval_cats_[order[k]])),
+                       interval_ms_[order[k]] / double(interval_steps_));
+  out += " | in order:";
+  for (size_t i = 1; i < interval_ms_.size(); ++i)
+    out += fmt::format(" {}:{:.4f}", name(Cat(interval_cats_[i])), interval_ms_[i] / double(interval_steps_));
+  return out;
 }
 
 }  // namespace m3

@@ -1,6 +1,7 @@
 // Where a step's GPU time goes (issue 9's end-to-end benchmark): CUDA events recorded between the ops of a forward,
 // each interval charged to the category of the work it ended (attention, indexer, MoE, GEMMs, ...). Off unless
-// M3_STEP_PROFILE=1 is set in the environment: the events cost a few µs of host time per op. The report splits
+// M3_STEP_PROFILE=1 (or 2: also the largest single intervals of the decode graph at exit) is set in the environment:
+// the events cost a few µs of host time per op. The report splits
 // decode steps (every sequence brings ≤ 16 tokens) from prefill steps and is logged every 500 steps and at exit.
 // Reading an interval needs its events complete: a step's intervals are collected at the start of the next step
 // (the executor has synchronised on the step's read-back by then), so no extra sync is added.
@@ -62,6 +63,13 @@ class GpuStepProfile {
   bool last_was_decode_ = false;
   double busy_wall_ms_ = 0.0, busy_gpu_ms_ = 0.0;
   int64_t untimed_ = 0;  // steps whose events could not be timed
+  // Decode steps with the same event list (one graph's replays): mean ms per interval, so the report can name the
+  // few intervals a category's time sits in (M3_STEP_PROFILE=2 logs the largest ones at exit).
+  std::vector<int8_t> interval_cats_;
+  std::vector<double> interval_ms_;
+  int64_t interval_steps_ = 0;
+  bool intervals_ = false;
+  std::string interval_report() const;
 };
 
 }  // namespace m3

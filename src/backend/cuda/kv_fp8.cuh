@@ -49,6 +49,26 @@ template <int kSel>
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w) {
   return e4m3_placed_to_bf16x2(__byte_perm(w, 0, kSel));
 }
+// Bytes 0–1 (kHi false) or 2–3 (kHi true) of w → f16x2 holding the exact values (lo = the lower byte): one
+// cvt.rn.f16x2.e4m3x2 (sm_89+), where the bf16 route above takes three instructions. Every e4m3 value, subnormals
+// included, is an f16 value.
+template <bool kHi>
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
+  uint32_t d;
+  if constexpr (kHi)
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(d) : "r"(w));
+  else
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(d) : "r"(w));
+  return d;
+}
+// bf16x2 → f16x2 (round to nearest): exact for |v| in [2^-14, 65504] (f16 has 3 more significand bits); smaller
+// magnitudes round to f16 subnormals (steps of 2^-24), larger ones overflow to ±inf.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
+  const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
 constexpr int kE4m3Bytes01 = 0x1404, kE4m3Bytes23 = 0x3424, kE4m3Bytes02 = 0x2404, kE4m3Bytes13 = 0x3414;
 
 // A [rows, 128] e4m3 tile in shared memory: a row is 128 bytes = 8 chunks of 16; chunk c of row r sits at chunk

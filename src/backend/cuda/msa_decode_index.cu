@@ -181,9 +181,11 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int lane) {
 // owns keys 16w..16w+15 of every page: S[16 keys, 8] = K_tile · Q_rowᵀ (heads ≥ H are zero columns), max over the
 // 16 keys by shuffles, then over the 8 warps in shared memory (red, double-buffered by item parity).
 // e4m3 keys (kFp8): pages land as [128, 128 B] (swz64); ldmatrix gives each lane 4 consecutive dims
-// 16·kk + 4·(lane%4) .. +3 of one key, converted exactly to bf16 in registers (kv_fp8.cuh): bytes 0–1 are the A
-// fragment's k pair 2c, 2c+1, bytes 2–3 the pair 2c+8, 2c+9 (the mma's k order is free), and the query's B fragment
-// is loaded in that same dim order. The per-tensor scale multiplies the block max (max commutes with s > 0).
+// 16·kk + 4·(lane%4) .. +3 of one key, converted exactly to f16 in registers (one cvt per pair, kv_fp8.cuh): bytes
+// 0–1 are the A fragment's k pair 2c, 2c+1, bytes 2–3 the pair 2c+8, 2c+9 (the mma's k order is free), and the
+// query's B fragment is loaded in that same dim order and rounded bf16 → f16 (exact for the RMS-normed index query
+// in f16's normal range; the products stay exact, so the scores equal the bf16 route's but for query elements
+// below 2^-14). The per-tensor scale multiplies the block max (max commutes with s > 0).
 template <typename KT>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(ScoreArgs a) {
   static_assert(sizeof(KT) == 2 || sizeof(KT) == 1, "bf16 or e4m3 index keys");
@@ -307,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
           const uint2 w = n < H ? *reinterpret_cast<const uint2*>(q + kk * 16) : make_uint2(0u, 0u);
-          qb[kk][0] = w.x, qb[kk][1] = w.y;
+          qb[kk][0] = bf16x2_to_f16x2(w.x), qb[kk][1] = bf16x2_to_f16x2(w.y);
         }
       } else {
         const __nv_bfloat16* q = a.iq + (int64_t(ct) * H + n) * Di + 2 * (lane & 3);
@@ -328,10 +330,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
                     w[2], w[3]);
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-          const uint32_t af[4] = {e4m3x2_to_bf16x2<kE4m3Bytes01>(w[2 * q]), e4m3x2_to_bf16x2<kE4m3Bytes01>(w[2 * q + 1]),
-                                  e4m3x2_to_bf16x2<kE4m3Bytes23>(w[2 * q]),
-                                  e4m3x2_to_bf16x2<kE4m3Bytes23>(w[2 * q + 1])};
-          mma_bf16_16816(c, af, qb[2 * h + q][0], qb[2 * h + q][1]);
+          const uint32_t af[4] = {e4m3x2_to_f16x2<false>(w[2 * q]), e4m3x2_to_f16x2<false>(w[2 * q + 1]),
+                                  e4m3x2_to_f16x2<true>(w[2 * q]), e4m3x2_to_f16x2<true>(w[2 * q + 1])};
+          mma_f16_16816(c, af, qb[2 * h + q][0], qb[2 * h + q][1]);
         }
       }
     } else {
