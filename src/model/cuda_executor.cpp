@@ -222,6 +222,13 @@ struct CudaExecutor::Impl {
   int64_t gemv_max_rows(bool e4m3) const {
     return gemv_mode == 0 ? 0 : gemv_mode == 1 ? cuda::kGemvMaxRows : e4m3 ? 2 : 1;
   }
+  // The dense MLP's bf16 GEMMs (24576 × 6144 and 6144 × 12288 in M3): M3_GEMV_MLP=1 (A/B, not yet measured) takes
+  // the GEMV at the bf16 policy's rows.
+  const bool gemv_mlp = [] {
+    const char* e = std::getenv("M3_GEMV_MLP");
+    return e && std::string(e) == "1";
+  }();
+  int64_t gemv_mlp_rows() const { return gemv_mlp ? gemv_max_rows(false) : 0; }
   ~Impl() {
     drop_graphs();
     if (h_step) cudaFreeHost(h_step);
@@ -678,13 +685,14 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     trace->block_scores_cols.assign(seq_begin.size() - 1, 0);
   }
 
+  prof.mark(GpuStepProfile::kEmbedNorm, s);  // the plans' small kernels (and uploads) apart from the embedding
   cuda::embed_rows(embed.get(), wt == cuda::WType::BF16, H, d_ids, T, x.get(), s);
   M3_CHECK(!graph || media_runs.empty(), "forward: media rows in a graph step");
   for (const MediaRun& m : media_runs)  // pageable source: staged before the call returns
     M3_CUDA_CHECK(cudaMemcpyAsync(x.get() + m.row * H, m.src, size_t(m.n * H) * sizeof(float),
                                   cudaMemcpyHostToDevice, s));
   media_runs.clear();
-  prof.mark(GpuStepProfile::kEmbedNorm, s);  // with the plans' small kernels and uploads
+  prof.mark(GpuStepProfile::kEmbedNorm, s);  // the embedding (and media rows)
   const float scale = 1.0f / std::sqrt(float(D));
   for (int l = 0; l < c.num_layers; ++l) {
     DevLayer& L = layers[l];
@@ -864,7 +872,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     if (c.mlp_kinds[l] == MlpKind::Dense) {
       const cuda::MlpDev m{L.mlp.gate_up.get(), L.mlp.down.get(), wt, L.mlp.I, L.mlp.gate_up.f8(), L.mlp.down.f8()};
       cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s,
-                    mlp_bf16 ? xnb.get() : nullptr, f8gemm.get(), opt.fp8_lt_min_rows);
+                    mlp_bf16 ? xnb.get() : nullptr, f8gemm.get(), opt.fp8_lt_min_rows, gemv_mlp_rows());
       prof.mark(GpuStepProfile::kMlp, s);
     } else {
       cuda::MoeArgs m;

@@ -53,6 +53,14 @@ TEST(GpuDecode, PagedDecodeDenseHistoryMatchesCpu) {
             "paged_decode_tc dense");
 }
 
+// A few long requests (dense decode at B = 1–2): R·16 ≤ #SMs and ≥ 64 chunks take deep CTAs in non-portable
+// clusters of 16 splits; the second case has a 6-token row whose splits are nearly all empty (LSE −inf merges).
+TEST(GpuDecode, PagedDecodeDenseFewLongRequestsSplitSixteenWaysMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  expect_ok(decode_check::check_paged_decode(seed(), {9000}, 4, 16, false, true), "paged_decode_tc dense R=4");
+  expect_ok(decode_check::check_paged_decode(seed(), {20000, 5}, 2, 16, false, true), "paged_decode_tc dense R=4 ragged");
+}
+
 // Multi-query requests: last positions (short rows, rows straddling a page boundary so their last pages differ,
 // long rows) and a Q per request cycling through 1, 2, 4, 8, 3.
 const std::vector<int32_t> kMqLast = {3, 129, 130, 1000, 2050, 5000, 16383, 16385, 70000, 128 * 40 + 1};

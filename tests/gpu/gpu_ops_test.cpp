@@ -4,6 +4,7 @@
 // selection matters). Outputs are poisoned before each run and every element is checked written.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "backend/cpu/cpu_ops.h"
@@ -108,13 +109,63 @@ TEST(GpuOps, GemmMatchesCpuInFp32AndBf16) {
 // ---- norms, RoPE, cache write ----------------------------------------------------------------------------------
 TEST(GpuOps, RmsNormGemmaMatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
-  for (auto [rows, D] : {std::pair<int64_t, int64_t>{7, 128}, {33, 6144}, {5, 32}}) {
+  // 6144 and 8192: the register-row kernel (6 and 8 chunks per thread); 30: the loop kernel (D % 4 ≠ 0).
+  for (auto [rows, D] : {std::pair<int64_t, int64_t>{7, 128}, {33, 6144}, {5, 32}, {3, 8192}, {4, 30}, {1, 6144}}) {
     std::vector<float> x = rand_vec(static_cast<size_t>(rows * D), 0.05f, 4.f), w = rand_vec(static_cast<size_t>(D)), ref(x.size());
     cpu::rms_norm_gemma(x.data(), rows, D, w.data(), 1e-6f, ref.data());
     Dev<float> dx(x), dw(w), dy(x.size());
     dy.poison();
     cuda::rms_norm_gemma(dx.p(), rows, D, dw.p(), 1e-6f, dy.p(), nullptr);
     expect_close("rms_norm_gemma", fmt_shape({{"rows", rows}, {"D", D}}), dy.get(), ref, 1e-5);
+  }
+}
+
+TEST(GpuOps, RmsNormGemmaInPlaceMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  const int64_t rows = 3, D = 6144;
+  std::vector<float> x = rand_vec(static_cast<size_t>(rows * D), 0.05f, 4.f), w = rand_vec(static_cast<size_t>(D)),
+                     ref(x.size());
+  cpu::rms_norm_gemma(x.data(), rows, D, w.data(), 1e-6f, ref.data());
+  Dev<float> dx(x), dw(w);
+  cuda::rms_norm_gemma(dx.p(), rows, D, dw.p(), 1e-6f, dx.p(), nullptr);
+  expect_close("rms_norm_gemma in place", fmt_shape({{"rows", rows}, {"D", D}}), dx.get(), ref, 1e-5);
+}
+
+// Embedding rows: bf16 and fp32 tables, widths on the register-row kernel (6144) and off it (100 bf16: 100 % 8 ≠ 0;
+// 98 fp32), ids in any order with repeats. The copy is exact.
+TEST(GpuOps, EmbedRowsCopiesTheTableRowsExactly) {
+  M3_SKIP_WITHOUT_GPU();
+  const std::vector<int32_t> ids{5, 0, 5, 11, 2};
+  const int64_t V = 12, T = int64_t(ids.size());
+  for (int64_t H : {6144, 100, 98}) {
+    std::vector<float> table = rand_vec(static_cast<size_t>(V * H), 0.05f, 3.f);
+    std::vector<uint16_t> tb(table.size());
+    for (size_t i = 0; i < table.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &table[i], 4);
+      tb[i] = uint16_t(u >> 16);  // truncation: any bf16 bits will do
+    }
+    Dev<int32_t> did(ids);
+    for (bool bf16 : {true, false}) {
+      if (bf16 && H == 98) continue;
+      Dev<float> dt(table), dy(size_t(T * H));
+      Dev<uint16_t> dtb(tb);
+      dy.poison();
+      cuda::embed_rows(bf16 ? static_cast<const void*>(dtb.p()) : static_cast<const void*>(dt.p()), bf16, H, did.p(), T,
+                       dy.p(), nullptr);
+      const std::vector<float> got = dy.get();
+      int bad = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < H; ++i) {
+          float want = table[size_t(ids[size_t(t)] * H + i)];
+          if (bf16) {
+            const uint32_t u = uint32_t(tb[size_t(ids[size_t(t)] * H + i)]) << 16;
+            std::memcpy(&want, &u, 4);
+          }
+          bad += std::memcmp(&want, &got[size_t(t * H + i)], 4) != 0;
+        }
+      EXPECT_EQ(bad, 0) << "embed_rows H " << H << (bf16 ? " bf16" : " fp32");
+    }
   }
 }
 

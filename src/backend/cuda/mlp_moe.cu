@@ -1,5 +1,7 @@
 #include "backend/cuda/mlp_moe.cuh"
 
+#include "backend/cuda/gemv.cuh"
+
 #include <algorithm>
 #include <type_traits>
 
@@ -117,7 +119,7 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
 
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
              bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb, Fp8Gemm* f8,
-             int64_t lt_min_rows) {
+             int64_t lt_min_rows, int64_t gemv_rows) {
   if (T <= 0) return;
   scr.gu.grow(size_t(T * 2 * m.I));
   if (m.fp8()) {  // either matrix may be FP8, the other bf16 (a K that no FP8 kernel takes stays bf16)
@@ -137,7 +139,10 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
     return;
   }
   if (m.wt == WType::BF16) {  // bf16 activations: x given as bf16 (or rounded by the GEMM), act written as bf16
-    if (xb)
+    const bool gemv = xb && T <= gemv_rows && gemv_supported(T, H, false) && gemv_supported(T, m.I, false);
+    if (gemv)
+      gemv_bf16(xb, T, H, static_cast<const uint16_t*>(m.gate_up), 2 * m.I, scr.gu.get(), GemmOut::F32, false, s);
+    else if (xb)
       g.nt_bf16(xb, T, H, m.gate_up, 2 * m.I, scr.gu.get(), false, s);
     else
       g.nt(x, T, H, m.gate_up, m.wt, 2 * m.I, scr.gu.get(), false, s);
@@ -147,7 +152,10 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
                                                                 reinterpret_cast<__nv_bfloat16*>(scr.act_b.get()));
       M3_CUDA_LAUNCH_CHECK();
     }
-    g.nt_bf16(scr.act_b.get(), T, m.I, m.down, H, y, accumulate, s);
+    if (gemv)
+      gemv_bf16(scr.act_b.get(), T, m.I, static_cast<const uint16_t*>(m.down), H, y, GemmOut::F32, accumulate, s);
+    else
+      g.nt_bf16(scr.act_b.get(), T, m.I, m.down, H, y, accumulate, s);
     return;
   }
   scr.act.grow(size_t(T * m.I));

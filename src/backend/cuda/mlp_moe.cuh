@@ -50,9 +50,11 @@ struct FfnScratch {
 // the gate/up input; results are bit-identical to rounding inside the GEMMs.
 // FP8 weights (m.fp8()) need xb and f8; both projections go through f8->proj with lt_min_rows (bf16 in, fp32 out,
 // the SwiGLU output in bf16 between them as for bf16 weights).
+// gemv_rows: bf16 weights with bf16 activations and T ≤ gemv_rows take the weight-streaming GEMV (gemv.cuh) for
+// both projections where it supports the shape (the executor's measured decode policy; 0 = never).
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
              bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb = nullptr, Fp8Gemm* f8 = nullptr,
-             int64_t lt_min_rows = 0);
+             int64_t lt_min_rows = 0, int64_t gemv_rows = 0);
 
 // Routed experts + shared expert, added to the residual: x[t] += Σ_k w[t,k]·expert_{id[t,k]}(xn[t]) + shared(xn[t]).
 // Two implementations, both summing per token in slot order (a token's result does not depend on the batch, like

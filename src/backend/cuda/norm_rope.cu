@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kv_fp8.cuh"
@@ -39,6 +41,104 @@ __global__ void rms_norm_bf16_kernel(const float* x, int64_t D, const float* __r
     yb[blockIdx.x * D + i] = __float2bfloat16_rn(v);
     if (y) y[blockIdx.x * D + i] = v;
   }
+}
+
+// Row kernels for the decode step: one CTA of kRowThreads per row holds the row in registers — thread j owns float4
+// chunks j, j + kRowThreads, … (kChunks of them) — so every load of the row (and of w) is in flight at once. The loops
+// above issue one dependent load per iteration (48 HBM round trips for H = 6144 at 128 threads): 31 µs per norm at
+// T = 1 on the H200, 11 of them per decode step of the 5-layer slice (bench/results/2026-12-03-decode-step-h200.md).
+// Sum of squares: each thread's chunks in order, then block_sum (the CPU sums in fp64; the difference is rounding).
+constexpr int kRowThreads = 256, kMaxRowChunks = 8;  // rows of ≤ 8192 floats take the register path
+
+template <int kChunks>
+__global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(const float* x, int D, const float* __restrict__ w,
+                                                                   float eps, float* y, __nv_bfloat16* yb) {
+  const int n4 = D >> 2;
+  const float4* xr = reinterpret_cast<const float4*>(x + int64_t(blockIdx.x) * D);
+  const float4* wr = reinterpret_cast<const float4*>(w);
+  float4 xv[kChunks], wv[kChunks];
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int j = threadIdx.x + k * kRowThreads;
+    xv[k] = j < n4 ? xr[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+    wv[k] = j < n4 ? __ldg(wr + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k)
+    ss += xv[k].x * xv[k].x, ss += xv[k].y * xv[k].y, ss += xv[k].z * xv[k].z, ss += xv[k].w * xv[k].w;
+  ss = block_sum(ss);  // (its __syncthreads also orders every read of x before an in-place write)
+  const float inv = float(1.0 / sqrt(double(ss) / double(D) + double(eps)));
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int j = threadIdx.x + k * kRowThreads;
+    if (j >= n4) break;
+    const float4 v = make_float4(xv[k].x * inv * (1.0f + wv[k].x), xv[k].y * inv * (1.0f + wv[k].y),
+                                 xv[k].z * inv * (1.0f + wv[k].z), xv[k].w * inv * (1.0f + wv[k].w));
+    const int64_t o = int64_t(blockIdx.x) * D + 4 * j;
+    if (yb) {
+      __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+      uint2 u;
+      u.x = *reinterpret_cast<uint32_t*>(&lo), u.y = *reinterpret_cast<uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(yb + o) = u;
+    }
+    if (y) *reinterpret_cast<float4*>(y + o) = v;
+  }
+}
+
+// Embedding rows the same way: bf16 tables in 8-element (16-byte) chunks, fp32 tables in float4 chunks.
+template <int kChunks, bool kBf16>
+__global__ void __launch_bounds__(kRowThreads) embed_row_kernel(const void* __restrict__ table, int H,
+                                                                const int32_t* __restrict__ ids, float* out) {
+  constexpr int kPer = kBf16 ? 8 : 4;  // elements per chunk
+  const int n = H / kPer;
+  const int64_t id = ids[blockIdx.x];
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(table) +
+                                                    id * H * int64_t(kBf16 ? 2 : 4));
+  float4* dst = reinterpret_cast<float4*>(out + int64_t(blockIdx.x) * H);
+  uint4 v[kChunks];
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int j = threadIdx.x + k * kRowThreads;
+    if (j < n) v[k] = __ldg(src + j);
+  }
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int j = threadIdx.x + k * kRowThreads;
+    if (j >= n) break;
+    if constexpr (kBf16) {  // bf16 → fp32 is a 16-bit shift
+      dst[2 * j] = make_float4(__uint_as_float(v[k].x << 16), __uint_as_float(v[k].x & 0xffff0000u),
+                               __uint_as_float(v[k].y << 16), __uint_as_float(v[k].y & 0xffff0000u));
+      dst[2 * j + 1] = make_float4(__uint_as_float(v[k].z << 16), __uint_as_float(v[k].z & 0xffff0000u),
+                                   __uint_as_float(v[k].w << 16), __uint_as_float(v[k].w & 0xffff0000u));
+    } else {
+      dst[j] = make_float4(__uint_as_float(v[k].x), __uint_as_float(v[k].y), __uint_as_float(v[k].z),
+                           __uint_as_float(v[k].w));
+    }
+  }
+}
+
+// The chunk count a row of n chunks needs (a template value ≥ it), or 0 when it is over kMaxRowChunks.
+int row_chunks(int64_t n) {
+  const int64_t c = (n + kRowThreads - 1) / kRowThreads;
+  return c <= 1 ? 1 : c <= 2 ? 2 : c <= 4 ? 4 : c <= 6 ? 6 : c <= kMaxRowChunks ? kMaxRowChunks : 0;
+}
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <typename F>
+void with_chunks(int c, F&& f) {
+  switch (c) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+// The register-row norm applies: D a multiple of 4 up to 4·kRowThreads·kMaxRowChunks, 16-byte aligned rows.
+bool norm_rows_ok(int64_t D, const float* x, const float* w, const void* y1, const void* y2) {
+  return D % 4 == 0 && row_chunks(D / 4) > 0 && aligned16(x) && aligned16(w) && aligned16(y1) && aligned16(y2);
 }
 
 // grid (T, n_q + n_k + n_v), block kThreads, dynamic smem D floats. CT: the cache element type (q_out is fp32, or
@@ -131,7 +231,12 @@ __global__ void embed_kernel(const void* table, bool bf16, int64_t H, const int3
 void rms_norm_gemma(const float* x, int64_t rows, int64_t D, const float* w, float eps, float* y, cudaStream_t s) {
   if (rows <= 0) return;
   M3_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm_gemma: %lld rows is too many", (long long)rows);
-  rms_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, D, w, eps, y);
+  if (norm_rows_ok(D, x, w, y, nullptr))
+    with_chunks(row_chunks(D / 4), [&](auto c) {
+      rms_norm_row_kernel<decltype(c)::value><<<unsigned(rows), kRowThreads, 0, s>>>(x, int(D), w, eps, y, nullptr);
+    });
+  else
+    rms_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, D, w, eps, y);
   M3_CUDA_LAUNCH_CHECK();
 }
 
@@ -139,7 +244,13 @@ void rms_norm_gemma_bf16(const float* x, int64_t rows, int64_t D, const float* w
                         cudaStream_t s) {
   if (rows <= 0) return;
   M3_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm_gemma: %lld rows is too many", (long long)rows);
-  rms_norm_bf16_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, D, w, eps, reinterpret_cast<__nv_bfloat16*>(yb), y);
+  auto* b = reinterpret_cast<__nv_bfloat16*>(yb);
+  if (norm_rows_ok(D, x, w, yb, y))
+    with_chunks(row_chunks(D / 4), [&](auto c) {
+      rms_norm_row_kernel<decltype(c)::value><<<unsigned(rows), kRowThreads, 0, s>>>(x, int(D), w, eps, y, b);
+    });
+  else
+    rms_norm_bf16_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, D, w, eps, b, y);
   M3_CUDA_LAUNCH_CHECK();
 }
 
@@ -175,7 +286,16 @@ void gather_rows(const float* x, int64_t D, const int32_t* idx, int64_t n, float
 
 void embed_rows(const void* table, bool bf16, int64_t H, const int32_t* ids, int64_t T, float* out, cudaStream_t s) {
   if (T <= 0) return;
-  embed_kernel<<<unsigned(T), kThreads, 0, s>>>(table, bf16, H, ids, out);
+  const int per = bf16 ? 8 : 4, c = row_chunks(H / per);
+  if (H % per == 0 && c > 0 && aligned16(table) && aligned16(out))
+    with_chunks(c, [&](auto k) {
+      if (bf16)
+        embed_row_kernel<decltype(k)::value, true><<<unsigned(T), kRowThreads, 0, s>>>(table, int(H), ids, out);
+      else
+        embed_row_kernel<decltype(k)::value, false><<<unsigned(T), kRowThreads, 0, s>>>(table, int(H), ids, out);
+    });
+  else
+    embed_kernel<<<unsigned(T), kThreads, 0, s>>>(table, bf16, H, ids, out);
   M3_CUDA_LAUNCH_CHECK();
 }
 

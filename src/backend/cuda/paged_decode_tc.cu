@@ -30,7 +30,8 @@ struct Pipe {
   __host__ __device__ static constexpr int q_off(int stages) { return stages * kStageBytes; }
   __host__ __device__ static constexpr int smem_bytes(int stages) { return q_off(stages) + 16 * D * 2; }
 };
-constexpr int kMaxSplits = 8;        // one portable cluster
+constexpr int kMaxSplits = 16;       // one cluster: 8 is portable, 16 the non-portable maximum on Hopper
+constexpr int kPortableSplits = 8;
 constexpr int kPartOff = 40 * 1024;  // the split partial, after the cross-warp merge area
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff &&
@@ -340,7 +341,8 @@ int max_active_clusters(int size, bool deep) {
                         : reinterpret_cast<const void*>(paged_decode_tc_kernel<__nv_bfloat16, false>);
   const int smem = P::smem_bytes(deep ? P::kDeepStages : P::kWideStages);
   int n = 0;
-  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) {
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess &&
+      cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(1, unsigned(size));
     cfg.blockDim = dim3(kThreads);
@@ -370,8 +372,17 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split, bool dyn
   deep_ = 2 * R > sm_count() && R <= sm_count();
   const int slots = (deep_ ? 1 : 2) * sm_count();
   int want = 1;
-  if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kMaxSplits));
+  if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kPortableSplits));
   while (want > 1 && R > max_active_clusters(want, deep_)) --want;  // all clusters in one wave
+  // A few long requests (dense decode layers at B = 1–2: R = 4–8 at 4 KV heads): 8 wide splits kept R·8 CTAs on
+  // as few as R·4 SMs, and the layer streamed its 123 MiB (60k tokens) at 1.4 TB/s (85 µs on the H200,
+  // bench/results/2026-12-03-decode-step-h200.md). Deep CTAs (one per SM, 5 chunks in flight each) in clusters of
+  // up to 16 put R·16 SMs to work where every cluster is resident at once.
+  if (allow_split && R > 0 && chunks >= 4 * kMaxSplits && R * kMaxSplits <= sm_count()) {
+    int w = std::min(chunks, kMaxSplits);
+    while (w > kPortableSplits && R > max_active_clusters(w, true)) --w;
+    if (w > kPortableSplits) deep_ = true, want = w;
+  }
   chunks_per_split_ = (chunks + want - 1) / want;
   splits_ = (chunks + chunks_per_split_ - 1) / chunks_per_split_;
   if (dynamic) chunks_per_split_ = 0;  // the kernel cuts each request's chunks over the splits (see the kernel)
@@ -394,8 +405,16 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
   static const cudaError_t attr_deep =
       cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            P::smem_bytes(P::kDeepStages));
+  static const cudaError_t np_wide =
+      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  static const cudaError_t np_deep =
+      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   M3_CUDA_CHECK(attr_wide);
   M3_CUDA_CHECK(attr_deep);
+  if (splits_ > kPortableSplits) {
+    M3_CUDA_CHECK(np_wide);
+    M3_CUDA_CHECK(np_deep);
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(a.R), unsigned(splits_));
   cfg.blockDim = dim3(kThreads);
