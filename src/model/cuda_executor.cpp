@@ -222,11 +222,12 @@ struct CudaExecutor::Impl {
   int64_t gemv_max_rows(bool e4m3) const {
     return gemv_mode == 0 ? 0 : gemv_mode == 1 ? cuda::kGemvMaxRows : e4m3 ? 2 : 1;
   }
-  // The dense MLP's bf16 GEMMs (24576 × 6144 and 6144 × 12288 in M3): M3_GEMV_MLP=1 (A/B, not yet measured) takes
-  // the GEMV at the bf16 policy's rows.
+  // The dense MLP's bf16 GEMMs (24576 × 6144 and 6144 × 12288 in M3) take the GEMV at the bf16 policy's rows too:
+  // 116 vs 121 µs per layer in the decode graph, and the graph's first cuBLASLt GEMM ran 0.2–0.25 ms long (the
+  // first dense MLP: 375 µs; bench/results/2026-12-03-decode-step-h200.md). M3_GEMV_MLP=0: cuBLASLt.
   const bool gemv_mlp = [] {
     const char* e = std::getenv("M3_GEMV_MLP");
-    return e && std::string(e) == "1";
+    return !(e && std::string(e) == "0");
   }();
   int64_t gemv_mlp_rows() const { return gemv_mlp ? gemv_max_rows(false) : 0; }
   ~Impl() {
@@ -641,6 +642,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
       if (tc_decode) dense_tc.plan(int(T * Hkv), int(G), dense.max_pages(), true);
     }
   }
+  prof.mark(GpuStepProfile::kEmbedNorm, s);  // (M3_STEP_PROFILE=2 shows the plans' pieces apart)
   if (any_sparse) {
     if (tc_index) {
       if (graph) {

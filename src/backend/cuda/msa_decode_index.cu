@@ -26,11 +26,13 @@ constexpr int kMaxRows = MsaDecodeIndex::kMaxRows;
 
 // One CTA. Per row t: work(t) = local when local + 1 > K (history pages to rank) else 0; n_valid(t) =
 // min(K, local + 1). work_indptr = exclusive prefix of work; attention request r = t·H + h starts at
-// H·NV(t) + h·n_valid(t) with NV the exclusive prefix of n_valid. Rows are cut into per-thread segments.
+// H·NV(t) + h·n_valid(t) with NV the exclusive prefix of n_valid. Rows are cut into per-thread segments. Also
+// zeroes the rows' tickets (no memset node in the decode graph).
 __global__ void __launch_bounds__(kPlanThreads) decode_index_plan_kernel(DevStepRows rows, int H, int K,
                                                                          int32_t* __restrict__ work_indptr,
                                                                          int32_t* __restrict__ attn_indptr,
-                                                                         int32_t* __restrict__ attn_last) {
+                                                                         int32_t* __restrict__ attn_last,
+                                                                         int32_t* __restrict__ row_done) {
   __shared__ int2 wsum[kPlanThreads / 32];
   const int T = rows.T, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int seg = (T + kPlanThreads - 1) / kPlanThreads, t0 = min(T, tid * seg), t1 = min(T, t0 + seg);
@@ -66,6 +68,7 @@ __global__ void __launch_bounds__(kPlanThreads) decode_index_plan_kernel(DevStep
     int nv;
     const int w = work_of(t, nv);
     work_indptr[t] = ew;
+    row_done[t] = 0;  // the scorer's per-row tickets (it resets them after each use; this covers a fresh buffer)
     for (int h = 0; h < H; ++h) {
       attn_indptr[t * H + h] = H * en + h * nv;
       attn_last[t * H + h] = rows.pos[t] % B + 1;
@@ -377,10 +380,9 @@ void MsaDecodeIndex::launch_plan(const DevStepRows& rows, size_t work_cap, int W
   scores_.grow(size_t(H_) * T_ * max_cols_);
   row_done_.grow(size_t(T_));
   work_pages_.grow(std::max<size_t>(work_cap, 1));
-  M3_CUDA_CHECK(cudaMemsetAsync(row_done_.get(), 0, size_t(T_) * sizeof(int32_t), s));
   grid_ = kCtasPerSm * sm_count();
   decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
-                                                      attn_last_.get());
+                                                      attn_last_.get(), row_done_.get());
   M3_CUDA_LAUNCH_CHECK();
   if (W == 0) return;
   const unsigned blocks = W > 0 ? unsigned((W + 255) / 256) : unsigned(2 * sm_count());
