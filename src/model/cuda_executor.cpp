@@ -199,7 +199,7 @@ struct CudaExecutor::Impl {
   // One projection y[T, N] (+)= x[T, K] · Wᵀ with bf16 activations, fp32 out: FP8 weights through Fp8Gemm::proj,
   // bf16 through Gemm::nt_bf16.
   // Decode rows go through the weight-streaming GEMV (backend/cuda/gemv.cuh) where it measured faster on the H200
-  // (bench/results/2026-12-03-gemv-h200.md, M3 shapes): FP8 weights at T ≤ 2 (1.5–1.7× the W8A16 mma), bf16 at
+  // (bench/results/2026-12-03-gemv-h200.md, M3 shapes): FP8 weights at T ≤ 2 (1.25–1.65× the W8A16 mma), bf16 at
   // T = 1 (2–6 % over cuBLASLt; from T = 2 on cuBLASLt wins). M3_GEMV=0 never, =1 for every T it supports (≤ 8).
   void proj(const uint16_t* xb, int64_t T, int64_t K, const DevMat& W, int64_t N, float* y, bool accumulate,
             cudaStream_t s) {
