@@ -375,7 +375,7 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split, bool dyn
   if (allow_split && R > 0) want = std::clamp(slots / R, 1, std::min(chunks, kPortableSplits));
   while (want > 1 && R > max_active_clusters(want, deep_)) --want;  // all clusters in one wave
   // A few long requests (dense decode layers at B = 1–2: R = 4–8 at 4 KV heads): 8 wide splits kept R·8 CTAs on
-  // as few as R·4 SMs, and the layer streamed its 123 MiB (60k tokens) at 1.4 TB/s (85 µs on the H200,
+  // as few as R·4 SMs, and the layer streamed its 123 MB (60k tokens) at 1.45 TB/s (85 µs on the H200,
   // bench/results/2026-12-03-decode-step-h200.md). Deep CTAs (one per SM, 5 chunks in flight each) in clusters of
   // up to 16 put R·16 SMs to work where every cluster is resident at once.
   if (allow_split && R > 0 && chunks >= 4 * kMaxSplits && R * kMaxSplits <= sm_count()) {
