@@ -43,17 +43,20 @@ void norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const std::vector<
 M3Model::M3Model(M3Config cfg, M3Weights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {}
 
 void M3Model::check_share(const ExpertParallel* ep) const {
-  // A rank's weights (model/rank_share.h) run only in their place: the CPU forward splits routed experts only, and
-  // an expert-parallel share needs the exchange of its own rank (another rank's experts are empty here).
+  // A rank's weights (model/rank_share.h) run only in their place: an expert-parallel share needs the exchange of
+  // its own rank (another rank's experts are empty here); attention split over KV heads runs as one TP group of all
+  // ranks (each holds its heads' q/k/v rows and o columns; the o projections are summed over the group).
   const RankShare& s = w_.share;
-  M3_CHECK(s.attn_tp == 1 && (s.vocab_parts == 1 || s.vocab_parts == s.world),
-           "the CPU forward runs whole attention, and the vocabulary whole or split over every rank (weights of rank "
-           "{} of {} are split over KV heads ({}) or vocabulary ({}))", s.rank, s.world, s.attn_tp, s.vocab_parts);
+  M3_CHECK((s.attn_tp == 1 || s.attn_tp == s.world) && (s.vocab_parts == 1 || s.vocab_parts == s.world),
+           "the CPU forward runs attention whole or split over the KV heads of every rank, and the vocabulary whole "
+           "or split over every rank (weights of rank {} of {} are split over KV heads ({}) and vocabulary ({}))",
+           s.rank, s.world, s.attn_tp, s.vocab_parts);
   if (s.whole()) return;
-  M3_CHECK(s.vocab_parts == 1 || s.expert_parallel,
-           "weights of rank {} of {}: a vocabulary split runs with the expert-parallel layout only", s.rank, s.world);
+  M3_CHECK(s.vocab_parts == 1 || s.expert_parallel || s.attn_tp > 1,
+           "weights of rank {} of {}: a vocabulary split runs with the expert-parallel or KV-head layout only", s.rank,
+           s.world);
   M3_CHECK(ep != nullptr && ep->comm->size() == s.world && ep->comm->rank() == s.rank,
-           "weights of rank {} of {} (routed experts or vocabulary split) need the expert-parallel exchange of that "
+           "weights of rank {} of {} (routed experts, KV heads or vocabulary split) need the parallel group of that "
            "rank", s.rank, s.world);
 }
 
@@ -66,11 +69,18 @@ M3Model M3Model::load(const std::string& model_dir) {
 std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs, KVCache& cache,
                                                  ForwardTrace* trace, const ExpertParallel* ep) const {
   const M3Config& c = cfg_;
-  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_q_heads, Hkv = c.num_kv_heads;
+  // TP over KV heads (attn_tp > 1): this rank's heads only — Hq / tp query, Hkv / tp KV and Hidx / tp index heads in
+  // the weights' row order (model/rank_share.h) — and its o projection is a partial sum, all-reduced over the group.
+  // Every rank of the group runs the same rows.
+  const int64_t tp = w_.share.attn_tp;
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_q_heads / tp, Hkv = c.num_kv_heads / tp;
   const int64_t B = c.sparse_block_size, V = c.vocab_size;
   M3_CHECK(cache.block_size() == B, "KV cache page size {} differs from the model's block size {}",
            cache.block_size(), B);
   check_share(ep);
+  M3_CHECK(c.num_layers == 0 || cache.layer_view(0).num_kv_heads == Hkv,
+           "KV cache of {} KV heads for a rank holding {} (attention split {} ways: RankShare::kv_config)",
+           cache.layer_view(0).num_kv_heads, Hkv, tp);
 
   // The ragged batch flattened: row t of the step is token ids[t] of sequence row_seq[t] at position pos[t].
   const StepRows rows = StepRows::build(c, seqs, cache.pool().capacity());
@@ -137,7 +147,7 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
     const cpu::PagedKV kv = cache.layer_view(l);
 
     if (c.attn_kinds[l] == AttnKind::Sparse) {
-      const int64_t Hi = c.index_num_heads, Di = c.index_head_dim, K = c.sparse_topk_blocks;
+      const int64_t Hi = c.index_num_heads / tp, Di = c.index_head_dim, K = c.sparse_topk_blocks;
       const int64_t iw = (Hi + 1) * Di;
       std::vector<float> iqk(size_t(T * iw));
       cpu::matmul_nt(xn.data(), T, H, L.w_index_qk.data(), iw, iqk.data());
@@ -176,6 +186,7 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
       }
     }
     cpu::matmul_nt(attn.data(), T, Hq * D, L.wo.data(), H, o.data());
+    if (tp > 1) ep->comm->all_reduce_sum(o.data(), size_t(T * H));  // the group's heads, summed in rank order
     for (int64_t i = 0; i < T * H; ++i) x[i] += o[i];
 
     // ---- feed-forward ----------------------------------------------------------------------------------
@@ -254,6 +265,9 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
 void M3Model::idle_step(const ExpertParallel& ep) const {
   const M3Config& c = cfg_;
   check_share(&ep);
+  M3_CHECK(w_.share.attn_tp == 1,
+           "rank {} of {}: a rank of a KV-head split cannot sit out a step (every rank of the group runs the same rows)",
+           w_.share.rank, w_.share.world);
   // The same collectives as a forward, in the same order, with no rows: embedding, MoE layers, LM head.
   const bool vocab_split = w_.share.vocab_parts > 1;
   const auto [v0, v1] = w_.share.vocab_rows(c.vocab_size);

@@ -43,7 +43,9 @@ class M3Model {
   // ep: expert parallelism (model/expert_parallel.h) — this rank runs the routed experts it owns and exchanges
   // token rows with the other ranks at every MoE layer; with a vocabulary-split share (vocab_parts = world) the
   // embedding and LM head rows are exchanged too (model/vocab_parallel.h). The logits equal a one-rank forward's
-  // bit for bit.
+  // bit for bit. With attention split over KV heads (share.attn_tp = world) every rank runs the same rows on a cache
+  // of its own KV heads (RankShare::kv_config) and the o projection is all-reduced over `ep`'s group: the logits
+  // equal one rank's up to the order of that sum.
   std::vector<std::vector<float>> forward(std::span<const SeqInput> seqs, KVCache& cache,
                                           ForwardTrace* trace = nullptr, const ExpertParallel* ep = nullptr) const;
   // A step of a rank that has no tokens while other ranks of its expert-parallel group run one: takes part in

@@ -40,6 +40,13 @@ struct RankShare {
   // Whether only routed experts are split (what the CPU forward with model/expert_parallel.h can run).
   bool experts_only() const { return attn_tp == 1 && vocab_parts == 1; }
 
+  // The config of this rank's KV cache: its KV heads only (num_kv_heads / attn_tp); index-K stays one whole head.
+  M3Config kv_config(const M3Config& c) const {
+    M3Config k = c;
+    k.num_kv_heads = c.num_kv_heads / attn_tp;
+    return k;
+  }
+
   // Throws m3::Error when the share does not fit the config: rank outside [0, world), attn_tp or vocab_parts not
   // dividing world, KV heads or index heads not dividing by attn_tp, more vocabulary parts than rows.
   void validate(const M3Config& c) const;

@@ -180,6 +180,76 @@ RankWeights sharded_load(int P, bool split_vocab = false) {
   };
 }
 
+// Attention split over the KV heads of P ranks (one TP group: each rank holds Hq/P query, Hkv/P KV and Hidx/P index
+// heads, its cache only its KV heads) with the experts and vocabulary as `rank_weights` gives them: every rank runs
+// the same two sequences — a prefill over several MSA blocks, then greedy decode — and its logits equal the
+// one-rank forward's up to the order of the o-projection sum (two partial products all-reduced), so within 1e-5 of
+// the largest logit, and the greedy tokens are the same.
+void expect_kv_head_split_equals_one_rank(int P, const RankWeights& rank_weights, uint64_t dummy_seed = 0) {
+  const M3Config c = test::tiny_config();  // 4 query, 2 KV, 2 index heads
+  ASSERT_EQ(c.num_kv_heads % P, 0);
+  const M3Weights w = dummy_seed ? dummy_weights(c, dummy_seed) : test::random_weights(c, 21);
+  const M3Model one(c, w);
+  dist::InProcessGroup g(P);
+  std::vector<std::unique_ptr<M3Model>> models;
+  for (int r = 0; r < P; ++r) models.push_back(std::make_unique<M3Model>(c, rank_weights(w, r)));
+  const int steps = 5;
+  std::vector<double> worst(size_t(P), 0.0);
+  std::vector<int> token_mismatches(size_t(P), 0), outputs(size_t(P), 0);
+  run_ranks(P, [&](int r) {
+    RankShare split;  // (the cache depends only on the KV-head split)
+    split.attn_tp = P;
+    KVCache cache(split.kv_config(c), 64), ref_cache(c, 64);
+    ExpertParallel ep{&g.rank(r), 256};
+    std::vector<std::vector<int32_t>> ids{test::random_ids(70, int(c.vocab_size), 31),
+                                          test::random_ids(45, int(c.vocab_size), 32)};
+    std::vector<std::vector<int32_t>> pages(2);
+    for (int p = 0; p < 12; ++p) pages[0].push_back(p), pages[1].push_back(12 + p);
+    for (int step = 0; step <= steps; ++step) {
+      std::vector<SeqInput> in;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const int64_t start = step == 0 ? 0 : int64_t(ids[i].size()) - 1;
+        in.push_back(SeqInput{std::span<const int32_t>(ids[i].data() + start, ids[i].size() - size_t(start)), start,
+                              pages[i], step == 0});
+      }
+      const auto a = models[size_t(r)]->forward(in, cache, nullptr, &ep);
+      const auto b = one.forward(in, ref_cache);
+      for (size_t i = 0; i < in.size(); ++i) {
+        ASSERT_EQ(a[i].size(), b[i].size());
+        double mx = 1e-30, err = 0;
+        for (size_t k = 0; k < b[i].size(); ++k)
+          mx = std::max(mx, double(std::fabs(b[i][k]))), err = std::max(err, double(std::fabs(a[i][k] - b[i][k])));
+        worst[size_t(r)] = std::max(worst[size_t(r)], err / mx);
+        const std::vector<float> la(a[i].end() - int64_t(c.vocab_size), a[i].end());
+        const std::vector<float> lb(b[i].end() - int64_t(c.vocab_size), b[i].end());
+        token_mismatches[size_t(r)] += argmax_row(la) != argmax_row(lb);
+        ++outputs[size_t(r)];
+        ids[i].push_back(argmax_row(lb));
+      }
+    }
+  });
+  for (int r = 0; r < P; ++r) {
+    EXPECT_EQ(outputs[size_t(r)], 2 * (steps + 1)) << "rank " << r;
+    EXPECT_LE(worst[size_t(r)], 1e-5) << P << " ranks, rank " << r << ": max |logit − one rank| / max |logit|";
+    EXPECT_EQ(token_mismatches[size_t(r)], 0) << "rank " << r << " greedy tokens";
+  }
+}
+
+// Rank r's share loaded from a checkpoint of w (holding only rank r's routed experts when they are split).
+RankWeights sharded_share_load(const RankShare& layout) {
+  return [layout](const M3Weights& w, int r) {
+    const M3Config c = test::tiny_config();
+    RankShare share = layout;
+    share.rank = r;
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             ("m3_tp_shard_" + std::to_string(::getpid()) + "_" + std::to_string(r))).string();
+    test::write_checkpoint(c, w, dir, [&](int, int e) { return share.owns_expert(e); });
+    M3Weights rw = M3Weights::load(c, SafeTensors::open(dir), share);
+    std::filesystem::remove_all(dir);
+    return rw;
+  };
+}
+
 // A rank that fails before its collective must not leave the others waiting forever: abort() wakes them with an
 // error naming the cause, later collectives fail at once, and after reset() the same group works again.
 TEST(InProcessCollectives, AbortWakesRanksWaitingInACollectiveAndResetReusesTheGroup) {
@@ -270,6 +340,44 @@ TEST(ExpertParallel, ShardedWeightsRefuseToRunWithoutTheirExchange) {
   EXPECT_THROW(m.idle_step(ExpertParallel{&g.rank(0), 4}), Error);
   const M3Model tp(c, dummy_weights(c, 5, RankShare{0, 2, true, 2, 2}));
   EXPECT_THROW(tp.forward(std::span<const SeqInput>(&in, 1), cache), Error);
+}
+
+TEST(KvHeadParallel, TwoRanksSplittingTheKvHeadsGiveTheOneRankLogits) {
+  expect_kv_head_split_equals_one_rank(2, sharded_share_load(RankShare{0, 2, false, 2, 1}));
+}
+TEST(KvHeadParallel, KvHeadsExpertsAndVocabularySplitOverTwoRanks) {
+  expect_kv_head_split_equals_one_rank(2, sharded_share_load(RankShare{0, 2, true, 2, 2}));
+}
+TEST(KvHeadParallel, DummySharesOfAKvHeadSplitGiveTheOneRankDummyLogits) {
+  const M3Config c = test::tiny_config();
+  expect_kv_head_split_equals_one_rank(2, [&](const M3Weights&, int r) {
+    return dummy_weights(c, 5, RankShare{r, 2, true, 2, 2});
+  }, 5);
+}
+// A KV-head share refuses a cache of every KV head, and cannot sit out a step (its group all-reduces every layer).
+TEST(KvHeadParallel, RefusesAWholeHeadCacheAndAnIdleStep) {
+  const M3Config c = test::tiny_config();
+  dist::InProcessGroup g(2);
+  std::vector<int> threw(2, 0);
+  run_ranks(2, [&](int r) {
+    const M3Model tp(c, dummy_weights(c, 5, RankShare{r, 2, false, 2, 1}));
+    KVCache whole(c, 8);
+    const std::vector<int32_t> ids{1, 2, 3};
+    const std::vector<int32_t> pages{0};
+    const SeqInput in{std::span<const int32_t>(ids), 0, pages, false};
+    ExpertParallel ep{&g.rank(r), 4};
+    try {
+      tp.forward(std::span<const SeqInput>(&in, 1), whole, nullptr, &ep);
+    } catch (const Error& e) {
+      threw[size_t(r)] += std::string(e.what()).find("kv_config") != std::string::npos;
+    }
+    try {
+      tp.idle_step(ep);
+    } catch (const Error&) {
+      threw[size_t(r)] += 1;
+    }
+  });
+  EXPECT_EQ(threw, std::vector<int>({2, 2}));
 }
 
 TEST(ExpertParallel, MoreTokensThanTheExchangeCapacityIsAnError) {
