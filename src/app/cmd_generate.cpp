@@ -114,7 +114,7 @@ CommandRun register_generate(CLI::App& app) {
     M3_CHECK(opt->chunk >= 0, "--chunk must be 0 or positive, got {}", opt->chunk);
 
     EngineConfig ec;
-    apply_parallel_options(opt->parallel, opt->device, ec);  // before the weights load
+    apply_parallel_options(opt->parallel, opt->device, ec, opt->load);  // before the weights load
     auto t_load = std::chrono::steady_clock::now();
     const int64_t total = int64_t(req.prompt.size()) + opt->max_tokens;
     const std::unique_ptr<ModelExecutor> ex = make_executor(opt->model, opt->device, KvBudget{0, total}, opt->load);

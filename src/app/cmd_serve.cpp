@@ -306,7 +306,7 @@ CommandRun register_serve(CLI::App& app) {
     ec.max_num_batched_tokens = o->max_num_batched_tokens;
     ec.max_model_len = o->max_model_len;
     ec.enable_prefix_caching = o->prefix_caching;
-    apply_parallel_options(o->parallel, o->device, ec);  // before the weights load
+    apply_parallel_options(o->parallel, o->device, ec, o->load);  // before the weights load
     // --kv-cache-memory is divided by the chosen executor's own page size (checked before the weights load).
     KvBudget kv;
     if (!o->kv_cache_memory.empty()) kv.bytes = parse_bytes(o->kv_cache_memory, "--kv-cache-memory");

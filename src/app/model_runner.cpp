@@ -45,7 +45,9 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
 
 void add_parallel_flags(CLI::App& cmd, ParallelOptions& o) {
   cmd.add_option("--tensor-parallel-size", o.tensor_parallel_size,
-                 "Tensor-parallel ranks (only 1 so far: attention over KV heads is not written yet)")
+                 "Ranks of attention split over KV heads (must divide the KV and index heads); each rank loads only "
+                 "its heads' weights and caches only its KV heads (CPU backend so far; not with "
+                 "--data-parallel-size > 1)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   cmd.add_option("--data-parallel-size", o.data_parallel_size,
@@ -58,11 +60,17 @@ void add_parallel_flags(CLI::App& cmd, ParallelOptions& o) {
                "exchange token rows (without it every rank runs every expert)");
 }
 
-void apply_parallel_options(const ParallelOptions& o, const std::string& device, EngineConfig& ec) {
-  M3_CHECK(o.tensor_parallel_size == 1,
-           "--tensor-parallel-size {} is not supported yet (tensor parallelism over KV heads is not written); use "
-           "--data-parallel-size with --enable-expert-parallel",
+void apply_parallel_options(const ParallelOptions& o, const std::string& device, EngineConfig& ec,
+                            LoadOptions& load) {
+  M3_CHECK(o.tensor_parallel_size >= 1, "--tensor-parallel-size must be at least 1, got {}", o.tensor_parallel_size);
+  M3_CHECK(o.tensor_parallel_size == 1 || device == "cpu",
+           "--tensor-parallel-size {} needs the CPU backend for now: pass --device cpu (the multi-GPU path over NCCL "
+           "is not written yet)",
            o.tensor_parallel_size);
+  M3_CHECK(o.tensor_parallel_size == 1 || (o.data_parallel_size == 1 && !o.enable_expert_parallel),
+           "--tensor-parallel-size {} with --data-parallel-size {}{}: combining them is not supported yet (one "
+           "KV-head split serves every request, with whole experts)",
+           o.tensor_parallel_size, o.data_parallel_size, o.enable_expert_parallel ? " and --enable-expert-parallel" : "");
   M3_CHECK(o.data_parallel_size >= 1, "--data-parallel-size must be at least 1, got {}", o.data_parallel_size);
   M3_CHECK(o.data_parallel_size == 1 || device == "cpu",
            "--data-parallel-size {} needs the CPU backend for now: pass --device cpu (the multi-GPU path over NCCL "
@@ -70,6 +78,7 @@ void apply_parallel_options(const ParallelOptions& o, const std::string& device,
            o.data_parallel_size);
   ec.data_parallel_size = o.data_parallel_size;
   ec.enable_expert_parallel = o.enable_expert_parallel;
+  load.tensor_parallel_size = o.tensor_parallel_size;
 }
 
 std::vector<float> prefill(ModelExecutor& ex, SequenceKV& seq, const std::vector<int32_t>& ids, int64_t chunk,

@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "kv/sequence_kv.h"
 #include "model/executor.h"
+#include "model/load_options.h"
 
 namespace m3::app {
 
@@ -31,9 +32,11 @@ struct ParallelOptions {
   bool enable_expert_parallel = false;
 };
 void add_parallel_flags(CLI::App& cmd, ParallelOptions& o);
-// Checks the combination before any weight loads (throws m3::Error naming what does not exist yet: tensor
-// parallelism, data parallelism off the CPU backend) and sets the engine's data-parallel fields.
-void apply_parallel_options(const ParallelOptions& o, const std::string& device, EngineConfig& ec);
+// Checks the combination before any weight loads (throws m3::Error naming what does not exist yet: parallelism off
+// the CPU backend, KV-head splits combined with data or expert parallelism) and sets the engine's data-parallel
+// fields and the load's KV-head split (make_executor builds the ranks).
+void apply_parallel_options(const ParallelOptions& o, const std::string& device, EngineConfig& ec,
+                            LoadOptions& load);
 
 // Prefills `ids` into `seq` in chunks of `chunk` tokens (0 = one shot). Returns the logits of the last position
 // ([V]), or of every position ([n, V]) with all_logits. `trace`, when given, sees every chunk's forward.

@@ -40,11 +40,14 @@ int32_t default_cpu_pages(const M3Config& c) {
 
 std::string CpuExecutor::describe() const {
   const M3Config& c = model_.config();
-  const double mib = double(KVCache::page_floats(c)) * 4.0 * cache_.pool().capacity() / (1 << 20);
+  const double mib = double(page_bytes()) * cache_.pool().capacity() / (1 << 20);
   std::string s = fmt::format("cpu fp32, KV cache {} pages × {} tokens = {} tokens ({:.1f} MiB)",
                               cache_.pool().capacity(), c.sparse_block_size,
                               int64_t(cache_.pool().capacity()) * c.sparse_block_size, mib);
   if (ep_.comm) s += fmt::format(", expert-parallel rank {} of {}", ep_.comm->rank(), ep_.comm->size());
+  if (model_.share().attn_tp > 1)
+    s += fmt::format(", KV heads {} of {} (rank {} of a {}-way split)", model_.share().kv_config(c).num_kv_heads,
+                     c.num_kv_heads, model_.share().rank, model_.share().attn_tp);
   return s;
 }
 

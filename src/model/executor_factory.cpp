@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "model/checkpoint.h"
+#include "model/tp_executor.h"
 #include "model/weight_plan.h"
 #ifdef M3_WITH_CUDA
 #include "model/cuda_executor.h"
@@ -61,6 +62,29 @@ std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const
     return CudaExecutor::load(c, model_dir, pages, o);
   }
 #endif
+  const int tp = load.tensor_parallel_size;
+  M3_CHECK(tp >= 1, "--tensor-parallel-size must be at least 1, got {}", tp);
+  if (tp > 1) {
+    // Attention split over KV heads: rank r reads only its share (its heads' q/k/v rows and o columns); experts and
+    // vocabulary whole. --kv-cache-memory is per rank, in a rank's page size.
+    M3_CHECK(!cuda, "--tensor-parallel-size {} runs on the CPU backend only so far (pass --device cpu)", tp);
+    M3_CHECK(c.num_kv_heads % tp == 0 && c.index_num_heads % tp == 0,
+             "--tensor-parallel-size {}: the model's {} KV heads and {} index heads must divide by it", tp,
+             c.num_kv_heads, c.index_num_heads);
+    RankShare layout{0, tp, /*expert_parallel=*/false, /*attn_tp=*/tp, /*vocab_parts=*/1};
+    layout.validate(c);
+    int32_t pages = pages_for(c, kv, CpuExecutor::page_bytes_for(layout.kv_config(c)));
+    if (pages == 0) pages = default_cpu_pages(c);
+    std::vector<std::unique_ptr<const M3Model>> models;
+    for (int r = 0; r < tp; ++r) {
+      RankShare share = layout;
+      share.rank = r;
+      M3Weights w = load.dummy() ? dummy_weights(c, load.dummy_seed, share)
+                                 : M3Weights::load(c, SafeTensors::open(model_dir), share);
+      models.push_back(std::make_unique<M3Model>(c, std::move(w)));
+    }
+    return std::make_unique<TpCpuExecutor>(std::move(models), pages);
+  }
   int32_t pages = pages_for(c, kv, CpuExecutor::page_bytes_for(c));
   if (pages == 0) pages = default_cpu_pages(c);
   M3Weights w = load.dummy() ? dummy_weights(c, load.dummy_seed) : M3Weights::load(c, SafeTensors::open(model_dir));

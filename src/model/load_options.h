@@ -35,6 +35,9 @@ struct LoadOptions {
   bool enforce_eager = false;  // CUDA: no decode graphs (CudaExecutorOptions::cuda_graphs = false)
   LoadFp8Gemm fp8_prefill_gemm = LoadFp8Gemm::CublasLt;  // CudaExecutorOptions::fp8_lt_min_rows (16 or 0)
   LoadKvDtype kv_cache_dtype = LoadKvDtype::Auto;        // CudaExecutorOptions::fp8_kv
+  // --tensor-parallel-size: attention split over this many KV-head ranks (CPU: TpCpuExecutor; each rank loads its
+  // share, model/rank_share.h). Set by app::apply_parallel_options, not by add_load_flags.
+  int tensor_parallel_size = 1;
 
   bool dummy() const { return load_format == LoadFormat::Dummy; }
 };

@@ -78,6 +78,9 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   M3_CHECK(cache.block_size() == B, "KV cache page size {} differs from the model's block size {}",
            cache.block_size(), B);
   check_share(ep);
+  // The MoE rows go through the expert-parallel exchange with a group, except in a KV-head split whose ranks hold
+  // every expert (they all run the same rows: each computes them locally).
+  const bool moe_exchange = ep != nullptr && !(tp > 1 && !w_.share.expert_parallel);
   M3_CHECK(c.num_layers == 0 || cache.layer_view(0).num_kv_heads == Hkv,
            "KV cache of {} KV heads for a rank holding {} (attention split {} ways: RankShare::kv_config)",
            cache.layer_view(0).num_kv_heads, Hkv, tp);
@@ -204,13 +207,13 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
       // Expert outputs per (token, slot); summed afterwards in slot order so a token's result does not depend on
       // which other tokens share the step.
       std::vector<float> slot_out(size_t(T * Kx * H));
-      if (ep) {
+      if (moe_exchange) {
         moe_slots_expert_parallel(
             *ep, E, Kx, H, xn.data(), T, ids.data(),
             [&](int64_t e, const float* xe, int64_t n) { return run_mlp(L.experts[size_t(e)], xe, n, H, c); },
             slot_out.data());
       }
-      for (int64_t e = 0; e < E && !ep; ++e) {
+      for (int64_t e = 0; e < E && !moe_exchange; ++e) {
         std::vector<int64_t> rows;  // (t·Kx + k) of the slots routed to expert e
         for (int64_t r = 0; r < T * Kx; ++r)
           if (ids[r] == e) rows.push_back(r);

@@ -37,6 +37,7 @@ class M3Model {
   static M3Model load(const std::string& model_dir);
 
   const M3Config& config() const { return cfg_; }
+  const RankShare& share() const { return w_.share; }  // what part of the model these weights are
 
   // Runs one step. Writes K, V, index-K of the new tokens into `cache` through each sequence's page table.
   // Returns logits per sequence: [rows, V] with rows = n (all_logits) or 1.

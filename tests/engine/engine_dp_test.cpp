@@ -13,6 +13,8 @@
 
 #include "base/error.h"
 #include "engine/engine.h"
+#include "model/tp_executor.h"
+#include "model/weight_plan.h"
 #include "test_model_util.h"
 
 namespace m3 {
@@ -123,6 +125,54 @@ TEST_F(EngineDpTest, TwoAndThreeRanksGiveTheOneRankGreedyTokensUnderPreemption) 
     EXPECT_EQ(m.pages_total, 9 * P);
     EXPECT_GT(m.preemptions, 0u) << "the per-rank pool was meant to be too small";
   }
+}
+
+// Attention split over the 2 KV heads (TpCpuExecutor: two ranks, each with its heads' share of the dummy weights and
+// a cache of its KV head, o all-reduced) behind one engine: the same requests under the same small pool (chunked
+// prefills, preemption, prefix hits) give the one-rank greedy tokens, and every page comes back.
+TEST_F(EngineDpTest, KvHeadSplitExecutorGivesTheOneRankGreedyTokensUnderPreemption) {
+  M3Config c = test::tiny_config();
+  c.eos_token_id = -1;
+  const M3Model whole(c, dummy_weights(c, 7));
+  std::vector<std::unique_ptr<const M3Model>> shares;
+  for (int r = 0; r < 2; ++r) shares.push_back(std::make_unique<M3Model>(c, dummy_weights(c, 7, RankShare{r, 2, false, 2, 1})));
+  TpCpuExecutor tp(std::move(shares), 9);
+  EXPECT_NE(tp.describe().find("2 KV-head ranks"), std::string::npos) << tp.describe();
+  const int64_t rank_page = CpuExecutor::page_bytes_for(RankShare{0, 2, false, 2, 1}.kv_config(c));
+  EXPECT_LT(rank_page, CpuExecutor::page_bytes_for(c)) << "a rank caches half the K/V heads";
+  EXPECT_EQ(tp.page_bytes(), 2 * rank_page);
+  const int lens[] = {20, 75, 33, 90, 48};
+  const int news[] = {25, 4, 30, 6, 20};
+  const EngineConfig base{.num_pages = 9, .max_num_seqs = 4, .max_num_batched_tokens = 48};
+  CpuExecutor one_exec(whole, 9);
+  for (auto [ex, tag] : {std::pair<ModelExecutor*, std::string>{&one_exec, "one"}, {&tp, "tp"}}) {
+    Engine e(*ex, base);
+    for (int i = 0; i < 5; ++i)
+      e.submit(request(tag + std::to_string(i), test::random_ids(lens[i], c.vocab_size, 300 + uint64_t(i)), news[i]),
+               sink(tag + std::to_string(i)));
+    run_until_idle(e);
+    EXPECT_EQ(pages_in_use(e, 0), 0) << tag;
+    EXPECT_GT(e.metrics().preemptions, 0u) << tag << ": the pool was meant to be too small";
+  }
+  for (int i = 0; i < 5; ++i) {
+    const std::string a = "one" + std::to_string(i), b = "tp" + std::to_string(i);
+    ASSERT_EQ(out_[b].finish, FinishReason::Length) << b;
+    EXPECT_EQ(out_[b].tokens, out_[a].tokens) << b;
+  }
+}
+
+// Shares that are not one KV-head split (wrong rank order, split experts) are refused with a message.
+TEST_F(EngineDpTest, KvHeadSplitExecutorRefusesSharesThatAreNotOneSplit) {
+  const M3Config c = test::tiny_config();
+  auto build = [&](RankShare a, RankShare b) {
+    std::vector<std::unique_ptr<const M3Model>> v;
+    v.push_back(std::make_unique<M3Model>(c, dummy_weights(c, 7, a)));
+    v.push_back(std::make_unique<M3Model>(c, dummy_weights(c, 7, b)));
+    return TpCpuExecutor(std::move(v), 4);
+  };
+  EXPECT_THROW(build(RankShare{1, 2, false, 2, 1}, RankShare{0, 2, false, 2, 1}), Error);
+  EXPECT_THROW(build(RankShare{0, 2, true, 2, 1}, RankShare{1, 2, true, 2, 1}), Error);
+  EXPECT_NO_THROW(build(RankShare{0, 2, false, 2, 1}, RankShare{1, 2, false, 2, 1}));
 }
 
 TEST_F(EngineDpTest, RequestWhosePrefixIsCachedOnRankOneIsPlacedOnRankOne) {
