@@ -113,4 +113,16 @@ void InProcessGroup::abort(const std::string& why) { shared_->bar.abort(why); }
 
 void InProcessGroup::reset() { shared_->bar.reset(); }
 
+void InProcessGroup::rethrow_rank_errors(const std::vector<std::exception_ptr>& err) {
+  for (const auto& e : err)
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const GroupAborted&) {
+      }
+    }
+  for (const auto& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
 }  // namespace m3::dist

@@ -7,6 +7,7 @@
 // the group usable again (the engine fails that step's requests and keeps serving).
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ class InProcessGroup {
   void abort(const std::string& why);
   // Clears an abort. Only when no rank is inside a collective (after the rank threads have returned).
   void reset();
+  // After a step whose ranks ran on threads (err[r]: rank r's exception, or null): rethrows the first error that is
+  // not GroupAborted — the failing rank's own — else the first one; returns when there is none.
+  static void rethrow_rank_errors(const std::vector<std::exception_ptr>& err);
 
  private:
   struct Shared;

@@ -411,15 +411,7 @@ void Engine::run(std::vector<RankStep>& st) {
     workers_->run([&](int r) { run_rank(size_t(r)); });  // run_rank catches: every rank returns
     if (group_) group_->reset();  // every rank is out of its collectives: the next step may use the group again
     // The failing rank's own error first (the others only say the group was aborted).
-    for (auto& e : err)
-      if (e) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const dist::GroupAborted&) {
-        }
-      }
-    for (auto& e : err)
-      if (e) std::rethrow_exception(e);
+    dist::InProcessGroup::rethrow_rank_errors(err);
   }
   if (n_fills > 0) {
     std::lock_guard<std::mutex> lk(metrics_mu_);

@@ -54,16 +54,7 @@ std::vector<std::vector<float>> TpCpuExecutor::forward(std::span<const SeqInput>
   run(0);
   for (auto& t : threads) t.join();
   group_->reset();  // every rank is out of its collectives
-  // The failing rank's own error first (the others only say the group was aborted).
-  for (auto& e : err)
-    if (e) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const dist::GroupAborted&) {
-      }
-    }
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
+  dist::InProcessGroup::rethrow_rank_errors(err);  // the failing rank's own error first
   return std::move(out[0]);
 }
 

@@ -175,6 +175,25 @@ TEST_F(EngineDpTest, KvHeadSplitExecutorRefusesSharesThatAreNotOneSplit) {
   EXPECT_NO_THROW(build(RankShare{0, 2, false, 2, 1}, RankShare{1, 2, false, 2, 1}));
 }
 
+// A step that fails on the ranks (a page id outside the pool) is an error for the caller; the group is usable again
+// and the next step gives the logits a fresh executor gives.
+TEST_F(EngineDpTest, KvHeadSplitExecutorRecoversFromAFailedStep) {
+  const M3Config c = test::tiny_config();
+  auto make = [&] {
+    std::vector<std::unique_ptr<const M3Model>> v;
+    for (int r = 0; r < 2; ++r) v.push_back(std::make_unique<M3Model>(c, dummy_weights(c, 7, RankShare{r, 2, false, 2, 1})));
+    return std::make_unique<TpCpuExecutor>(std::move(v), 4);
+  };
+  auto tp = make(), fresh = make();
+  const std::vector<int32_t> ids = test::random_ids(20, c.vocab_size, 5);
+  const std::vector<int32_t> bad_pages{0, 99}, pages{0, 1};
+  const SeqInput bad{std::span<const int32_t>(ids), 0, bad_pages, false};
+  EXPECT_THROW(tp->forward(std::span<const SeqInput>(&bad, 1), nullptr), Error);
+  const SeqInput in{std::span<const int32_t>(ids), 0, pages, false};
+  EXPECT_EQ(tp->forward(std::span<const SeqInput>(&in, 1), nullptr),
+            fresh->forward(std::span<const SeqInput>(&in, 1), nullptr));
+}
+
 TEST_F(EngineDpTest, RequestWhosePrefixIsCachedOnRankOneIsPlacedOnRankOne) {
   Engine e(*model_, dp(2, EngineConfig{.num_pages = 32, .max_num_batched_tokens = 160}));
   const auto pa = prompt(70, 1), pb = prompt(70, 2);
