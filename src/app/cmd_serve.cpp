@@ -29,6 +29,7 @@
 #include "server/http_server.h"
 #include "server/openai_service.h"
 #ifdef M3_HAVE_MEDIA
+#include "media/feature_cache.h"
 #include "media/gateway.h"
 #include "model/vision_model.h"
 #ifdef M3_WITH_CUDA
@@ -75,6 +76,7 @@ struct ServeOptions {
   int64_t max_media_pixels = 0;
   int media_threads = 2;
   std::string vision_device = "auto";  // where the vision tower runs: auto (with the executor), cpu
+  std::string media_feature_cache = "2GiB";  // vision features kept by content hash (media/feature_cache.h)
 };
 
 // "2GiB", "512MiB", "1.5G", "1000000" → bytes.
@@ -284,6 +286,10 @@ CommandRun register_serve(CLI::App& app) {
                   "media token limit)")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--media-threads", o->media_threads, "Media preprocessing threads (off the engine thread)")
       ->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--media-feature-cache-memory", o->media_feature_cache,
+                  "Host memory for vision-encoder outputs by image/video content hash: an image sent again (every "
+                  "turn of a conversation) is not encoded again (0: off)")
+      ->capture_default_str();
   cmd->add_option("--vision-device", o->vision_device,
                   "Where the vision tower runs: auto (on the GPU with the CUDA executor, else the CPU) or cpu")
       ->check(CLI::IsMember({"auto", "cpu"}))->capture_default_str();
@@ -384,19 +390,28 @@ CommandRun register_serve(CLI::App& app) {
         M3_CHECK(width == c.hidden_size, "vision projector width {} differs from the text hidden size {}", width,
                  c.hidden_size);
         sc.serve_media = true;
-        sc.prepare_media = [gateway, encode](const server::OJson& messages, std::string prompt) {
+        const int64_t fc_bytes = parse_bytes(o->media_feature_cache, "--media-feature-cache-memory");
+        auto features = fc_bytes > 0 ? std::make_shared<media::FeatureCache>(fc_bytes) : nullptr;
+        sc.prepare_media = [gateway, encode, features, width](const server::OJson& messages, std::string prompt) {
           const auto t0 = std::chrono::steady_clock::now();
           media::PreparedMedia pm = media::prepare_chat_media(*gateway, messages, std::move(prompt)).get();
           const auto t1 = std::chrono::steady_clock::now();
           server::MediaPrepared out(std::move(pm.prompt));
-          std::vector<VisionModel::Item> items;
           for (const auto& it : pm.items) {
             out.hashes.push_back(it->content_hash);
             out.slots.push_back(it->pixels.tokens());
-            items.push_back({std::span<const float>(it->pixels.values.data(), it->pixels.values.size()),
-                             {it->pixels.t, it->pixels.gh, it->pixels.gw}});
           }
-          out.embeds = std::make_shared<const std::vector<float>>(encode(items));
+          // Cached items' features come from the feature cache; the others are encoded in one batch.
+          out.embeds = std::make_shared<const std::vector<float>>(media::features_with_cache(
+              features.get(), out.hashes, out.slots, width, [&](std::span<const size_t> misses) {
+                out.items_encoded = int64_t(misses.size());
+                std::vector<VisionModel::Item> items;
+                for (size_t m : misses) {
+                  const auto& px = pm.items[m]->pixels;
+                  items.push_back({std::span<const float>(px.values.data(), px.values.size()), {px.t, px.gh, px.gw}});
+                }
+                return encode(items);
+              }));
           out.gateway_seconds = std::chrono::duration<double>(t1 - t0).count();
           out.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
           return out;

@@ -90,7 +90,8 @@ std::string OpenAIService::render_chat_impl(const ParsedRequest& r, bool allow_m
       throw ApiError(400, fmt::format("Invalid media input: {}", e.what()), "messages", "invalid_media");
     }
     if (prepared.gateway_seconds > 0 || prepared.encode_seconds > 0)
-      timings_.observe_media(prepared.gateway_seconds, prepared.encode_seconds);
+      timings_.observe_media(prepared.gateway_seconds, prepared.encode_seconds, int64_t(prepared.hashes.size()),
+                             prepared.items_encoded);
     if (cfg_.serve_media) {
       std::string expanded = prepared.prompt;
       if (media) *media = std::move(prepared);

@@ -42,6 +42,7 @@ struct MediaPrepared {
   // Wall time of the two halves of the hook, for /metrics: the media gateway (fetch, decode, resize, patchify,
   // templating; on its own pool) and the vision encoder. 0 where the hook does not say.
   double gateway_seconds = 0, encode_seconds = 0;
+  int64_t items_encoded = 0;  // items the vision encoder ran on (the others' features were cached)
 };
 
 struct ServiceConfig {

@@ -32,10 +32,11 @@ void RequestTimings::observe_detokenize(double s) {
   detokenize_.observe(s);
 }
 
-void RequestTimings::observe_media(double gateway_s, double encode_s) {
+void RequestTimings::observe_media(double gateway_s, double encode_s, int64_t items, int64_t encoded) {
   std::lock_guard<std::mutex> lk(mu_);
   media_gateway_.observe(gateway_s);
   media_encode_.observe(encode_s);
+  media_items_ += items, media_items_encoded_ += encoded;
 }
 
 std::string RequestTimings::to_prometheus(const std::string& lbl) const {
@@ -52,6 +53,15 @@ std::string RequestTimings::to_prometheus(const std::string& lbl) const {
        media_gateway_);
   hist("request_media_encode_seconds", "Per request with images or video: the vision encoder, part of preprocess.",
        media_encode_);
+  auto counter = [&](const char* name, const char* help, int64_t v) {
+    out += fmt::format("# HELP m3serve:{} {}\n# TYPE m3serve:{} counter\nm3serve:{}{{{}}} {}\n", name, help, name, name,
+                       lbl, v);
+  };
+  counter("media_items_total", "Images and videos in requests.", media_items_);
+  counter("media_items_encoded_total",
+          "Images and videos the vision encoder ran on; the others' features came from the feature cache "
+          "(--media-feature-cache-memory).",
+          media_items_encoded_);
   return out;
 }
 

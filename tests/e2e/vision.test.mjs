@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer, postRaw, MODEL_NAME } from './harness.mjs';
+import { startServer, postRaw, metrics, MODEL_NAME } from './harness.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const template = path.join(here, '..', 'chat_template', 'm3_format_synthetic.jinja');
@@ -51,6 +51,29 @@ test('an image adds its slot tokens to the prompt and a repeated image hits the 
   const other = await ask([text, image('l.png')]);
   assert.ok(other.usage.prompt_tokens_details.cached_tokens < b.usage.prompt_tokens_details.cached_tokens,
     `another image must not reuse the first image's pages: ${JSON.stringify(other.usage)}`);
+});
+
+test('a repeated image is not encoded again (feature cache) and answers the same', async () => {
+  const count = async () => {
+    const m = await metrics(srv.baseURL);
+    return [m['m3serve:media_items_total'], m['m3serve:media_items_encoded_total']];
+  };
+  const [items0, enc0] = await count();
+  const a = await ask([text, image('rgb.gif'), image('gray.jpg')]);
+  const [items1, enc1] = await count();
+  assert.equal(items1 - items0, 2);
+  assert.equal(enc1 - enc0, 2, 'two new images: both encoded');
+  // Another turn with the same two images and a new one: only the new one runs through the encoder.
+  const b = await ask([text, image('gray.jpg'), image('q90_420.jpg'), image('rgb.gif')]);
+  const [items2, enc2] = await count();
+  assert.equal(items2 - items1, 3);
+  assert.equal(enc2 - enc1, 1, 'only the new image is encoded');
+  const again = await ask([text, image('rgb.gif'), image('gray.jpg')]);
+  const [, enc3] = await count();
+  assert.equal(enc3, enc2, 'nothing new to encode');
+  assert.equal(again.choices[0].message.content, a.choices[0].message.content, 'cached features: the same answer');
+  assert.equal(again.usage.prompt_tokens, a.usage.prompt_tokens);
+  assert.ok(b.usage.prompt_tokens > a.usage.prompt_tokens);
 });
 
 test('a broken image is a 400 naming the media, and the server keeps serving', async () => {
