@@ -4,7 +4,7 @@
 # (M3_STEP_PROFILE=2: the largest intervals of the decode graph, so each category's time has a place), bf16 and fp8.
 #   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_step_run.sh $OUT`   (≈ 4 minutes warm)
 # Env: M3_COMMIT (recorded), M3_STEP_SKIP_DECODE=1 / M3_STEP_SKIP_TESTS=1 (skip those parts), M3_STEP_TESTS (the gpu
-# test binaries), M3_STEP_E2E (below).
+# test binaries), M3_STEP_E2E (below), M3_STEP_DECODE_ARGS (more bench_decode flags, e.g. --trace).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-${OUT:-/tmp/gpu_step}}"
@@ -15,9 +15,9 @@ t0=$(date +%s)
 c="${M3_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 if [ "${M3_STEP_SKIP_DECODE:-0}" != 1 ]; then
   M3_COMMIT="$c" timeout 120 bash tools/bench_decode/run_device.sh "$out/dec" --fp8 --index-only --batches 8,64 \
-    --ctxs 16384,65536 >"$out/dec.txt" 2>&1
-  echo "== bench_decode --fp8 --index-only: rc $?"
-  grep -E "FAIL|mismatch|^\| msa_decode_index" "$out/dec.txt" | head -24
+    --ctxs 16384,65536 ${M3_STEP_DECODE_ARGS:-} >"$out/dec.txt" 2>&1
+  echo "== bench_decode --fp8 --index-only ${M3_STEP_DECODE_ARGS:-}: rc $?"
+  grep -E "FAIL|mismatch|^\| msa_decode_index|last CTA" "$out/dec.txt" | head -40
 fi
 tests="${M3_STEP_TESTS:-gpu_ops_test gpu_decode_test gpu_graph_test gpu_fp8_test gpu_model_test}"
 [ "${M3_STEP_SKIP_TESTS:-0}" = 1 ] && tests=""
