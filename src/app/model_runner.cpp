@@ -57,7 +57,8 @@ void add_parallel_flags(CLI::App& cmd, ParallelOptions& o) {
       ->capture_default_str();
   cmd.add_flag("--enable-expert-parallel", o.enable_expert_parallel,
                "With --data-parallel-size > 1: routed expert e runs on rank e mod the ranks, the MoE layers "
-               "exchange token rows (without it every rank runs every expert)");
+               "exchange token rows (without it every rank runs every expert); with --tensor-parallel-size > 1: "
+               "each rank loads and runs only its experts, their outputs are summed over the ranks");
 }
 
 void apply_parallel_options(const ParallelOptions& o, const std::string& device, EngineConfig& ec,
@@ -67,10 +68,10 @@ void apply_parallel_options(const ParallelOptions& o, const std::string& device,
            "--tensor-parallel-size {} needs the CPU backend for now: pass --device cpu (the multi-GPU path over NCCL "
            "is not written yet)",
            o.tensor_parallel_size);
-  M3_CHECK(o.tensor_parallel_size == 1 || (o.data_parallel_size == 1 && !o.enable_expert_parallel),
-           "--tensor-parallel-size {} with --data-parallel-size {}{}: combining them is not supported yet (one "
-           "KV-head split serves every request, with whole experts)",
-           o.tensor_parallel_size, o.data_parallel_size, o.enable_expert_parallel ? " and --enable-expert-parallel" : "");
+  M3_CHECK(o.tensor_parallel_size == 1 || o.data_parallel_size == 1,
+           "--tensor-parallel-size {} with --data-parallel-size {}: combining them is not supported yet (one KV-head "
+           "split serves every request)",
+           o.tensor_parallel_size, o.data_parallel_size);
   M3_CHECK(o.data_parallel_size >= 1, "--data-parallel-size must be at least 1, got {}", o.data_parallel_size);
   M3_CHECK(o.data_parallel_size == 1 || device == "cpu",
            "--data-parallel-size {} needs the CPU backend for now: pass --device cpu (the multi-GPU path over NCCL "
@@ -79,6 +80,8 @@ void apply_parallel_options(const ParallelOptions& o, const std::string& device,
   ec.data_parallel_size = o.data_parallel_size;
   ec.enable_expert_parallel = o.enable_expert_parallel;
   load.tensor_parallel_size = o.tensor_parallel_size;
+  load.tensor_parallel_experts = o.tensor_parallel_size > 1 && o.enable_expert_parallel;
+  if (o.tensor_parallel_size > 1) ec.enable_expert_parallel = false;  // the experts split inside the TP executor
 }
 
 std::vector<float> prefill(ModelExecutor& ex, SequenceKV& seq, const std::vector<int32_t>& ids, int64_t chunk,

@@ -38,6 +38,7 @@ struct LoadOptions {
   // --tensor-parallel-size: attention split over this many KV-head ranks (CPU: TpCpuExecutor; each rank loads its
   // share, model/rank_share.h). Set by app::apply_parallel_options, not by add_load_flags.
   int tensor_parallel_size = 1;
+  bool tensor_parallel_experts = false;  // with it: routed expert e on rank e mod tensor_parallel_size
 
   bool dummy() const { return load_format == LoadFormat::Dummy; }
 };

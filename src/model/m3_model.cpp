@@ -78,9 +78,12 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   M3_CHECK(cache.block_size() == B, "KV cache page size {} differs from the model's block size {}",
            cache.block_size(), B);
   check_share(ep);
-  // The MoE rows go through the expert-parallel exchange with a group, except in a KV-head split whose ranks hold
-  // every expert (they all run the same rows: each computes them locally).
-  const bool moe_exchange = ep != nullptr && !(tp > 1 && !w_.share.expert_parallel);
+  // The MoE rows go through the expert-parallel exchange with a group (DP ranks: each its own rows). A KV-head split
+  // runs the same rows on every rank: with every expert held each rank computes them locally; with the experts split
+  // each rank runs its own experts and the slot outputs are all-reduced (each slot has one owner, the others add
+  // zeros: the sums are exact).
+  const bool moe_exchange = ep != nullptr && tp == 1;
+  const bool moe_tp_reduce = tp > 1 && w_.share.expert_parallel;
   M3_CHECK(c.num_layers == 0 || cache.layer_view(0).num_kv_heads == Hkv,
            "KV cache of {} KV heads for a rank holding {} (attention split {} ways: RankShare::kv_config)",
            cache.layer_view(0).num_kv_heads, Hkv, tp);
@@ -214,6 +217,7 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
             slot_out.data());
       }
       for (int64_t e = 0; e < E && !moe_exchange; ++e) {
+        if (moe_tp_reduce && !w_.share.owns_expert(e)) continue;  // another rank's expert: its slots stay 0 here
         std::vector<int64_t> rows;  // (t·Kx + k) of the slots routed to expert e
         for (int64_t r = 0; r < T * Kx; ++r)
           if (ids[r] == e) rows.push_back(r);
@@ -223,6 +227,7 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
         std::vector<float> ye = run_mlp(L.experts[e], xe.data(), int64_t(rows.size()), H, c);
         for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot_out[rows[i] * H], &ye[i * H], size_t(H) * 4);
       }
+      if (moe_tp_reduce) ep->comm->all_reduce_sum(slot_out.data(), slot_out.size());
       std::vector<float> shared;
       if (!L.shared.gate_up.empty()) shared = run_mlp(L.shared, xn.data(), T, H, c);
       for (int64_t t = 0; t < T; ++t)

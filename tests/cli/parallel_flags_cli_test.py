@@ -27,7 +27,8 @@ def main():
                   ["--data-parallel-size", "3", "--enable-expert-parallel"],
                   ["--data-parallel-size", "2"],
                   ["--enable-expert-parallel"],
-                  ["--tensor-parallel-size", "2"]):
+                  ["--tensor-parallel-size", "2"],
+                  ["--tensor-parallel-size", "2", "--enable-expert-parallel"]):
         code, got, err = run(binary, gen + ["--device", "cpu"] + extra)
         if code != 0 or got != want:
             failures.append(f"{extra}: exit {code}, ids {got.strip()!r} != one rank's {want.strip()!r}: {err[-300:]}")

@@ -128,14 +128,18 @@ TEST_F(EngineDpTest, TwoAndThreeRanksGiveTheOneRankGreedyTokensUnderPreemption) 
 }
 
 // Attention split over the 2 KV heads (TpCpuExecutor: two ranks, each with its heads' share of the dummy weights and
-// a cache of its KV head, o all-reduced) behind one engine: the same requests under the same small pool (chunked
-// prefills, preemption, prefix hits) give the one-rank greedy tokens, and every page comes back.
-TEST_F(EngineDpTest, KvHeadSplitExecutorGivesTheOneRankGreedyTokensUnderPreemption) {
+// a cache of its KV head, o all-reduced; with split experts each rank runs its own and the slot outputs are summed)
+// behind one engine: the same requests under the same small pool (chunked prefills, preemption, prefix hits) give
+// the one-rank greedy tokens, and every page comes back.
+class KvHeadSplit : public EngineDpTest, public ::testing::WithParamInterface<bool> {};
+TEST_P(KvHeadSplit, ExecutorGivesTheOneRankGreedyTokensUnderPreemption) {
+  const bool split_experts = GetParam();
   M3Config c = test::tiny_config();
   c.eos_token_id = -1;
   const M3Model whole(c, dummy_weights(c, 7));
   std::vector<std::unique_ptr<const M3Model>> shares;
-  for (int r = 0; r < 2; ++r) shares.push_back(std::make_unique<M3Model>(c, dummy_weights(c, 7, RankShare{r, 2, false, 2, 1})));
+  for (int r = 0; r < 2; ++r)
+    shares.push_back(std::make_unique<M3Model>(c, dummy_weights(c, 7, RankShare{r, 2, split_experts, 2, 1})));
   TpCpuExecutor tp(std::move(shares), 9);
   EXPECT_NE(tp.describe().find("2 KV-head ranks"), std::string::npos) << tp.describe();
   const int64_t rank_page = CpuExecutor::page_bytes_for(RankShare{0, 2, false, 2, 1}.kv_config(c));
@@ -160,8 +164,10 @@ TEST_F(EngineDpTest, KvHeadSplitExecutorGivesTheOneRankGreedyTokensUnderPreempti
     EXPECT_EQ(out_[b].tokens, out_[a].tokens) << b;
   }
 }
+INSTANTIATE_TEST_SUITE_P(WholeAndSplitExperts, KvHeadSplit, ::testing::Bool());
 
-// Shares that are not one KV-head split (wrong rank order, split experts) are refused with a message.
+// Shares that are not one KV-head split (wrong rank order, experts split on some ranks only, a vocabulary split) are
+// refused with a message.
 TEST_F(EngineDpTest, KvHeadSplitExecutorRefusesSharesThatAreNotOneSplit) {
   const M3Config c = test::tiny_config();
   auto build = [&](RankShare a, RankShare b) {
@@ -171,8 +177,10 @@ TEST_F(EngineDpTest, KvHeadSplitExecutorRefusesSharesThatAreNotOneSplit) {
     return TpCpuExecutor(std::move(v), 4);
   };
   EXPECT_THROW(build(RankShare{1, 2, false, 2, 1}, RankShare{0, 2, false, 2, 1}), Error);
-  EXPECT_THROW(build(RankShare{0, 2, true, 2, 1}, RankShare{1, 2, true, 2, 1}), Error);
+  EXPECT_THROW(build(RankShare{0, 2, true, 2, 1}, RankShare{1, 2, false, 2, 1}), Error);  // experts split on one
+  EXPECT_THROW(build(RankShare{0, 2, false, 2, 2}, RankShare{1, 2, false, 2, 2}), Error);  // vocabulary split
   EXPECT_NO_THROW(build(RankShare{0, 2, false, 2, 1}, RankShare{1, 2, false, 2, 1}));
+  EXPECT_NO_THROW(build(RankShare{0, 2, true, 2, 1}, RankShare{1, 2, true, 2, 1}));
 }
 
 // A step that fails on the ranks (a page id outside the pool) is an error for the caller; the group is usable again
