@@ -66,13 +66,13 @@ std::unique_ptr<ModelExecutor> make_executor(const std::string& model_dir, const
   M3_CHECK(tp >= 1, "--tensor-parallel-size must be at least 1, got {}", tp);
   if (tp > 1) {
     // Attention split over KV heads: rank r reads only its share (its heads' q/k/v rows and o columns, and with
-    // --enable-expert-parallel its routed experts e ≡ r mod N); the vocabulary whole. --kv-cache-memory is per rank,
-    // in a rank's page size.
+    // --enable-expert-parallel its routed experts e ≡ r mod N), and its range of the embedding and LM head rows (the
+    // logits stay exact: model/vocab_parallel.h). --kv-cache-memory is per rank, in a rank's page size.
     M3_CHECK(!cuda, "--tensor-parallel-size {} runs on the CPU backend only so far (pass --device cpu)", tp);
     M3_CHECK(c.num_kv_heads % tp == 0 && c.index_num_heads % tp == 0,
              "--tensor-parallel-size {}: the model's {} KV heads and {} index heads must divide by it", tp,
              c.num_kv_heads, c.index_num_heads);
-    RankShare layout{0, tp, /*expert_parallel=*/load.tensor_parallel_experts, /*attn_tp=*/tp, /*vocab_parts=*/1};
+    RankShare layout{0, tp, /*expert_parallel=*/load.tensor_parallel_experts, /*attn_tp=*/tp, /*vocab_parts=*/tp};
     layout.validate(c);
     int32_t pages = pages_for(c, kv, CpuExecutor::page_bytes_for(layout.kv_config(c)));
     if (pages == 0) pages = default_cpu_pages(c);

@@ -96,7 +96,12 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
 
   std::vector<float> x(size_t(T * H));
   const bool vocab_split = w_.share.vocab_parts > 1;
-  if (vocab_split) {
+  if (vocab_split && tp > 1) {  // a KV-head group: every rank has the same rows
+    const auto [v0, v1] = w_.share.vocab_rows(V);
+    for (int64_t t = 0; t < T; ++t)
+      M3_CHECK(rows.ids[t] >= 0 && rows.ids[t] < V, "token id {} outside [0, {})", rows.ids[t], V);
+    embed_vocab_split_same_rows(*ep, w_.embed.data(), v0, v1, H, rows.ids.data(), T, x.data());
+  } else if (vocab_split) {
     const auto [v0, v1] = w_.share.vocab_rows(V);
     embed_vocab_parallel(*ep, w_.embed.data(), v0, v1, V, H, rows.ids.data(), T, x.data());
   } else {
@@ -258,7 +263,10 @@ std::vector<std::vector<float>> M3Model::forward(std::span<const SeqInput> seqs,
   if (vocab_split) {
     std::vector<float> lg(size_t(n * V));
     const auto [v0, v1] = w_.share.vocab_rows(V);
-    lm_head_vocab_parallel(*ep, w_.lm_head.data(), v0, v1, V, H, hn.data(), n, lg.data());
+    if (tp > 1)
+      lm_head_vocab_split_same_rows(*ep, w_.lm_head.data(), V, H, hn.data(), n, lg.data());
+    else
+      lm_head_vocab_parallel(*ep, w_.lm_head.data(), v0, v1, V, H, hn.data(), n, lg.data());
     for (size_t s = 0, r = 0; s < seqs.size(); r += size_t(count[s]), ++s)
       out[s].assign(lg.begin() + int64_t(r) * V, lg.begin() + int64_t(r + size_t(count[s])) * V);
   } else {

@@ -16,10 +16,10 @@ TpCpuExecutor::TpCpuExecutor(std::vector<std::unique_ptr<const M3Model>> models,
   M3_CHECK(P >= 2, "tensor parallelism over KV heads needs at least 2 ranks, got {}", P);
   for (int r = 0; r < P; ++r) {
     const RankShare& s = models_[size_t(r)]->share();
-    M3_CHECK(s.rank == r && s.world == P && s.attn_tp == P && s.vocab_parts == 1 &&
-                 s.expert_parallel == models_[0]->share().expert_parallel,
+    M3_CHECK(s.rank == r && s.world == P && s.attn_tp == P && s.expert_parallel == models_[0]->share().expert_parallel &&
+                 s.vocab_parts == models_[0]->share().vocab_parts,
              "rank {} of the KV-head split holds the share of rank {} of {} (KV heads split {} ways, experts {}, "
-             "vocabulary in {} parts; this executor runs the whole vocabulary, experts split on every rank or none)",
+             "vocabulary in {} parts; experts and vocabulary must be split on every rank or none)",
              r, s.rank, s.world, s.attn_tp, s.expert_parallel ? "split" : "whole", s.vocab_parts);
     M3_CHECK(models_[size_t(r)]->config().num_kv_heads == models_[0]->config().num_kv_heads &&
                  models_[size_t(r)]->config().num_layers == models_[0]->config().num_layers,
@@ -28,8 +28,9 @@ TpCpuExecutor::TpCpuExecutor(std::vector<std::unique_ptr<const M3Model>> models,
   group_ = std::make_unique<dist::InProcessGroup>(P);
   for (int r = 0; r < P; ++r) {
     ranks_.push_back(std::make_unique<CpuExecutor>(*models_[size_t(r)], num_pages));
-    // The group's communicator carries the o all-reduce (and, with the experts split, the slot outputs'); the rows
-    // are the same on every rank, so no row exchange runs and max_tokens bounds nothing.
+    // The group's communicator carries the o all-reduce (with the experts split, the slot outputs'; with the
+    // vocabulary split, the embedding rows' and the logits' exchanges); the rows are the same on every rank, so no
+    // row exchange runs and max_tokens bounds nothing.
     ranks_.back()->set_expert_parallel(ExpertParallel{&group_->rank(r), 0});
   }
 }

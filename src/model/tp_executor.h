@@ -18,7 +18,8 @@ class TpCpuExecutor final : public ModelExecutor {
  public:
   // models[r]: rank r's share (share().attn_tp == models.size(), share().rank == r, the same config; the routed
   // experts whole on every rank, or expert e on rank e mod N: each rank runs its experts on the step's rows and the
-  // slot outputs are all-reduced); num_pages per rank. Throws m3::Error when the shares do not form one KV-head split.
+  // slot outputs are all-reduced; the vocabulary whole, or split in N ranges: model/vocab_parallel.h
+  // *_same_rows); num_pages per rank. Throws m3::Error when the shares do not form one KV-head split.
   TpCpuExecutor(std::vector<std::unique_ptr<const M3Model>> models, int32_t num_pages);
   ~TpCpuExecutor() override;
 

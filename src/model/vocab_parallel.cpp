@@ -73,4 +73,32 @@ void lm_head_vocab_parallel(const ExpertParallel& ep, const float* rows, int64_t
   if (n) std::memcpy(logits, mine.data(), size_t(n * V) * 4);
 }
 
+void embed_vocab_split_same_rows(const ExpertParallel& ep, const float* rows, int64_t v0, int64_t v1, int64_t H,
+                                 const int32_t* ids, int64_t T, float* x) {
+  M3_CHECK(ep.comm != nullptr, "vocabulary split: no communicator");
+  std::memset(x, 0, size_t(T * H) * sizeof(float));
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[t] >= v0 && ids[t] < v1) std::memcpy(x + t * H, rows + (ids[t] - v0) * H, size_t(H) * sizeof(float));
+  ep.comm->all_reduce_sum(x, size_t(T * H));  // one owner per row: the others add zeros
+}
+
+void lm_head_vocab_split_same_rows(const ExpertParallel& ep, const float* rows, int64_t V, int64_t H, const float* hn,
+                                   int64_t n, float* logits) {
+  M3_CHECK(ep.comm != nullptr, "vocabulary split: no communicator");
+  const int P = ep.comm->size(), r = ep.comm->rank();
+  const int64_t Vmax = (V + P - 1) / P;  // the widest range (RankShare::vocab_rows: V·q/P … V·(q+1)/P)
+  const int64_t v0 = V * r / P, v1 = V * (r + 1) / P;
+  std::vector<float> mine(size_t(n * (v1 - v0))), block(size_t(n * Vmax), 0.f), all(size_t(P) * size_t(n * Vmax));
+  if (n > 0 && v1 > v0) cpu::matmul_nt(hn, n, H, rows, v1 - v0, mine.data());
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(&block[size_t(i * Vmax)], &mine[size_t(i * (v1 - v0))], size_t(v1 - v0) * sizeof(float));
+  ep.comm->all_gather(block.data(), block.size() * sizeof(float), all.data());
+  for (int q = 0; q < P; ++q) {
+    const int64_t q0 = V * q / P, q1 = V * (q + 1) / P;
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(logits + i * V + q0, &all[size_t(q) * size_t(n * Vmax) + size_t(i * Vmax)],
+                  size_t(q1 - q0) * sizeof(float));
+  }
+}
+
 }  // namespace m3

@@ -128,7 +128,8 @@ TEST_F(EngineDpTest, TwoAndThreeRanksGiveTheOneRankGreedyTokensUnderPreemption) 
 }
 
 // Attention split over the 2 KV heads (TpCpuExecutor: two ranks, each with its heads' share of the dummy weights and
-// a cache of its KV head, o all-reduced; with split experts each rank runs its own and the slot outputs are summed)
+// a cache of its KV head, o all-reduced; with split experts and vocabulary each rank runs its own experts (slot
+// outputs summed) and its vocabulary rows (embedding rows summed, logit columns gathered))
 // behind one engine: the same requests under the same small pool (chunked prefills, preemption, prefix hits) give
 // the one-rank greedy tokens, and every page comes back.
 class KvHeadSplit : public EngineDpTest, public ::testing::WithParamInterface<bool> {};
@@ -139,7 +140,7 @@ TEST_P(KvHeadSplit, ExecutorGivesTheOneRankGreedyTokensUnderPreemption) {
   const M3Model whole(c, dummy_weights(c, 7));
   std::vector<std::unique_ptr<const M3Model>> shares;
   for (int r = 0; r < 2; ++r)
-    shares.push_back(std::make_unique<M3Model>(c, dummy_weights(c, 7, RankShare{r, 2, split_experts, 2, 1})));
+    shares.push_back(std::make_unique<M3Model>(c, dummy_weights(c, 7, RankShare{r, 2, split_experts, 2, split_experts ? 2 : 1})));
   TpCpuExecutor tp(std::move(shares), 9);
   EXPECT_NE(tp.describe().find("2 KV-head ranks"), std::string::npos) << tp.describe();
   const int64_t rank_page = CpuExecutor::page_bytes_for(RankShare{0, 2, false, 2, 1}.kv_config(c));
@@ -166,7 +167,7 @@ TEST_P(KvHeadSplit, ExecutorGivesTheOneRankGreedyTokensUnderPreemption) {
 }
 INSTANTIATE_TEST_SUITE_P(WholeAndSplitExperts, KvHeadSplit, ::testing::Bool());
 
-// Shares that are not one KV-head split (wrong rank order, experts split on some ranks only, a vocabulary split) are
+// Shares that are not one KV-head split (wrong rank order, experts or vocabulary split on some ranks only) are
 // refused with a message.
 TEST_F(EngineDpTest, KvHeadSplitExecutorRefusesSharesThatAreNotOneSplit) {
   const M3Config c = test::tiny_config();
@@ -178,7 +179,8 @@ TEST_F(EngineDpTest, KvHeadSplitExecutorRefusesSharesThatAreNotOneSplit) {
   };
   EXPECT_THROW(build(RankShare{1, 2, false, 2, 1}, RankShare{0, 2, false, 2, 1}), Error);
   EXPECT_THROW(build(RankShare{0, 2, true, 2, 1}, RankShare{1, 2, false, 2, 1}), Error);  // experts split on one
-  EXPECT_THROW(build(RankShare{0, 2, false, 2, 2}, RankShare{1, 2, false, 2, 2}), Error);  // vocabulary split
+  EXPECT_THROW(build(RankShare{0, 2, false, 2, 2}, RankShare{1, 2, false, 2, 1}), Error);  // vocabulary on one
+  EXPECT_NO_THROW(build(RankShare{0, 2, false, 2, 2}, RankShare{1, 2, false, 2, 2}));
   EXPECT_NO_THROW(build(RankShare{0, 2, false, 2, 1}, RankShare{1, 2, false, 2, 1}));
   EXPECT_NO_THROW(build(RankShare{0, 2, true, 2, 1}, RankShare{1, 2, true, 2, 1}));
 }
