@@ -1,41 +1,11 @@
 #include "media/feature_cache.h"
 
 #include <cstring>
+#include <unordered_map>
 
 #include "base/error.h"
 
 namespace m3::media {
-
-Features FeatureCache::get(uint64_t key) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = index_.find(key);
-  if (it == index_.end()) {
-    ++misses_;
-    return nullptr;
-  }
-  ++hits_;
-  lru_.splice(lru_.begin(), lru_, it->second);
-  return it->second->second;
-}
-
-void FeatureCache::put(uint64_t key, Features f) {
-  const int64_t b = int64_t(f->size() * sizeof(float));
-  std::lock_guard<std::mutex> lk(mu_);
-  if (index_.count(key) || b > max_bytes_) return;
-  lru_.emplace_front(key, std::move(f));
-  index_[key] = lru_.begin();
-  bytes_ += b;
-  while (bytes_ > max_bytes_ && !lru_.empty()) {
-    bytes_ -= int64_t(lru_.back().second->size() * sizeof(float));
-    index_.erase(lru_.back().first);
-    lru_.pop_back();
-  }
-}
-
-FeatureCache::Stats FeatureCache::stats() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return {hits_, misses_, int64_t(lru_.size()), bytes_};
-}
 
 std::vector<float> features_with_cache(FeatureCache* cache, std::span<const uint64_t> keys,
                                        std::span<const int64_t> rows, int64_t width,

@@ -8,33 +8,20 @@
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
-#include <mutex>
 #include <span>
-#include <unordered_map>
 #include <vector>
+
+#include "base/byte_lru.h"
 
 namespace m3::media {
 
 using Features = std::shared_ptr<const std::vector<float>>;
 
-class FeatureCache {
+class FeatureCache : public ByteLru<std::vector<float>> {
  public:
-  explicit FeatureCache(int64_t max_bytes) : max_bytes_(max_bytes) {}
-  Features get(uint64_t key);                 // null on a miss; a hit becomes the newest entry
-  void put(uint64_t key, Features features);  // evicts the oldest entries past max_bytes; an item over it stays out
-  struct Stats {
-    int64_t hits = 0, misses = 0, items = 0, bytes = 0;
-  };
-  Stats stats() const;
-
- private:
-  int64_t max_bytes_;
-  mutable std::mutex mu_;
-  std::list<std::pair<uint64_t, Features>> lru_;  // front = newest
-  std::unordered_map<uint64_t, decltype(lru_)::iterator> index_;
-  int64_t bytes_ = 0, hits_ = 0, misses_ = 0;
+  explicit FeatureCache(int64_t max_bytes)
+      : ByteLru(max_bytes, [](const std::vector<float>& f) { return int64_t(f.size() * sizeof(float)); }) {}
 };
 
 // The features of n items in order, concatenated (item i: rows[i] rows of `width` floats): cached items from `cache`

@@ -61,7 +61,8 @@ std::vector<MediaItem> collect_media_items(const nlohmann::ordered_json& message
   return out;
 }
 
-MediaGateway::MediaGateway(GatewayOptions opt) : opt_(std::move(opt)) {
+MediaGateway::MediaGateway(GatewayOptions opt)
+    : opt_(std::move(opt)), cache_(opt_.cache_bytes, [](const PreparedItem& p) { return p.bytes(); }) {
   const int n = std::max(1, opt_.threads);
   for (int i = 0; i < n; ++i) threads_.emplace_back([this] { worker(); });
 }
@@ -97,34 +98,9 @@ void MediaGateway::worker() {
   }
 }
 
-std::shared_ptr<const PreparedItem> MediaGateway::cache_get(uint64_t key) {
-  std::lock_guard<std::mutex> lk(cmu_);
-  auto it = index_.find(key);
-  if (it == index_.end()) {
-    ++misses_;
-    return nullptr;
-  }
-  ++hits_;
-  lru_.splice(lru_.begin(), lru_, it->second);
-  return it->second->second;
-}
-
-void MediaGateway::cache_put(uint64_t key, std::shared_ptr<const PreparedItem> v) {
-  std::lock_guard<std::mutex> lk(cmu_);
-  if (index_.count(key) || v->bytes() > opt_.cache_bytes) return;
-  lru_.emplace_front(key, v);
-  index_[key] = lru_.begin();
-  cached_bytes_ += v->bytes();
-  while (cached_bytes_ > opt_.cache_bytes && !lru_.empty()) {
-    cached_bytes_ -= lru_.back().second->bytes();
-    index_.erase(lru_.back().first);
-    lru_.pop_back();
-  }
-}
-
 MediaGateway::Stats MediaGateway::stats() const {
-  std::lock_guard<std::mutex> lk(cmu_);
-  return {hits_, misses_, int64_t(lru_.size()), cached_bytes_};
+  const auto s = cache_.stats();
+  return {s.hits, s.misses, s.items, s.bytes};
 }
 
 std::shared_ptr<const PreparedItem> MediaGateway::prepare_item(const MediaItem& item) {
@@ -133,7 +109,7 @@ std::shared_ptr<const PreparedItem> MediaGateway::prepare_item(const MediaItem& 
     media_fail("media item exceeds the size limit of {} bytes", opt_.source.max_bytes);
   uint64_t key = XXH64(bytes.data(), bytes.size(), item.video ? 0x76696465 : 0x696d6167);
   if (item.video) key = XXH64(&item.fps, sizeof(item.fps), key);
-  if (auto hit = cache_get(key)) return hit;
+  if (auto hit = cache_.get(key)) return hit;
   auto p = std::make_shared<PreparedItem>();
   p->video = item.video;
   p->content_hash = key;
@@ -146,7 +122,7 @@ std::shared_ptr<const PreparedItem> MediaGateway::prepare_item(const MediaItem& 
   } else {
     p->pixels = preprocess_encoded_image(bytes, opt_.decode);
   }
-  cache_put(key, p);
+  cache_.put(key, p);
   return p;
 }
 

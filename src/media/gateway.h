@@ -10,16 +10,15 @@
 #include <deque>
 #include <functional>
 #include <future>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "base/byte_lru.h"
 #include "media/decode.h"
 #include "media/image.h"
 #include "media/source.h"
@@ -88,8 +87,6 @@ class MediaGateway {
  private:
   void post(std::function<void()> fn);
   void worker();
-  std::shared_ptr<const PreparedItem> cache_get(uint64_t key);
-  void cache_put(uint64_t key, std::shared_ptr<const PreparedItem> v);
 
   GatewayOptions opt_;
   std::vector<std::thread> threads_;
@@ -98,10 +95,7 @@ class MediaGateway {
   std::deque<std::function<void()>> queue_;
   bool stop_ = false;
 
-  mutable std::mutex cmu_;
-  std::list<std::pair<uint64_t, std::shared_ptr<const PreparedItem>>> lru_;  // front = newest
-  std::unordered_map<uint64_t, decltype(lru_)::iterator> index_;
-  int64_t cached_bytes_ = 0, hits_ = 0, misses_ = 0;
+  ByteLru<PreparedItem> cache_;  // processed items by content hash
 };
 
 // The request-path entry point: the validated chat messages (OpenAI image_url/video_url parts, or the template's
