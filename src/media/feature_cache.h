@@ -2,8 +2,10 @@
 // conversation, say — is encoded once. The gateway's own cache (gateway.h) keeps the pixels; this one the features
 // the vision tower made of them ([tokens, text hidden] floats per item), which cost far more to remake (M3, 1080p:
 // 14.5 ms of H200 time, 14 MiB). Keyed by PreparedItem::content_hash, which covers everything the pixels depend on
-// for a given server (the bytes, a video's fps). An item's features do not depend on the items batched with it
-// (VisionModel::encode_batch), so a cached item is exact. LRU by bytes; shared by the prepare pool's threads.
+// for a given server (the bytes, a video's fps). On the CPU reference an item's features do not depend on the items
+// batched with it (VisionModel::encode_batch), so a cached item is exact; CudaVisionModel's GEMMs run over all rows
+// of a call, so there a cached item holds what its first batch gave (rounding may differ from another batch's).
+// LRU by bytes; shared by the prepare pool's threads.
 #pragma once
 
 #include <cstdint>
