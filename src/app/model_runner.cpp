@@ -46,8 +46,8 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
 void add_parallel_flags(CLI::App& cmd, ParallelOptions& o) {
   cmd.add_option("--tensor-parallel-size", o.tensor_parallel_size,
                  "Ranks of attention split over KV heads (must divide the KV and index heads); each rank loads only "
-                 "its heads' weights and caches only its KV heads (CPU backend so far; not with "
-                 "--data-parallel-size > 1)")
+                 "its heads' weights and its range of the vocabulary rows, and caches only its KV heads (CPU backend "
+                 "so far; not with --data-parallel-size > 1)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   cmd.add_option("--data-parallel-size", o.data_parallel_size,
