@@ -28,7 +28,7 @@
 #include "engine/request.h"
 #include "engine/metrics.h"
 #include "dist/inprocess_communicator.h"
-#include "engine/rank_workers.h"
+#include "base/rank_workers.h"
 #include "engine/scheduler.h"
 #include "model/executor.h"
 #include "model/m3_model.h"

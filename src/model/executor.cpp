@@ -46,7 +46,7 @@ std::string CpuExecutor::describe() const {
                               int64_t(cache_.pool().capacity()) * c.sparse_block_size, mib);
   if (ep_.comm) s += fmt::format(", expert-parallel rank {} of {}", ep_.comm->rank(), ep_.comm->size());
   if (model_.share().attn_tp > 1)
-    s += fmt::format(", KV heads {} of {} (rank {} of a {}-way split)", model_.share().kv_config(c).num_kv_heads,
+    s += fmt::format(", KV heads {} of {} (rank {} of a {}-way split)", model_.kv_config().num_kv_heads,
                      c.num_kv_heads, model_.share().rank, model_.share().attn_tp);
   return s;
 }

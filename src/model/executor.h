@@ -47,10 +47,10 @@ class CpuExecutor final : public ModelExecutor {
  public:
   // The cache holds the KV heads of the model's share (all of them unless its attention is split over KV heads).
   CpuExecutor(const M3Model& model, int32_t num_pages)
-      : model_(model), cache_(model.share().kv_config(model.config()), num_pages) {}
+      : model_(model), cache_(model.kv_config(), num_pages) {}
   // Owns the model (make_executor).
   CpuExecutor(std::unique_ptr<const M3Model> model, int32_t num_pages)
-      : owned_(std::move(model)), model_(*owned_), cache_(model_.share().kv_config(model_.config()), num_pages) {}
+      : owned_(std::move(model)), model_(*owned_), cache_(model_.kv_config(), num_pages) {}
   // c: the config of the cache (RankShare::kv_config for a KV-head split).
   static int64_t page_bytes_for(const M3Config& c) { return KVCache::page_floats(c) * int64_t(sizeof(float)); }
   const M3Config& config() const override { return model_.config(); }
@@ -65,7 +65,7 @@ class CpuExecutor final : public ModelExecutor {
     return model_.forward(seqs, cache_, trace, ep_.comm ? &ep_ : nullptr);
   }
   std::string describe() const override;
-  int64_t page_bytes() const override { return page_bytes_for(model_.share().kv_config(model_.config())); }
+  int64_t page_bytes() const override { return page_bytes_for(model_.kv_config()); }
 
  private:
   std::unique_ptr<const M3Model> owned_;

@@ -38,6 +38,7 @@ class M3Model {
 
   const M3Config& config() const { return cfg_; }
   const RankShare& share() const { return w_.share; }  // what part of the model these weights are
+  M3Config kv_config() const { return w_.share.kv_config(cfg_); }  // the config of this share's KV cache
 
   // Runs one step. Writes K, V, index-K of the new tokens into `cache` through each sequence's page table.
   // Returns logits per sequence: [rows, V] with rows = n (all_logits) or 1.

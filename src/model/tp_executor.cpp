@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <exception>
-#include <thread>
 
 #include "base/error.h"
 #include "model/m3_model.h"
@@ -33,6 +32,7 @@ TpCpuExecutor::TpCpuExecutor(std::vector<std::unique_ptr<const M3Model>> models,
     // row exchange runs and max_tokens bounds nothing.
     ranks_.back()->set_expert_parallel(ExpertParallel{&group_->rank(r), 0});
   }
+  workers_ = std::make_unique<RankWorkers>(P);
 }
 
 TpCpuExecutor::~TpCpuExecutor() {
@@ -43,18 +43,15 @@ std::vector<std::vector<float>> TpCpuExecutor::forward(std::span<const SeqInput>
   const size_t P = ranks_.size();
   std::vector<std::vector<std::vector<float>>> out(P);
   std::vector<std::exception_ptr> err(P);
-  auto run = [&](size_t r) {
+  workers_->run([&](int rank) {  // catches: every rank returns
+    const size_t r = size_t(rank);
     try {
       out[r] = ranks_[r]->forward(seqs, r == 0 ? trace : nullptr);
     } catch (...) {
       err[r] = std::current_exception();
       group_->abort(fmt::format("rank {} of the KV-head split failed", r));  // wake the ranks in a collective
     }
-  };
-  std::vector<std::thread> threads;
-  for (size_t r = 1; r < P; ++r) threads.emplace_back(run, r);
-  run(0);
-  for (auto& t : threads) t.join();
+  });
   group_->reset();  // every rank is out of its collectives
   dist::InProcessGroup::rethrow_rank_errors(err);  // the failing rank's own error first
   return std::move(out[0]);

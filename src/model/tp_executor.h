@@ -1,7 +1,7 @@
 // Attention split over KV heads on the CPU (issue 17; docs/PARALLEL.md): P ranks, each an M3Model holding its share
 // (model/rank_share.h: attn_tp = P — its query, KV and index heads' rows, the matching o columns) and a CpuExecutor
 // whose cache holds only its KV heads. Every step runs on all ranks with the same rows (rank 0 on the caller's
-// thread, the others on one thread each); each layer's o projection is all-reduced over an in-process group, and
+// thread, the others on persistent rank threads, base/rank_workers.h); each layer's o projection is all-reduced over an in-process group, and
 // rank 0's logits are the step's. The engine sees one executor: one scheduler, one page pool (rank 0's; the other
 // ranks' caches use the same page ids).
 #pragma once
@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/rank_workers.h"
 #include "dist/inprocess_communicator.h"
 #include "model/executor.h"
 
@@ -35,6 +36,7 @@ class TpCpuExecutor final : public ModelExecutor {
   std::vector<std::unique_ptr<const M3Model>> models_;
   std::unique_ptr<dist::InProcessGroup> group_;
   std::vector<std::unique_ptr<CpuExecutor>> ranks_;
+  std::unique_ptr<RankWorkers> workers_;
 };
 
 }  // namespace m3

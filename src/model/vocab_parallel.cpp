@@ -73,12 +73,14 @@ void lm_head_vocab_parallel(const ExpertParallel& ep, const float* rows, int64_t
   if (n) std::memcpy(logits, mine.data(), size_t(n * V) * 4);
 }
 
-void embed_vocab_split_same_rows(const ExpertParallel& ep, const float* rows, int64_t v0, int64_t v1, int64_t H,
-                                 const int32_t* ids, int64_t T, float* x) {
+void embed_vocab_split_same_rows(const ExpertParallel& ep, const float* rows, int64_t v0, int64_t v1, int64_t V,
+                                 int64_t H, const int32_t* ids, int64_t T, float* x) {
   M3_CHECK(ep.comm != nullptr, "vocabulary split: no communicator");
   std::memset(x, 0, size_t(T * H) * sizeof(float));
-  for (int64_t t = 0; t < T; ++t)
+  for (int64_t t = 0; t < T; ++t) {
+    M3_CHECK(ids[t] >= 0 && ids[t] < V, "vocabulary split embedding: token id {} outside [0, {})", ids[t], V);
     if (ids[t] >= v0 && ids[t] < v1) std::memcpy(x + t * H, rows + (ids[t] - v0) * H, size_t(H) * sizeof(float));
+  }
   ep.comm->all_reduce_sum(x, size_t(T * H));  // one owner per row: the others add zeros
 }
 

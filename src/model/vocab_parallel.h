@@ -32,8 +32,8 @@ void lm_head_vocab_parallel(const ExpertParallel& ep, const float* rows, int64_t
 //   - embedding: each rank writes the rows of the ids in its range (zeros elsewhere), all_reduce (sum): exact;
 //   - LM head: each rank computes its columns for every row, all_gather of [n, ⌈V/P⌉] blocks (zero padded), every
 //     rank assembles the full logits — each element computed by one rank, so the one-rank values bit for bit.
-void embed_vocab_split_same_rows(const ExpertParallel& ep, const float* rows, int64_t v0, int64_t v1, int64_t H,
-                                 const int32_t* ids, int64_t T, float* x);
+void embed_vocab_split_same_rows(const ExpertParallel& ep, const float* rows, int64_t v0, int64_t v1, int64_t V,
+                                 int64_t H, const int32_t* ids, int64_t T, float* x);
 void lm_head_vocab_split_same_rows(const ExpertParallel& ep, const float* rows, int64_t V, int64_t H, const float* hn,
                                    int64_t n, float* logits);
 

@@ -1,4 +1,4 @@
-#include "engine/rank_workers.h"
+#include "base/rank_workers.h"
 
 #include "base/error.h"
 

@@ -1,6 +1,6 @@
-// Persistent threads for the data-parallel ranks of one engine (docs/PARALLEL.md): a step runs rank 0 on the
-// engine thread and ranks 1 … P−1 on these, in lockstep (the expert-parallel exchanges inside each rank's forward
-// are collective). Starting P − 1 threads per step cost tens of microseconds per thread on every step; these wait
+// Persistent threads for the ranks of a parallel step (docs/PARALLEL.md) — the data-parallel ranks of one engine,
+// the KV-head ranks of model/tp_executor.h: a step runs rank 0 on the calling thread and ranks 1 … P−1 on these, in
+// lockstep (the exchanges inside each rank's forward are collective). Starting P − 1 threads per step cost tens of microseconds per thread on every step; these wait
 // on a condition variable between steps instead.
 #pragma once
 

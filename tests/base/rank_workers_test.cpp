@@ -1,5 +1,5 @@
-// RankWorkers (engine/rank_workers.h): the persistent rank threads of a data-parallel engine step.
-#include "engine/rank_workers.h"
+// RankWorkers (base/rank_workers.h): the persistent rank threads of a data-parallel engine step.
+#include "base/rank_workers.h"
 
 #include <gtest/gtest.h>
 
