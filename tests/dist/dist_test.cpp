@@ -160,24 +160,29 @@ RankWeights poisoned(int P) {
   return [P](const M3Weights& w, int r) { return shard_for(w, r, P); };
 }
 
-// Rank r loads its share (model/rank_share.h) from a checkpoint of w that holds only rank r's routed experts: the
-// rank cannot have read another rank's expert, and its other experts are empty arrays. With `split_vocab` the
-// embedding and LM head are split over the ranks too (vocab_parts = P): rank r reads only its vocabulary rows, and
-// the forward exchanges embedding rows and logits (model/vocab_parallel.h).
-RankWeights sharded_load(int P, bool split_vocab = false) {
-  return [P, split_vocab](const M3Weights& w, int r) {
+// Rank r loads its share of `layout` (model/rank_share.h; its rank field is set to r) from a checkpoint of w that
+// holds only rank r's routed experts when they are split: the rank cannot have read another rank's expert, and its
+// other experts are empty arrays. With the vocabulary split (vocab_parts > 1) rank r reads only its vocabulary rows,
+// and the forward exchanges embedding rows and logits (model/vocab_parallel.h).
+RankWeights sharded_share_load(const RankShare& layout) {
+  return [layout](const M3Weights& w, int r) {
     const M3Config c = test::tiny_config();
+    RankShare share = layout;
+    share.rank = r;
     const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("m3_dist_shard_" + std::to_string(::getpid()) + "_" + std::to_string(P) + "_" +
+                             ("m3_dist_shard_" + std::to_string(::getpid()) + "_" + std::to_string(share.world) + "_" +
                               std::to_string(r))).string();
-    test::write_checkpoint(c, w, dir, [&](int, int e) { return e % P == r; });
-    const RankShare share{r, P, true, 1, split_vocab ? P : 1};
+    test::write_checkpoint(c, w, dir, [&](int, int e) { return share.owns_expert(e); });
     M3Weights rw = M3Weights::load(c, SafeTensors::open(dir), share);
     std::filesystem::remove_all(dir);
     const auto [v0, v1] = share.vocab_rows(c.vocab_size);
     EXPECT_EQ(int64_t(rw.embed.size()), (v1 - v0) * c.hidden_size) << "rank " << r << " holds only its vocabulary rows";
     return rw;
   };
+}
+// The expert-parallel layout of P ranks (and the vocabulary split over them with `split_vocab`).
+RankWeights sharded_load(int P, bool split_vocab = false) {
+  return sharded_share_load(RankShare{0, P, true, 1, split_vocab ? P : 1});
 }
 
 // Attention split over the KV heads of P ranks (one TP group: each rank holds Hq/P query, Hkv/P KV and Hidx/P index
@@ -233,21 +238,6 @@ void expect_kv_head_split_equals_one_rank(int P, const RankWeights& rank_weights
     EXPECT_LE(worst[size_t(r)], 1e-5) << P << " ranks, rank " << r << ": max |logit − one rank| / max |logit|";
     EXPECT_EQ(token_mismatches[size_t(r)], 0) << "rank " << r << " greedy tokens";
   }
-}
-
-// Rank r's share loaded from a checkpoint of w (holding only rank r's routed experts when they are split).
-RankWeights sharded_share_load(const RankShare& layout) {
-  return [layout](const M3Weights& w, int r) {
-    const M3Config c = test::tiny_config();
-    RankShare share = layout;
-    share.rank = r;
-    const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("m3_tp_shard_" + std::to_string(::getpid()) + "_" + std::to_string(r))).string();
-    test::write_checkpoint(c, w, dir, [&](int, int e) { return share.owns_expert(e); });
-    M3Weights rw = M3Weights::load(c, SafeTensors::open(dir), share);
-    std::filesystem::remove_all(dir);
-    return rw;
-  };
 }
 
 // A rank that fails before its collective must not leave the others waiting forever: abort() wakes them with an
