@@ -443,6 +443,40 @@ void trace_breakdown(const char* what, std::vector<m3::cuda::MsaDecodeIndex>& op
                 what, t_ticket / mt / 1e3, t_topk / mt / 1e3, t_after / mt / 1e3, mt, m);
 }
 
+// Per-slot timing of a traced kernel (kernel-side %globaltimer stamps, `slots` per CTA, `grid` CTAs per call, `rot`
+// calls per graph replay, the last replay's stamps): for each slot the median and the latest CTA, in µs after the
+// call's first CTA entered, averaged over calls 1..rot−1 (all when rot = 1); then the gap from one call's last exit
+// (the last slot) to the next call's first entry (negative: overlapped under PDL) and the period between exits.
+void trace_slots(const char* what, const std::vector<uint64_t>& h, int rot, int grid, int slots,
+                 const std::vector<const char*>& names) {
+  std::vector<double> med(slots, 0), mx(slots, 0);
+  double gap = 0, period = 0, prev_end = 0;
+  int m = 0, mg = 0;
+  for (int r = 0; r < rot; ++r) {
+    const uint64_t* c = h.data() + size_t(r) * grid * slots;
+    double start = 1e300, end = 0;
+    for (int i = 0; i < grid; ++i)
+      start = std::min(start, double(c[size_t(i) * slots])),
+      end = std::max(end, double(c[size_t(i) * slots + slots - 1]));
+    if (r >= 1 || rot == 1) {
+      for (int k = 0; k < slots; ++k) {
+        std::vector<double> v;
+        for (int i = 0; i < grid; ++i) v.push_back(double(c[size_t(i) * slots + k]) - start);
+        std::sort(v.begin(), v.end());
+        med[k] += v[v.size() / 2], mx[k] += v.back();
+      }
+      ++m;
+    }
+    if (r >= 1) gap += start - prev_end, period += end - prev_end, ++mg;
+    prev_end = end;
+  }
+  std::printf("trace %-30s", what);
+  for (int k = 0; k < slots; ++k) std::printf(" | %s %.2f / %.2f", names[k], med[k] / m / 1e3, mx[k] / m / 1e3);
+  const std::string g = mg ? std::to_string(gap / mg / 1e3).substr(0, 5) : "—",
+                    p = mg ? std::to_string(period / mg / 1e3).substr(0, 5) : "—";
+  std::printf(" | gap %s | period %s µs (median / last CTA)\n", g.c_str(), p.c_str());
+}
+
 // bf16 and e4m3 side by side: the index scorer (+ top-k + page list) and the paged decode attention.
 void run_fp8(double copy, const std::string& json_path, const std::string& commit, const char* gpu,
              std::vector<int> batches, std::vector<int> ctxs, bool index_only, bool trace) {
@@ -553,14 +587,37 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
             a.R = R, a.G = kG, a.scale = 1.f / std::sqrt(float(kD)), a.k_scale = 1.f / 448, a.v_scale = 1.f / 448;
             return a;
           };
-          const Timing t = time_graph(
-              [&](cudaStream_t s) {
-                for (int r = 0; r < rot; ++r) {
-                  if (f8) op.run(args(k8.get(), v8.get(), r), s, pdl);
-                  else op.run(args(k16.get(), v16.get(), r), s, pdl);
-                }
-              },
-              rot);
+          uint64_t* stamps = nullptr;  // --trace: kTraceSlots stamps per CTA per call
+          auto calls = [&](cudaStream_t s) {
+            for (int r = 0; r < rot; ++r) {
+              const size_t at = size_t(r) * R * op.splits() * m3::cuda::PagedDecodeTc::kTraceSlots;
+              if (f8) {
+                auto a = args(k8.get(), v8.get(), r);
+                a.trace = stamps ? stamps + at : nullptr;
+                op.run(a, s, pdl);
+              } else {
+                auto a = args(k16.get(), v16.get(), r);
+                a.trace = stamps ? stamps + at : nullptr;
+                op.run(a, s, pdl);
+              }
+            }
+          };
+          const Timing t = time_graph(calls, rot);
+          if (trace) {
+            const int grid = R * op.splits(), slots = m3::cuda::PagedDecodeTc::kTraceSlots;
+            m3::cuda::DeviceBuffer<uint64_t> buf(size_t(rot) * grid * slots);
+            M3_CUDA_CHECK(cudaMemset(buf.get(), 0, size_t(rot) * grid * slots * sizeof(uint64_t)));
+            stamps = buf.get();
+            time_graph(calls, rot);
+            stamps = nullptr;
+            std::vector<uint64_t> h(size_t(rot) * grid * slots);
+            M3_CUDA_CHECK(cudaMemcpy(h.data(), buf.get(), h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+            char what[96];
+            std::snprintf(what, sizeof what, "attn B=%d %dk %s %s", B, ctx / 1024, f8 ? "e4m3" : "bf16",
+                          pdl ? "graph+PDL" : "graph");
+            trace_slots(what, h, rot, grid, slots,
+                        {"entry", "page list read", "first chunk landed", "last chunk folded", "exit"});
+          }
           const double gbps = bytes / (t.median_us * 1e3);
           char shape[64];
           std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d %s", B, ctx / 1024, op.splits(),

@@ -58,6 +58,18 @@ static_assert(Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kDeepStages) <=
 //    (2g, 2g+1) of a 16-dim chunk; bytes (0, 2) are the b operand of dim 2g, bytes (1, 3) of dim 2g + 1, so chunk
 //    ch feeds two n-tiles (even dims → o[2·ch], odd → o[2·ch + 1]) and the epilogue puts the dims back in order.
 // k_scale folds into the softmax scale, v_scale into the final normalisation.
+// Where a CTA's time goes (bench_decode --trace): slot 0 entry, 1 page list read (after the PDL wait and indptr),
+// 2 first chunk landed, 3 last chunk folded into O, 4 exit (after the cross-warp and split merges and the store).
+// One predicated store each when on.
+template <typename KvT>
+__device__ __forceinline__ void trace_stamp(const PagedDecodeTcArgs<KvT>& a, int slot) {
+  if (a.trace != nullptr && threadIdx.x == 0) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    a.trace[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * PagedDecodeTc::kTraceSlots + slot] = t;
+  }
+}
+
 template <typename KvT, bool kDeep>
 __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
     paged_decode_tc_kernel(PagedDecodeTcArgs<KvT> a, int splits, int per) {
@@ -71,10 +83,12 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
   const uint32_t sbase = smem_addr(smem);
   const int r = blockIdx.x, split = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  trace_stamp(a, 0);
   pdl_launch_dependents();
   pdl_wait();  // q and the page list come from the previous kernels
   const int beg = a.indptr[r], npages = a.indptr[r + 1] - beg;
   const int ntok = npages > 0 ? (npages - 1) * PAGE + a.last_len[r] : 0;
+  if (a.trace != nullptr && ntok != 0x7fffffff) trace_stamp(a, 1);  // branches on the loaded value: after the load
   const int nchunks = (ntok + CH - 1) / CH;
   if (per <= 0) per = (nchunks + splits - 1) / splits;  // dynamic plan: the request's own chunks cut evenly
   const int c0 = min(nchunks, split * per), c1 = min(nchunks, c0 + per);
@@ -147,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
   for (int c = c0; c < c1; ++c) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // chunk c landed for every thread; the stage refilled below was consumed last iteration
+    if (c == c0) trace_stamp(a, 2);
     if (c + kStages - 1 < c1) load_chunk(c + kStages - 1, (c + kStages - 1 - c0) % kStages);
     cp_async_commit();
     const uint32_t ks = sbase + ((c - c0) % kStages) * kStageBytes, vs = ks + kTileBytes;
@@ -231,6 +246,7 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
       }
     }
   }
+  trace_stamp(a, 3);
   cp_async_wait<0>();
   __syncthreads();  // the ring is free: reuse it for the cross-warp merge
 
@@ -286,6 +302,7 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
 #pragma unroll
       for (int i = 0; i < 16; i += 2) *reinterpret_cast<uint32_t*>(dst + i) = pack_bf16x2(acc[i], acc[i + 1]);
     }
+    if (a.trace != nullptr) __syncthreads(), trace_stamp(a, 4);
     return;
   }
   // Split-K inside a thread-block cluster (the request's splits): each CTA leaves its normalised O [16, 128] and
@@ -324,6 +341,7 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
     a.out[(int64_t(r) * a.G + mrow) * D + d] = __float2bfloat16(den > 0.f ? num / den : 0.f);
   }
   cluster.sync();  // no CTA leaves while its partial may still be read
+  trace_stamp(a, 4);
 }
 
 // How many clusters of `size` CTAs (a request's splits) can be resident at once. A cluster must fit inside one GPC,

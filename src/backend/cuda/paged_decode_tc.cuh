@@ -32,11 +32,15 @@ struct PagedDecodeTcArgs {
   int R = 0, G = 0;
   float scale = 1.f;
   float k_scale = 1.f, v_scale = 1.f;  // e4m3 only
+  // Bench only (bench_decode --trace): PagedDecodeTc::kTraceSlots %globaltimer stamps (ns) per CTA, CTA index
+  // split · R + r; null (the default) turns it off. Slots in paged_decode_tc.cu (trace_stamp).
+  uint64_t* trace = nullptr;
 };
 
 class PagedDecodeTc {
  public:
   static constexpr int kHeadDim = 128, kPage = 128;
+  static constexpr int kTraceSlots = 5;
   // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request. Allocates
   // nothing. dynamic = false: every split owns a fixed count of chunks derived from max_pages (the longest list of
   // this step). dynamic = true (CUDA graphs, docs/KERNELS.md §9): max_pages is a capacity and only sets the split
