@@ -121,13 +121,14 @@ struct AttnCase {
 
   // PagedDecodeTc over the given device pools (run twice, the second with PDL); the bf16 output.
   template <typename KvT>
-  std::vector<bf16> run_gpu(const KvT* dk, const KvT* dv, float k_scale, float v_scale, bool allow_split) const {
+  std::vector<bf16> run_gpu(const KvT* dk, const KvT* dv, float k_scale, float v_scale, bool allow_split,
+                            int schedule = 0) const {
     DevVec<bf16> dq(qb);
     DevVec<int32_t> dind(indptr), didx(indices), dlast(last);
     cuda::DeviceBuffer<bf16> dout(size_t(T) * Hq * D);
     M3_CUDA_CHECK(cudaMemset(dout.get(), 0xFF, size_t(T) * Hq * D * sizeof(bf16)));  // NaN poison
     cuda::PagedDecodeTc op;
-    op.plan(R, G, max_pages, allow_split);
+    op.plan(R, G, max_pages, allow_split, false, cuda::PagedDecodeTc::Schedule(schedule));
     cuda::PagedDecodeTcArgs<KvT> a;
     a.q = dq.get(), a.out = dout.get(), a.k = dk, a.v = dv;
     a.stride_page = int64_t(Bk) * D, a.stride_tok = D;
@@ -231,11 +232,11 @@ cuda::DeviceBuffer<uint8_t> quantise_checked(const bf16* dsrc, const std::vector
 }  // namespace
 
 Result check_paged_decode(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
-                          bool allow_split, int top_k) {
+                          bool allow_split, int top_k, int schedule) {
   std::mt19937_64 g(seed);
   const AttnCase c(g, positions, Hkv, G, sparse, top_k);
   DevVec<bf16> dk(c.kb), dv(c.vb);
-  return c.compare(c.run_gpu(dk.get(), dv.get(), 1.f, 1.f, allow_split), c.cpu_ref(c.kf, c.vf));
+  return c.compare(c.run_gpu(dk.get(), dv.get(), 1.f, 1.f, allow_split, schedule), c.cpu_ref(c.kf, c.vf));
 }
 
 Result check_paged_decode_fp8(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,

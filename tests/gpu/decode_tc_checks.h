@@ -21,9 +21,10 @@ struct Result {
 };
 
 // Attention: G query heads per KV head, Hkv KV heads, HND pools, sparse (random valid selection of top_k) or dense
-// (all pages 0..local) page lists; PagedDecodeTc vs cpu::attention_sparse / attention_dense_causal.
+// (all pages 0..local) page lists; PagedDecodeTc vs cpu::attention_sparse / attention_dense_causal. schedule: 0 the
+// plan's choice, 1 cluster, 2 balanced (PagedDecodeTc::Schedule).
 Result check_paged_decode(uint64_t seed, const std::vector<int32_t>& positions, int Hkv, int G, bool sparse,
-                          bool allow_split, int top_k = 16);
+                          bool allow_split, int top_k = 16, int schedule = 0);
 
 // Multi-query attention (PagedDecodeMq): request n has qs[n] ≤ 8 rows at consecutive positions ending at
 // last_pos[n], sharing the request's page table. Selections per (row, KV head): kOverlap — the rows keep one base

@@ -61,6 +61,28 @@ TEST(GpuDecode, PagedDecodeDenseFewLongRequestsSplitSixteenWaysMatchesCpu) {
   expect_ok(decode_check::check_paged_decode(seed(), {20000, 5}, 2, 16, false, true), "paged_decode_tc dense R=4 ragged");
 }
 
+// The two schedules of PagedDecodeTc forced where the plan would pick the other (the plan takes balanced for ≥ 32
+// requests): balanced over 10 requests (G 8, one KV head) and over 16 dense lists of 1–71 pages (requests cut into
+// many parts, a CTA range holding whole requests between two cut ones, last pages with ≤ 64 tokens so a range can
+// start on an empty half page), and the cluster schedule with splits over the mixed rows (40 requests).
+TEST(GpuDecode, PagedDecodeBalancedScheduleMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  constexpr int kBalanced = 2;
+  expect_ok(decode_check::check_paged_decode(seed(), kMixed, 1, 8, true, true, 16, kBalanced),
+            "paged_decode_tc balanced G8, 10 requests");
+  expect_ok(decode_check::check_paged_decode(seed(), {3, 300, 4000, 9000}, 4, 16, false, true, 16, kBalanced),
+            "paged_decode_tc balanced dense");
+  expect_ok(decode_check::check_paged_decode(seed(), kMixed, 4, 16, true, true, 16, kBalanced),
+            "paged_decode_tc balanced sparse G16");
+}
+
+TEST(GpuDecode, PagedDecodeClusterScheduleWithSplitsMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  constexpr int kCluster = 1;
+  expect_ok(decode_check::check_paged_decode(seed(), kMixed, 4, 16, true, true, 16, kCluster),
+            "paged_decode_tc cluster split");
+}
+
 // Multi-query requests: last positions (short rows, rows straddling a page boundary so their last pages differ,
 // long rows) and a Q per request cycling through 1, 2, 4, 8, 3.
 const std::vector<int32_t> kMqLast = {3, 129, 130, 1000, 2050, 5000, 16383, 16385, 70000, 128 * 40 + 1};

@@ -8,10 +8,13 @@
 // model (attention: K+V of the selected tokens; scorer: every index key of the batch), % of a device copy ceiling
 // measured in the same run.
 //   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query [--mq-scorer]] [--fp8] [--index-only]
-//                [--batches 8,64] [--ctxs 16384,65536] [--trace]
+//                [--batches 8,64] [--ctxs 16384,65536] [--trace] [--attn-only] [--schedules 1,2]
 // --index-only: only the index scorer (its checks and timings; with --fp8 bf16 and e4m3 side by side);
 // --batches / --ctxs: the shapes timed (default: the mode's list); --trace (with --fp8): per scorer case the
-// breakdown of one call from the kernel's timer stamps (trace_breakdown).
+// breakdown of one call from the kernel's timer stamps (trace_breakdown), and per attention case the same for
+// PagedDecodeTc (trace_slots); --attn-only (with --fp8): the attention half only; --schedules: PagedDecodeTc
+// schedules timed (1 cluster, 2 balanced; default: the plan's choice); M3_DECODE_BALANCED_SHAPE=deep|wide overrides
+// the balanced grid's pipeline shape.
 // --fp8: only the FP8 (e4m3) cache section (issue 15 item 4): e4m3 K/V and index-K next to bf16 on the same
 // shapes, B ∈ {8, 32, 64, 128} × ctx ∈ {16k, 64k, 128k}; GB/s on the bytes each variant reads (e4m3: half).
 // The e4m3 checks (and their accuracy against the bf16 cache) run with the other checks in every mode.
@@ -479,7 +482,8 @@ void trace_slots(const char* what, const std::vector<uint64_t>& h, int rot, int 
 
 // bf16 and e4m3 side by side: the index scorer (+ top-k + page list) and the paged decode attention.
 void run_fp8(double copy, const std::string& json_path, const std::string& commit, const char* gpu,
-             std::vector<int> batches, std::vector<int> ctxs, bool index_only, bool trace) {
+             std::vector<int> batches, std::vector<int> ctxs, bool index_only, bool trace,
+             const std::vector<int>& schedules, bool attn_only) {
   using e4m3 = m3::cuda::e4m3_t;
   if (batches.empty()) batches = {8, 32, 64, 128};
   if (ctxs.empty()) ctxs = {16384, 65536, 131072};
@@ -491,7 +495,7 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
   std::mt19937_64 g(17);
   // Index pools: enough pages for the largest rotated step.
   size_t need = 0;
-  for (int B : batches)
+  for (int B : attn_only ? std::vector<int>{} : batches)
     for (int ctx : ctxs) {
       const size_t pages = size_t(B) * (ctx / kBlock);
       const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / (pages * 16384.0)), 1, 64));
@@ -502,7 +506,7 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
     m3::cuda::DeviceBuffer<e4m3> ip8(need * kBlock * kD);
     fill(ip16.get(), need * kBlock * kD, 1);
     fill_e4m3(ip8.get(), need * kBlock * kD, 1);
-    for (int B : batches)
+    for (int B : attn_only ? std::vector<int>{} : batches)
       for (int ctx : ctxs) {
         const int npages = (ctx - 1) / kBlock + 1;
         const size_t pages = size_t(B) * npages;
@@ -576,8 +580,10 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
         DevVec<int32_t> dind(indptr), dlast(last), didx(idx);
         m3::cuda::DeviceBuffer<bf16> q(size_t(rot) * R * kG * kD), out(size_t(rot) * R * kG * kD);
         fill(q.get(), size_t(rot) * R * kG * kD, 5);
+        for (const int sched : schedules) {
         m3::cuda::PagedDecodeTc op;
-        op.plan(R, kG, n, true);
+        op.plan(R, kG, n, true, false, m3::cuda::PagedDecodeTc::Schedule(sched));
+        const bool bal_deep = f8 ? op.balanced_deep<e4m3>() : op.balanced_deep<bf16>();
         for (const bool pdl : {false, true}) {
           auto args = [&](auto* kp, auto* vp, int r) {
             m3::cuda::PagedDecodeTcArgs<std::remove_const_t<std::remove_pointer_t<decltype(kp)>>> a;
@@ -590,7 +596,8 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
           uint64_t* stamps = nullptr;  // --trace: kTraceSlots stamps per CTA per call
           auto calls = [&](cudaStream_t s) {
             for (int r = 0; r < rot; ++r) {
-              const size_t at = size_t(r) * R * op.splits() * m3::cuda::PagedDecodeTc::kTraceSlots;
+              const size_t at = size_t(r) * (op.balanced() ? 2 * m3::cuda::sm_count() : R * op.splits()) *
+                                m3::cuda::PagedDecodeTc::kTraceSlots;
               if (f8) {
                 auto a = args(k8.get(), v8.get(), r);
                 a.trace = stamps ? stamps + at : nullptr;
@@ -604,7 +611,8 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
           };
           const Timing t = time_graph(calls, rot);
           if (trace) {
-            const int grid = R * op.splits(), slots = m3::cuda::PagedDecodeTc::kTraceSlots;
+            const int grid = op.balanced() ? 2 * m3::cuda::sm_count() : R * op.splits();
+            const int slots = m3::cuda::PagedDecodeTc::kTraceSlots;
             m3::cuda::DeviceBuffer<uint64_t> buf(size_t(rot) * grid * slots);
             M3_CUDA_CHECK(cudaMemset(buf.get(), 0, size_t(rot) * grid * slots * sizeof(uint64_t)));
             stamps = buf.get();
@@ -613,17 +621,22 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
             std::vector<uint64_t> h(size_t(rot) * grid * slots);
             M3_CUDA_CHECK(cudaMemcpy(h.data(), buf.get(), h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
             char what[96];
-            std::snprintf(what, sizeof what, "attn B=%d %dk %s %s", B, ctx / 1024, f8 ? "e4m3" : "bf16",
-                          pdl ? "graph+PDL" : "graph");
+            std::snprintf(what, sizeof what, "attn B=%d %dk %s %s %s", B, ctx / 1024, f8 ? "e4m3" : "bf16",
+                          op.balanced() ? "bal" : "clu", pdl ? "graph+PDL" : "graph");
             trace_slots(what, h, rot, grid, slots,
                         {"entry", "page list read", "first chunk landed", "last chunk folded", "exit"});
           }
           const double gbps = bytes / (t.median_us * 1e3);
           char shape[64];
-          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d %s", B, ctx / 1024, op.splits(),
-                        op.deep() ? "deep" : "wide");
+          if (op.balanced())
+            std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 balanced %s", B, ctx / 1024,
+                          bal_deep ? "deep" : "wide");
+          else
+            std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d %s", B, ctx / 1024, op.splits(),
+                          op.deep() ? "deep" : "wide");
           recs.push_back({"paged_decode_tc", shape, f8 ? "e4m3" : "bf16", pdl ? "graph+PDL" : "graph", t.median_us,
                           gbps, 100 * gbps / copy, t.cv});
+        }
         }
       }
     }
@@ -632,8 +645,13 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
   for (size_t i = 0; i < recs.size(); ++i) {
     const auto& r = recs[i];
     char ratio[32] = "";
-    if (r.dtype == "e4m3")  // the bf16 record of the same shape and launch is two entries earlier
-      std::snprintf(ratio, sizeof ratio, "%.2f", r.us / recs[i - 2].us);
+    // The bf16 record of the same op, launch and shape (up to the pipeline shape, which may differ by type).
+    auto key = [](const Rec& x) { return x.op + x.launch + x.shape.substr(0, x.shape.rfind(' ')); };
+    for (size_t j = i; r.dtype == "e4m3" && j-- > 0;)
+      if (recs[j].dtype == "bf16" && key(recs[j]) == key(r)) {
+        std::snprintf(ratio, sizeof ratio, "%.2f", r.us / recs[j].us);
+        break;
+      }
     std::printf("| %s | %s | %s | %s | %.1f | %.1f%% | %.0f | %.0f%% | %s |\n", r.op.c_str(), r.shape.c_str(),
                 r.dtype.c_str(), r.launch.c_str(), r.us, 100 * r.cv, r.gbps, r.pct, ratio);
   }
@@ -659,7 +677,8 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
 int main(int argc, char** argv) {
   std::string json_path, commit = "unknown";
   bool quick = false, multi_query = false, mq_scorer = false, fp8 = false, index_only = false, trace = false;
-  std::vector<int> arg_batches, arg_ctxs;
+  bool attn_only = false;  // --fp8 --attn-only: the attention half only
+  std::vector<int> arg_batches, arg_ctxs, schedules = {0};  // --schedules 1,2: cluster and balanced
   auto int_list = [](const char* s) {
     std::vector<int> v;
     for (const char* p = s; *p;) {
@@ -675,12 +694,14 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       if (!std::strcmp(argv[i], "--index-only")) index_only = true;
+      if (!std::strcmp(argv[i], "--attn-only")) attn_only = true;
       if (!std::strcmp(argv[i], "--trace")) trace = true;
       if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) arg_batches = int_list(argv[++i]);
       else if (!std::strcmp(argv[i], "--ctxs") && i + 1 < argc) arg_ctxs = int_list(argv[++i]);
       if (!std::strcmp(argv[i], "--multi-query")) multi_query = true;
       if (!std::strcmp(argv[i], "--mq-scorer")) mq_scorer = true;
       if (!std::strcmp(argv[i], "--fp8")) fp8 = true;
+      if (!std::strcmp(argv[i], "--schedules") && i + 1 < argc) schedules = int_list(argv[++i]);
       if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
       else if (!std::strcmp(argv[i], "--commit") && i + 1 < argc) commit = argv[++i];
       else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -764,7 +785,7 @@ int main(int argc, char** argv) {
     std::printf("copy ceiling (read + write, best of): %.0f GB/s (%s)\n", copy, copy_detail.c_str());
     if (multi_query) return run_multi_query(copy, mq_scorer, json_path, commit, prop.name) && all_ok ? 0 : 1;
     if (fp8) {
-      run_fp8(copy, json_path, commit, prop.name, arg_batches, arg_ctxs, index_only, trace);
+      run_fp8(copy, json_path, commit, prop.name, arg_batches, arg_ctxs, index_only, trace, schedules, attn_only);
       return all_ok ? 0 : 1;
     }
 
@@ -873,8 +894,12 @@ int main(int argc, char** argv) {
               rot);
           const double gbps = bytes / (t.median_us * 1e3);
           char shape[64];
-          std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d %s", B, ctx / 1024, op.splits(),
-                        op.deep() ? "deep" : "wide");
+          if (op.balanced())
+            std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 balanced %s", B, ctx / 1024,
+                          op.balanced_deep<bf16>() ? "deep" : "wide");
+          else
+            std::snprintf(shape, sizeof shape, "B=%d ctx=%dk Q=1 splits=%d %s", B, ctx / 1024, op.splits(),
+                          op.deep() ? "deep" : "wide");
           recs.push_back({"paged_decode_tc", shape, pdl ? "graph+PDL" : "graph", t.median_us, gbps, 100 * gbps / copy,
                           t.cv, vllm_attention(B)});
         }

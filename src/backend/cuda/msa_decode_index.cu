@@ -132,19 +132,32 @@ __device__ __forceinline__ const int32_t* row_pages(const DevStepRows& rows, int
 // Top-(K−1) of row t's history scores for index head h (one warp), then the selection (ascending ids, local last)
 // and the page list. Keys: order-preserving score bits << 32 | (~col): an integer max picks the higher score and,
 // on ties, the lower column — the CPU twin's order (NaN ranks as −inf). Each lane keeps its best kList keys sorted.
-__device__ void topk_emit(const ScoreArgs& a, int t, int h, int lane) {
-  const int T = a.rows.T, K = a.K, local = a.rows.pos[t] / B;
+// local = the row's history page count (its work, fend − fbeg in the caller), so nothing is read before the scores.
+// This runs after the row's last page, on the step's critical path (bench_decode --trace: "top-k + page list"), so
+// it is built around latency: the scores, the page-table row's address and the attention offset are loaded at once
+// (three independent L2 chains instead of pos → scores → … → row_seq → pt_indptr → page), each of the K − 1
+// selection rounds is two redux.sync max instead of five 64-bit shuffle steps, and the only dependent read after
+// the selection is the picked pages' ids.
+__device__ void topk_emit(const ScoreArgs& a, int t, int h, int local, int lane) {
+  const int T = a.rows.T, K = a.K;
   const float* sr = a.scores + (int64_t(h) * T + t) * a.max_cols;
+  const int32_t seq = a.rows.row_seq[t];
+  const int32_t dst_off = a.attn_indptr[t * a.H + h];
   uint64_t top[kList];
 #pragma unroll
   for (int j = 0; j < kList; ++j) top[j] = 0;
   // The row's scores come from L2 (other CTAs wrote them): kBatch loads per lane are issued before the first is
   // inserted, so a 512-column row (64k context) costs two L2 round trips instead of sixteen. Same insertion order.
   constexpr int kBatch = 8;
-  for (int b0 = lane; b0 < local; b0 += 32 * kBatch) {
-    float xs[kBatch];
+  float xs[kBatch];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) xs[j] = b0 + 32 * j < local ? __ldcg(sr + b0 + 32 * j) : 0.f;
+  for (int j = 0; j < kBatch; ++j) xs[j] = lane + 32 * j < local ? __ldcg(sr + lane + 32 * j) : 0.f;
+  const int32_t* pt = a.rows.pt_pages + a.rows.pt_indptr[seq];  // in flight with the scores
+  for (int b0 = lane; b0 < local; b0 += 32 * kBatch) {
+    if (b0 != lane) {
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) xs[j] = b0 + 32 * j < local ? __ldcg(sr + b0 + 32 * j) : 0.f;
+    }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int b = b0 + 32 * j;
@@ -161,33 +174,35 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int lane) {
       }
     }
   }
+  const int32_t local_page = pt[local];  // needed last; issued before the selection rounds
+  // Round k: the warp's best head key; its owner pops it. The high words (score) decide, the low word (~column,
+  // unique) breaks ties; a key is never 0 (u ≥ 0x007FFFFF), so popped-out slots (0) never win while K − 1 ≤ local
+  // candidates remain (local ≥ K for every row with work).
   int pick = 0x7fffffff;
   for (int k = 0; k < K - 1; ++k) {
-    uint64_t best = top[0];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
-      best = other > best ? other : best;
-    }
-    if (top[0] == best) {
+    const uint32_t hi = uint32_t(top[0] >> 32), lo = uint32_t(top[0]);
+    const uint32_t mhi = __reduce_max_sync(0xffffffffu, hi);
+    const uint32_t mlo = __reduce_max_sync(0xffffffffu, hi == mhi ? lo : 0u);
+    if (hi == mhi && lo == mlo) {
 #pragma unroll
       for (int j = 0; j < kList - 1; ++j) top[j] = top[j + 1];
       top[kList - 1] = 0;
     }
-    if (lane == k) pick = int(0xFFFFFFFFu - uint32_t(best));
+    if (lane == k) pick = int(0xFFFFFFFFu - mlo);
   }
   int rank = 0;
-  for (int j = 0; j < K - 1; ++j) rank += __shfl_sync(0xffffffffu, pick, j) < pick;
+#pragma unroll
+  for (int j = 0; j < kList; ++j)
+    if (j < K - 1) rank += __shfl_sync(0xffffffffu, pick, j) < pick;
   int32_t* sel = a.selection + (int64_t(h) * T + t) * K;
-  int32_t* idx = a.attn_indices + a.attn_indptr[t * a.H + h];
-  const int32_t* pt = row_pages(a.rows, t);
+  int32_t* idx = a.attn_indices + dst_off;
   if (lane < K - 1) {
     sel[rank] = pick;
     idx[rank] = int32_t(pt[pick] * a.ppu + h);
   }
   if (lane == 0) {
     sel[K - 1] = local;
-    idx[K - 1] = int32_t(pt[local] * a.ppu + h);
+    idx[K - 1] = int32_t(local_page * a.ppu + h);
   }
 }
 
@@ -301,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
       if (s_last) {
         trace_stamp(a, 5);
         __threadfence();
-        if (warp < H) topk_emit(a, ft, warp, lane);
+        if (warp < H) topk_emit(a, ft, warp, fend - fbeg, lane);
         if (tid == 0) a.row_done[ft] = 0;  // ready for the next run (graph replays)
         trace_stamp(a, 6);
       }

@@ -41,22 +41,41 @@ class PagedDecodeTc {
  public:
   static constexpr int kHeadDim = 128, kPage = 128;
   static constexpr int kTraceSlots = 5;
-  // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request. Allocates
-  // nothing. dynamic = false: every split owns a fixed count of chunks derived from max_pages (the longest list of
+  // The balanced schedule keeps indptr in shared memory: at most this many requests (B ≤ 255 at 4 KV heads).
+  static constexpr int kMaxBalancedRequests = 1023;
+  // How the work is cut over CTAs (docs/KERNELS.md §9). kCluster: one CTA per (request, split), a request's splits a
+  // thread-block cluster merged through distributed shared memory. kBalanced: a persistent grid, every CTA an
+  // equal range of the step's chunks across request boundaries, cut requests merged from global scratch by the
+  // last CTA to finish one. kAuto: balanced for ≥ 32 requests (≤ kMaxBalancedRequests) when splitting is allowed,
+  // else cluster (few long requests keep the 16-way cluster, whose merge runs on all of the request's CTAs at once).
+  enum class Schedule { kAuto, kCluster, kBalanced };
+  // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request (cluster
+  // schedule). dynamic = false: every split owns a fixed count of chunks derived from max_pages (the longest list of
   // this step). dynamic = true (CUDA graphs, docs/KERNELS.md §9): max_pages is a capacity and only sets the split
   // count; each request's own chunks are cut evenly over the splits in the kernel, so the launch depends on
-  // (R, G, capacity) alone and one captured launch serves any step of R requests.
-  void plan(int R, int G, int max_pages, bool allow_split, bool dynamic = false);
+  // (R, G, capacity) alone and one captured launch serves any step of R requests (the balanced schedule reads the
+  // page lists on the device either way). The balanced schedule's scratch (2 partials per CTA, a ticket per request,
+  // about 4.4 MB) is allocated here on first use — never inside a capture if an eager step planned the same R first.
+  void plan(int R, int G, int max_pages, bool allow_split, bool dynamic = false, Schedule schedule = Schedule::kAuto);
   // pdl: launch with programmatic dependent launch (the CTAs start while the previous kernel drains and wait for it
   // before reading anything).
   template <typename KvT>
   void run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pdl = false);
   int splits() const { return splits_; }
   bool deep() const { return deep_; }
+  bool balanced() const { return balanced_; }
+  // The balanced grid for this element type: bf16 deep (1 CTA per SM), e4m3 wide (2 per SM: its conversions need
+  // the 8 warps) unless M3_DECODE_BALANCED_SHAPE=deep|wide says otherwise (benchmarks).
+  template <typename KvT>
+  bool balanced_deep() const;
 
  private:
   int R_ = 0, G_ = 0, splits_ = 1, chunks_per_split_ = 1;
+  int max_units_ = 0;  // balanced: upper bound of the step's chunks (2 · R · max_pages)
   bool deep_ = false;  // 6-stage pipeline at 1 CTA per SM instead of 3 stages at 2 (see plan())
+  bool balanced_ = false;
+  DeviceBuffer<float> part_;
+  DeviceBuffer<int> tickets_;
 };
 
 }  // namespace m3::cuda
