@@ -458,13 +458,15 @@ void trace_slots(const char* what, const std::vector<uint64_t>& h, int rot, int 
   for (int r = 0; r < rot; ++r) {
     const uint64_t* c = h.data() + size_t(r) * grid * slots;
     double start = 1e300, end = 0;
-    for (int i = 0; i < grid; ++i)
-      start = std::min(start, double(c[size_t(i) * slots])),
-      end = std::max(end, double(c[size_t(i) * slots + slots - 1]));
+    for (int i = 0; i < grid; ++i)  // a CTA that never ran (a grid smaller than the buffer) left zeros
+      if (c[size_t(i) * slots] != 0)
+        start = std::min(start, double(c[size_t(i) * slots])),
+        end = std::max(end, double(c[size_t(i) * slots + slots - 1]));
     if (r >= 1 || rot == 1) {
       for (int k = 0; k < slots; ++k) {
         std::vector<double> v;
-        for (int i = 0; i < grid; ++i) v.push_back(double(c[size_t(i) * slots + k]) - start);
+        for (int i = 0; i < grid; ++i)
+          if (c[size_t(i) * slots] != 0) v.push_back(double(c[size_t(i) * slots + k]) - start);
         std::sort(v.begin(), v.end());
         med[k] += v[v.size() / 2], mx[k] += v.back();
       }

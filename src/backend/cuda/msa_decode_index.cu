@@ -134,14 +134,16 @@ __device__ __forceinline__ const int32_t* row_pages(const DevStepRows& rows, int
 // on ties, the lower column — the CPU twin's order (NaN ranks as −inf). Each lane keeps its best kList keys sorted.
 // local = the row's history page count (its work, fend − fbeg in the caller), so nothing is read before the scores.
 // This runs after the row's last page, on the step's critical path (bench_decode --trace: "top-k + page list"), so
-// it is built around latency: the scores, the page-table row's address and the attention offset are loaded at once
-// (three independent L2 chains instead of pos → scores → … → row_seq → pt_indptr → page), each of the K − 1
-// selection rounds is two redux.sync max instead of five 64-bit shuffle steps, and the only dependent read after
-// the selection is the picked pages' ids.
-__device__ void topk_emit(const ScoreArgs& a, int t, int h, int local, int lane) {
+// it is built around latency: the scores, the local page's chain and the attention offset are loaded at once (no
+// pos → scores → … → row_seq → pt_indptr → page chain), each of the K − 1 selection rounds is two redux.sync max
+// instead of five 64-bit shuffle steps, and the only dependent read after the selection is the picked pages' ids
+// from the flattened work list (wbeg = the row's first work item).
+__device__ void topk_emit(const ScoreArgs& a, int t, int h, int wbeg, int local, int lane) {
   const int T = a.rows.T, K = a.K;
   const float* sr = a.scores + (int64_t(h) * T + t) * a.max_cols;
-  const int32_t seq = a.rows.row_seq[t];
+  // The local block's page: a three-load chain (row → sequence → page-table row → page), started first so that it
+  // runs under the scores' load and the selection; a history pick's page is work_pages[wbeg + b] (one load).
+  const int32_t local_page = a.rows.pt_pages[a.rows.pt_indptr[a.rows.row_seq[t]] + local];
   const int32_t dst_off = a.attn_indptr[t * a.H + h];
   uint64_t top[kList];
 #pragma unroll
@@ -152,7 +154,6 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int local, int lane)
   float xs[kBatch];
 #pragma unroll
   for (int j = 0; j < kBatch; ++j) xs[j] = lane + 32 * j < local ? __ldcg(sr + lane + 32 * j) : 0.f;
-  const int32_t* pt = a.rows.pt_pages + a.rows.pt_indptr[seq];  // in flight with the scores
   for (int b0 = lane; b0 < local; b0 += 32 * kBatch) {
     if (b0 != lane) {
 #pragma unroll
@@ -174,7 +175,6 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int local, int lane)
       }
     }
   }
-  const int32_t local_page = pt[local];  // needed last; issued before the selection rounds
   // Round k: the warp's best head key; its owner pops it. The high words (score) decide, the low word (~column,
   // unique) breaks ties; a key is never 0 (u ≥ 0x007FFFFF), so popped-out slots (0) never win while K − 1 ≤ local
   // candidates remain (local ≥ K for every row with work).
@@ -198,7 +198,7 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int local, int lane)
   int32_t* idx = a.attn_indices + dst_off;
   if (lane < K - 1) {
     sel[rank] = pick;
-    idx[rank] = int32_t(pt[pick] * a.ppu + h);
+    idx[rank] = int32_t(a.work_pages[wbeg + pick] * a.ppu + h);
   }
   if (lane == 0) {
     sel[K - 1] = local;
@@ -306,17 +306,20 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
     }
     ++fcount;
     if (i == fend - 1 || i == i1 - 1) {  // this CTA's part of row ft is done: publish its scores, take a ticket
-      if (tid < H) __threadfence();
+      // Message passing at GPU scope with acquire-release fences (not fence.sc): the barrier orders the score
+      // stores before thread 0's release fence (cumulative), the ticket is a relaxed atomic, and the CTA that
+      // completes the row acquires before reading the other CTAs' scores (from L2, __ldcg).
       __syncthreads();
       if (tid == 0) {
+        fence_acq_rel_gpu();
         const int old = atomicAdd(a.row_done + ft, fcount);
         s_last = old + fcount == fend - fbeg;
       }
       __syncthreads();
       if (s_last) {
         trace_stamp(a, 5);
-        __threadfence();
-        if (warp < H) topk_emit(a, ft, warp, fend - fbeg, lane);
+        fence_acq_rel_gpu();
+        if (warp < H) topk_emit(a, ft, warp, fbeg, fend - fbeg, lane);
         if (tid == 0) a.row_done[ft] = 0;  // ready for the next run (graph replays)
         trace_stamp(a, 6);
       }

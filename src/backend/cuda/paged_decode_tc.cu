@@ -570,9 +570,11 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
     const int b0 = owner(first), b1 = owner(last - 1);
     auto slot = [&](int cta) { return bs.part + int64_t(2 * cta + (start(cta) < first ? 1 : 0)) * kPartFloats; };
     float mx = -INFINITY;
-    for (int c = b0; c <= b1; ++c) mx = fmaxf(mx, __ldcg(slot(c) + 16 * D + row));
+#pragma unroll 8
+    for (int c = b0; c <= b1; ++c) mx = fmaxf(mx, __ldcg(slot(c) + 16 * D + row));  // 8 loads in flight
     float num[16] = {}, den = 0.f;
     if (mx != -INFINITY)
+#pragma unroll 4
       for (int c = b0; c <= b1; ++c) {
         const float* sp = slot(c);
         const float w = exp2f(__ldcg(sp + 16 * D + row) - mx);
@@ -665,12 +667,9 @@ void PagedDecodeTc::plan(int R, int G, int max_pages, bool allow_split, bool dyn
   M3_CUDA_REQUIRE(max_pages >= 0 && max_pages < (1 << 24), "paged decode (tc): bad page count %d", max_pages);
   R_ = R, G_ = G;
   const int chunks = std::max(1, max_pages * (PAGE / CH));
-  // The balanced schedule (see paged_decode_bal_kernel) wherever there are enough requests that a cut request has
-  // few parts (B ≥ 8 at 4 KV heads: ~5 parts of 8 KiB to merge); a few long requests keep the cluster schedule,
-  // whose merge is spread over all of a request's CTAs (a balanced cut of 4 requests over 132 CTAs leaves ~33 parts
-  // to one merging CTA).
-  balanced_ = R > 0 && R <= kMaxBalancedRequests && allow_split &&
-              (schedule == Schedule::kBalanced || (schedule == Schedule::kAuto && R >= 32));
+  // Opt-in for now: on the H200 it measured slower than the cluster schedule at every shape timed (B = 8 / 32 / 64:
+  // 22.6 / 48 / 80 µs against 17.5 / 39 / 70 in bf16; docs/KERNELS.md §9, bench/results/2026-12-03b-decode-h200.md).
+  balanced_ = R > 0 && R <= kMaxBalancedRequests && allow_split && schedule == Schedule::kBalanced;
   if (balanced_) {
     M3_CUDA_REQUIRE(int64_t(R) * chunks < (int64_t(1) << 30), "paged decode (tc): step too large (%d × %d chunks)", R,
                     chunks);

@@ -46,8 +46,8 @@ class PagedDecodeTc {
   // How the work is cut over CTAs (docs/KERNELS.md §9). kCluster: one CTA per (request, split), a request's splits a
   // thread-block cluster merged through distributed shared memory. kBalanced: a persistent grid, every CTA an
   // equal range of the step's chunks across request boundaries, cut requests merged from global scratch by the
-  // last CTA to finish one. kAuto: balanced for ≥ 32 requests (≤ kMaxBalancedRequests) when splitting is allowed,
-  // else cluster (few long requests keep the 16-way cluster, whose merge runs on all of the request's CTAs at once).
+  // last CTA to finish one (≤ kMaxBalancedRequests; a cut of few long requests leaves many parts to one merging CTA).
+  // kAuto: cluster — the balanced schedule measured slower so far (paged_decode_tc.cu, plan()) and is opt-in.
   enum class Schedule { kAuto, kCluster, kBalanced };
   // R fake requests with at most max_pages pages each; allow_split = false forces one CTA per request (cluster
   // schedule). dynamic = false: every split owns a fixed count of chunks derived from max_pages (the longest list of
