@@ -3,9 +3,11 @@
 // pages (indptr / indices / last-page fill), so MSA decode (page list emitted by the decode indexer) and dense decode
 // (pages 0..p/B) both use it. Fixed shape: head dim 128, page 128 tokens, G ∈ {8, 16} (one mma M-tile of 16 rows).
 //
-// plan() (host, may allocate) picks the split count from R and the longest page list; run() is allocation-free and
-// capture-safe: one launch; with splits > 1 (≤ 8) the splits of a request form one thread-block cluster and merge
-// their partial (O, LSE) through distributed shared memory, so no second kernel and no global scratch are needed.
+// plan() (host, may allocate) picks the schedule and the split count from R and the longest page list; run() is
+// allocation-free and capture-safe: one launch. Cluster schedule (the default): with splits > 1 (≤ 16) the splits of
+// a request form one thread-block cluster and merge their partial (O, LSE) through distributed shared memory.
+// Balanced schedule (opt-in, Schedule): equal chunk ranges per CTA of a persistent grid, cut requests merged from
+// global scratch (see paged_decode_tc.cu).
 #pragma once
 
 #include <cuda_bf16.h>
