@@ -94,6 +94,19 @@ inline void upload(DeviceBuffer<T>& dst, const T* src, size_t n, cudaStream_t s)
 }
 
 #ifdef __CUDACC__
+// The segment of a CSR offsets array holding item i: the last s in [0, n) with indptr[s] ≤ i (indptr ascending,
+// indptr[0] ≤ i; among empty segments sharing a start, the last one — the non-empty segment that holds i when
+// i < indptr[n]). indptr may point to shared or global memory.
+__device__ __forceinline__ int csr_segment_of(const int32_t* indptr, int n, int i) {
+  int lo = 0, hi = n;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (indptr[mid] <= i) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

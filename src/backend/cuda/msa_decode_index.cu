@@ -85,12 +85,7 @@ __global__ void decode_index_pages_kernel(DevStepRows rows, const int32_t* __res
                                           int32_t* __restrict__ work_pages) {
   if (W < 0) W = work_indptr[rows.T];
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < W; i += gridDim.x * blockDim.x) {
-    int lo = 0, hi = rows.T;  // last t with work_indptr[t] ≤ i
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (work_indptr[mid] <= i) lo = mid;
-      else hi = mid;
-    }
+    const int lo = csr_segment_of(work_indptr, rows.T, i);  // the row of item i
     work_pages[i] = rows.pt_pages[rows.pt_indptr[rows.row_seq[lo]] + (i - work_indptr[lo])];
   }
 }
@@ -279,15 +274,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) decode_index_kernel(Scor
     trace_stamp(a, 2), trace_stamp(a, 3), trace_stamp(a, 4);
     return;
   }
-  auto row_of = [&](int i) {  // last t with work_indptr[t] ≤ i (that row has work, since i < W)
-    int lo = 0, hi = T;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (s_wi[mid] <= i) lo = mid;
-      else hi = mid;
-    }
-    return lo;
-  };
+  auto row_of = [&](int i) { return csr_segment_of(s_wi, T, i); };  // that row has work, since i < W
   // Compute side: row ct covers items up to cend; qb = its query as the mma B operand (k = dim, n = head).
   int ct = -1, cend = i0;
   uint32_t qb[8][2];

@@ -64,36 +64,7 @@ __device__ __forceinline__ void attend_step(uint32_t ks, uint32_t vs, int t, int
       mma_bf16_16816(sc[2 * s], qf[kk], b0, b1);
       mma_bf16_16816(sc[2 * s + 1], qf[kk], b2, b3);
     }
-  const int tb = t + 2 * (lane & 3);
-  float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 2 * NS; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x = tb + j * 8 + (e & 1) < vis ? sc[j][e] * sl2 : -INFINITY;
-      sc[j][e] = x;
-      if (e < 2) mx0 = fmaxf(mx0, x);
-      else mx1 = fmaxf(mx1, x);
-    }
-  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-  // A head with no valid key yet keeps m = −inf: subtract 0 instead so exp2 gives 0, never NaN.
-  const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
-  const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
-  m0 = mn0, m1 = mn1;
-  float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-  for (int j = 0; j < 2 * NS; ++j) {
-    sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
-    sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
-    s0 += sc[j][0] + sc[j][1], s1 += sc[j][2] + sc[j][3];
-  }
-  l0 = l0 * al0 + s0, l1 = l1 * al1 + s1;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) o[i][0] *= al0, o[i][1] *= al0, o[i][2] *= al1, o[i][3] *= al1;
+  online_softmax_step(sc, t + 2 * (lane & 3), vis, sl2, m0, m1, l0, l1, o);
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
     const uint32_t pa[4] = {pack_bf16x2(sc[2 * s][0], sc[2 * s][1]), pack_bf16x2(sc[2 * s][2], sc[2 * s][3]),

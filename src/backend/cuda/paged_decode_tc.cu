@@ -79,8 +79,6 @@ template <bool kFp8>
 __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint32_t (&qf)[8][4], int valid,
                                            float sl2, int warp, int lane, float& m0, float& m1, float& l0, float& l1,
                                            float (&o)[16][4]) {
-  constexpr int kTileBytes = CH * D * (kFp8 ? 1 : 2);
-  (void)kTileBytes;
   float sc[2][4] = {};
   if constexpr (kFp8) {
 #pragma unroll
@@ -104,35 +102,7 @@ __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint3
       mma_bf16_16816(sc[1], qf[kk], b2, b3);
     }
   }
-  const int tbase = warp * 16 + 2 * (lane & 3);
-  float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x = tbase + j * 8 + (e & 1) < valid ? sc[j][e] * sl2 : -INFINITY;
-      sc[j][e] = x;
-      if (e < 2) mx0 = fmaxf(mx0, x);
-      else mx1 = fmaxf(mx1, x);
-    }
-  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-  // A row with no valid key yet keeps m = −inf: subtract 0 instead so exp2 gives 0, never NaN.
-  const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
-  const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
-  m0 = mn0, m1 = mn1;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
-    sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
-  }
-  l0 = l0 * al0 + sc[0][0] + sc[0][1] + sc[1][0] + sc[1][1];
-  l1 = l1 * al1 + sc[0][2] + sc[0][3] + sc[1][2] + sc[1][3];
-#pragma unroll
-  for (int n = 0; n < 16; ++n) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
+  online_softmax_step(sc, warp * 16 + 2 * (lane & 3), valid, sl2, m0, m1, l0, l1, o);
   const uint32_t pa[4] = {pack_bf16x2(sc[0][0], sc[0][1]), pack_bf16x2(sc[0][2], sc[0][3]),
                           pack_bf16x2(sc[1][0], sc[1][1]), pack_bf16x2(sc[1][2], sc[1][3])};
   if constexpr (kFp8) {
@@ -487,15 +457,7 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
     return;
   }
   const int w0 = start(b), w1 = start(b + 1);
-  auto req_of = [&](int page) {  // the request holding CSR page `page` (< indptr[R]): last r with indptr[r] ≤ page
-    int lo = 0, hi = R;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (s_ip[mid] <= page) lo = mid;
-      else hi = mid;
-    }
-    return lo;
-  };
+  auto req_of = [&](int page) { return csr_segment_of(s_ip, R, page); };  // page < indptr[R]
 
   // Load side (uniform over the CTA): chunk lw of request lr; page ids and the request's last-page fill are read one
   // load ahead, so no load waits on them in the steady state.

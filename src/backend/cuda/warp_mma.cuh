@@ -1,6 +1,7 @@
 // Warp-level tensor-core and async-copy primitives (sm_80+ PTX, used on sm_90a): cp.async with zero fill and an
-// optional L2 evict-first policy, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 → fp32, PDL controls, and
-// the 128-dim bf16 shared-memory tile swizzle the decode kernels share (docs/KERNELS.md §9).
+// optional L2 evict-first policy, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 → fp32, PDL controls,
+// and what the decode kernels share: the 128-dim bf16 shared-memory tile swizzle and the online-softmax step
+// (docs/KERNELS.md §9).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -76,6 +77,44 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// The online-softmax step of the decode kernels on N n-tiles of S accumulators (m16n8 layout: sc[j][0..1] row
+// g = lane / 4, sc[j][2..3] row g + 8, token tb + 8j + (e & 1) for element e, tb = the warp's first token +
+// 2·(lane % 4)): scale by sl2 (log2 domain), mask tokens ≥ vis to −inf, take the row max over the quad, rescale the
+// running (m, l) and the 16 O n-tiles, and leave P = exp2(S − m) in sc for the P·V mma.
+template <int N>
+__device__ __forceinline__ void online_softmax_step(float (&sc)[N][4], int tb, int vis, float sl2, float& m0,
+                                                    float& m1, float& l0, float& l1, float (&o)[16][4]) {
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = tb + j * 8 + (e & 1) < vis ? sc[j][e] * sl2 : -INFINITY;
+      sc[j][e] = x;
+      if (e < 2) mx0 = fmaxf(mx0, x);
+      else mx1 = fmaxf(mx1, x);
+    }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+  // A row with no valid key yet keeps m = −inf: subtract 0 instead so exp2 gives 0, never NaN.
+  const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
+  const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
+  m0 = mn0, m1 = mn1;
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
+    sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
+    s0 += sc[j][0] + sc[j][1], s1 += sc[j][2] + sc[j][3];
+  }
+  l0 = l0 * al0 + s0, l1 = l1 * al1 + s1;
+#pragma unroll
+  for (int n = 0; n < 16; ++n) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
+}
 
 // A GPU-scope acquire-release fence: the release / acquire halves of a flag or ticket hand-off between CTAs (cheaper
 // than __threadfence's sequentially consistent fence).
