@@ -22,6 +22,7 @@ struct Ring {
   static constexpr int kSmem = kStages * kPageBytes;
 };
 constexpr int kPlanThreads = 1024;
+constexpr int kRadixRegs = 16;  // rows of ≤ 512 history blocks take the radix top-k (topk_radix)
 constexpr int kMaxRows = MsaDecodeIndex::kMaxRows;
 
 // One CTA. Per row t: work(t) = local when local + 1 > K (history pages to rank) else 0; n_valid(t) =
@@ -124,9 +125,72 @@ __device__ __forceinline__ const int32_t* row_pages(const DevStepRows& rows, int
   return rows.pt_pages + rows.pt_indptr[rows.row_seq[t]];
 }
 
+// Order-preserving bits of a score (NaN ranks as −inf): an unsigned compare orders them as the floats; never 0.
+__device__ __forceinline__ uint32_t score_key(float x) {
+  if (isnan(x)) x = -INFINITY;
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Rows of ≤ 32·kR history columns (kR = 16: 64k context): a radix select instead of the insertion network. Every
+// lane holds its columns b = lane + 32j as keys u (0 past the row: never selected, every real key is > 0) and the
+// pages of those columns (loaded together with the scores, so no load waits on the selection). The (K−1)-th largest
+// key thr is found MSB first, two bits per round: the warp counts the keys ≥ thr | d·2^bit for d = 1, 2, 3 packed
+// in 10-bit fields of one redux.sync (counts ≤ 512). Then the picks are the keys > thr and, of the keys == thr, the
+// lowest columns (the CPU twin's tie order) — both by ballots in column order (j-major, then lane), which also gives
+// every pick its slot in ascending column order: no sort, no rank pass.
+template <int kR>
+__device__ __forceinline__ void topk_radix(const ScoreArgs& a, const float* sr, int wbeg, int local, int h,
+                                           int32_t* sel, int32_t* idx, int lane) {
+  const int Kt = a.K - 1;
+  uint32_t u[kR];
+  int32_t pg[kR];
+#pragma unroll
+  for (int j = 0; j < kR; ++j) {
+    const int b = lane + 32 * j;
+    const bool in = b < local;
+    u[j] = in ? score_key(__ldcg(sr + b)) : 0u;
+    pg[j] = in ? __ldcg(a.work_pages + wbeg + b) : 0;
+  }
+  uint32_t thr = 0;
+#pragma unroll 1
+  for (int bit = 30; bit >= 0; bit -= 2) {
+    const uint32_t t1 = thr | (1u << bit), t2 = thr | (2u << bit), t3 = thr | (3u << bit);
+    uint32_t c = 0;
+#pragma unroll
+    for (int j = 0; j < kR; ++j)
+      c += uint32_t(u[j] >= t1) + (uint32_t(u[j] >= t2) << 10) + (uint32_t(u[j] >= t3) << 20);
+    c = __reduce_add_sync(0xffffffffu, c);
+    const uint32_t k = uint32_t(Kt);
+    thr = (c >> 20) >= k ? t3 : ((c >> 10) & 1023u) >= k ? t2 : (c & 1023u) >= k ? t1 : thr;
+  }
+  uint32_t gt = 0;
+#pragma unroll
+  for (int j = 0; j < kR; ++j) gt += u[j] > thr;
+  const int need = Kt - int(__reduce_add_sync(0xffffffffu, gt));  // ≥ 1: thr itself is among the picks
+  const uint32_t below = (1u << lane) - 1u;
+  int ties = 0, out = 0;
+#pragma unroll
+  for (int j = 0; j < kR; ++j) {
+    if (32 * j >= local) break;  // warp-uniform
+    const bool eq = u[j] == thr;
+    const uint32_t em = __ballot_sync(0xffffffffu, eq);
+    const bool take = u[j] > thr || (eq && ties + __popc(em & below) < need);
+    ties += __popc(em);
+    const uint32_t tm = __ballot_sync(0xffffffffu, take);
+    if (take) {
+      const int slot = out + __popc(tm & below);
+      sel[slot] = lane + 32 * j;
+      idx[slot] = int32_t(pg[j] * a.ppu + h);
+    }
+    out += __popc(tm);
+  }
+}
+
 // Top-(K−1) of row t's history scores for index head h (one warp), then the selection (ascending ids, local last)
 // and the page list. Keys: order-preserving score bits << 32 | (~col): an integer max picks the higher score and,
-// on ties, the lower column — the CPU twin's order (NaN ranks as −inf). Each lane keeps its best kList keys sorted.
+// on ties, the lower column — the CPU twin's order (NaN ranks as −inf). Rows of ≤ 512 history blocks take the radix
+// select above; longer ones an insertion network (each lane keeps its best kList keys sorted).
 // local = the row's history page count (its work, fend − fbeg in the caller), so nothing is read before the scores.
 // This runs after the row's last page, on the step's critical path (bench_decode --trace: "top-k + page list"), so
 // it is built around latency: the scores, the local page's chain and the attention offset are loaded at once (no
@@ -140,6 +204,20 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int wbeg, int local,
   // runs under the scores' load and the selection; a history pick's page is work_pages[wbeg + b] (one load).
   const int32_t local_page = a.rows.pt_pages[a.rows.pt_indptr[a.rows.row_seq[t]] + local];
   const int32_t dst_off = a.attn_indptr[t * a.H + h];
+  if (local <= 32 * kRadixRegs) {
+    int32_t* sel = a.selection + (int64_t(h) * T + t) * K;
+    int32_t* idx = a.attn_indices + dst_off;
+    if (local <= 128)
+      topk_radix<4>(a, sr, wbeg, local, h, sel, idx, lane);
+    else
+      topk_radix<kRadixRegs>(a, sr, wbeg, local, h, sel, idx, lane);
+    if (lane == 0) {
+      sel[K - 1] = local;
+      idx[K - 1] = int32_t(local_page * a.ppu + h);
+    }
+    return;
+  }
+  // Longer rows: each lane keeps its best kList keys sorted (an insertion network), then K − 1 selection rounds.
   uint64_t top[kList];
 #pragma unroll
   for (int j = 0; j < kList; ++j) top[j] = 0;
@@ -158,11 +236,7 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int wbeg, int local,
     for (int j = 0; j < kBatch; ++j) {
       const int b = b0 + 32 * j;
       if (b >= local) break;
-      float x = xs[j];
-      if (isnan(x)) x = -INFINITY;
-      uint32_t u = __float_as_uint(x);
-      u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-      const uint64_t key = (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(b));
+      const uint64_t key = (uint64_t(score_key(xs[j])) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(b));
       if (key > top[kList - 1]) {
 #pragma unroll
         for (int q = kList - 1; q > 0; --q) top[q] = key > top[q - 1] ? top[q - 1] : (key > top[q] ? key : top[q]);
