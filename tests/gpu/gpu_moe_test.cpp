@@ -4,7 +4,7 @@
 // Reference: the GPU's router logits are checked against an fp64 CPU product (fp32 accumulation order only), then
 // routed on the CPU by cpu::moe_route (ids must be equal, weights within expf-vs-std::exp ulps), and every
 // (token, slot) runs the expert MLP on the CPU in fp64 from the same bf16 weights, with x and the SwiGLU output
-// rounded to bf16 where the GPU rounds them. What remains is fp32 accumulation order in the tensor-core GEMMs and
+// rounded where the GPU rounds them (bf16; f16 for FP8 experts). What remains is fp32 accumulation order in the tensor-core GEMMs and
 // the odd act element that lands on the other side of a bf16 rounding boundary (one bf16 ulp, 2^-8 relative, of one
 // of I terms): tolerance 1e-3 of max |ref|. The error against an unrounded fp32 reference (the cost of bf16
 // activations) is printed, not asserted.
@@ -212,18 +212,24 @@ GpuRun run_gpu(const Layer& L, const std::vector<float>& xn, const std::vector<f
   return r;
 }
 
-// CPU expert MLP in fp64 on bf16 weights: gate_up [2I, H], down [H, I]; round = bf16 rounding of x and act.
+// How the GPU rounds the expert MLP's activations (x and act): bf16 for bf16 experts, f16 for FP8 experts (the W8A16
+// GEMMs multiply f16), or not at all (the fp32 reference whose error is only printed).
+enum class ActRound { None, Bf16, F16 };
+float round_act(float v, ActRound r) {
+  return r == ActRound::Bf16 ? round_to_bf16(v) : r == ActRound::F16 ? f16_to_f32(f32_to_f16(v)) : v;
+}
+
+// CPU expert MLP in fp64 on bf16 weights: gate_up [2I, H], down [H, I]; x and act rounded as the GPU rounds them.
 void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<float>& dn, int64_t H, int64_t I,
-             bool round, std::vector<double>& y) {
+             ActRound round, std::vector<double>& y) {
   std::vector<float> xr(x, x + H), act(static_cast<size_t>(I));
-  if (round)
-    for (float& v : xr) v = round_to_bf16(v);
+  for (float& v : xr) v = round_act(v, round);
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
     for (int64_t h = 0; h < H; ++h) g += double(xr[h]) * gu[i * H + h], u += double(xr[h]) * gu[(I + i) * H + h];
     float a;
     cpu::swiglu_oai(std::array<float, 2>{float(g), float(u)}.data(), 1, 1, 1.702f, 7.f, &a);
-    act[i] = round ? round_to_bf16(a) : a;
+    act[i] = round_act(a, round);
   }
   y.assign(size_t(H), 0.0);
   for (int64_t h = 0; h < H; ++h) {
@@ -237,7 +243,7 @@ struct RefResult {
   double err = 0, err_unrounded = 0, ref_max = 0;
 };
 
-// Checks logits and routing of `g` and returns the output errors against the bf16-mirroring reference.
+// Checks logits and routing of `g` and returns the output errors against the reference that rounds as the GPU does.
 RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
                             const GpuRun& g, const std::string& what) {
   const int64_t H = L.sh.H, E = L.sh.E, K = L.sh.K, I = L.sh.I, Is = L.sh.Is;
@@ -260,6 +266,7 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
   for (size_t i = 0; i < wts.size(); ++i) werr = std::max(werr, double(std::abs(wts[i] - g.weights[i])));
   EXPECT_LE(werr, 2e-6) << what << ": routing weights";
   // 3. the experts, one at a time (only the chosen ones are downloaded).
+  const ActRound mirror = L.fp8 ? ActRound::F16 : ActRound::Bf16;
   std::vector<double> ref(x0.begin(), x0.end()), refu(x0.begin(), x0.end());
   std::vector<double> y;
   for (int64_t e = 0; e < E; ++e) {
@@ -272,7 +279,7 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
     for (int64_t p : pairs) {
       const int64_t t = p / K;
       for (int pass = 0; pass < 2; ++pass) {
-        cpu_mlp(&xn[size_t(t * H)], gu, dn, H, I, pass == 0, y);
+        cpu_mlp(&xn[size_t(t * H)], gu, dn, H, I, pass == 0 ? mirror : ActRound::None, y);
         std::vector<double>& r = pass == 0 ? ref : refu;
         for (int64_t h = 0; h < H; ++h) r[size_t(t * H + h)] += double(wts[size_t(p)]) * y[size_t(h)];
       }
@@ -283,7 +290,7 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
     L.host_expert(E, gu, dn);
     for (int64_t t = 0; t < T; ++t)
       for (int pass = 0; pass < 2; ++pass) {
-        cpu_mlp(&xn[size_t(t * H)], gu, dn, H, Is, pass == 0, y);
+        cpu_mlp(&xn[size_t(t * H)], gu, dn, H, Is, pass == 0 ? mirror : ActRound::None, y);
         std::vector<double>& r = pass == 0 ? ref : refu;
         for (int64_t h = 0; h < H; ++h) r[size_t(t * H + h)] += y[size_t(h)];
       }
@@ -297,7 +304,7 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
     rr.ref_max = std::max(rr.ref_max, std::abs(ref[i]));
   }
   EXPECT_EQ(bad, 0u) << what << ": non-finite outputs";
-  std::printf("[gpu-op] moe_grouped%s %s: max|err|/max|ref| %.3g (bf16-mirroring ref), %.3g (fp32 activations ref); "
+  std::printf("[gpu-op] moe_grouped%s %s: max|err|/max|ref| %.3g (GPU-rounding ref), %.3g (fp32 activations ref); "
               "logits %.3g, weights %.3g, tiles %d, active experts %d\n",
               L.fp8 ? " fp8-experts" : "", what.c_str(), rr.err / rr.ref_max, rr.err_unrounded / rr.ref_max, lerr / lmax, werr, g.tiles, g.active);
   EXPECT_LE(rr.err, 1e-3 * rr.ref_max) << what;
@@ -532,8 +539,10 @@ TEST(GpuMoe, Fp8ExpertsMatchCpuReferenceAtM3Widths) {
 }
 
 // Decode and prefill sizes at M3 widths against the bf16 kernels on the same (dequantised) values: both mma.sync, the
-// same tiles; only the k order inside each 64-wide chunk differs (fp32 summation order, and the odd act element on
-// the other side of a bf16 rounding boundary).
+// same tiles; the k order inside each 64-wide chunk differs (fp32 summation order), and the FP8 GEMMs take x and
+// act as f16 where the bf16 ones take bf16 — each activation's rounding differs by up to bf16's half ulp (2^-9
+// relative), so the outputs agree to a few 1e-3 of their maximum (the CPU-reference tests above hold 1e-3 against a
+// reference that rounds as each kernel does).
 TEST(GpuMoe, Fp8ExpertsEqualBf16ExpertsOnTheSameValuesAtM3Widths) {
   M3_SKIP_WITHOUT_GPU();
   const Shape m3{6144, 128, 4, 3072, 3072};
@@ -548,7 +557,7 @@ TEST(GpuMoe, Fp8ExpertsEqualBf16ExpertsOnTheSameValuesAtM3Widths) {
     const auto [bad, diff, delta] = diff_runs(a, b, x0);
     EXPECT_EQ(bad, 0u) << T;
     EXPECT_GT(delta, 0.0) << T;
-    EXPECT_LE(diff, 1e-3 * delta) << T;
+    EXPECT_LE(diff, 4e-3 * delta) << T;
     std::printf("[gpu-op] moe_grouped fp8 experts T %lld at M3 widths (%s): vs bf16 kernels on the same values "
                 "max|diff| %.3g of max|moe out| %.3g (%.2g)\n",
                 (long long)T, path_name(m3, T, cuda::MoeGemmPath::Auto, true).c_str(), diff, delta, diff / delta);

@@ -11,7 +11,7 @@
 #include <functional>
 #include <type_traits>
 
-#include "backend/cuda/e4m3_bf16.cuh"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/warp_mma.cuh"
 #include "base/fp8_format.h"
 
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(32 * kRouterSeg) router_logits_kernel(const fl
                                                                         const float* __restrict__ router, int E,
                                                                         float* __restrict__ logits,
                                                                         __nv_bfloat16* __restrict__ xb,
-                                                                        int32_t* __restrict__ counts) {
+                                                                        int32_t* __restrict__ counts, bool xb_f16) {
   constexpr int kThreads = 32 * kRouterSeg;
   __shared__ float part[kRouterSeg][EW][kRouterTT];
   const int t0 = blockIdx.x * kRouterTT, nt = min(kRouterTT, T - t0);
@@ -64,8 +64,13 @@ __global__ void __launch_bounds__(32 * kRouterSeg) router_logits_kernel(const fl
 #pragma unroll 4
       for (int c = threadIdx.x; c < H / 4; c += kThreads) {
         const float4 v = src[c];
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-        dst[c] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+        if (xb_f16) {  // FP8 experts: the W8A16 GEMMs multiply f16 (see moe_gemm_kernel)
+          const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+          dst[c] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+        } else {
+          const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+          dst[c] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+        }
       }
     }
   }
@@ -285,9 +290,12 @@ __device__ __forceinline__ void lds128(uint32_t addr, uint32_t& r0, uint32_t& r1
 // loads 16 contiguous weight bytes of its row (one 16-byte load) and 16 contiguous bf16 of each of its A rows (two
 // 16-byte loads), and mma step j pairs bytes 4j..4j+3 with A elements 4j..4j+3 — the k order inside an mma is free
 // as long as A and B agree: lane quad position c owns logical k {2c, 2c+1} = physical 16c + 4j + {0, 1} and
-// {2c+8, 2c+9} = 16c + 4j + {2, 3}. The codes become bf16 by E4M3::lo2 / hi2 (value·2^−120, exact) and one
-// mul.bf16x2 by the block's scale·2^120 (exact for power-of-two scales): the products are the bf16 GEMM's on the
-// dequantised weights, only the fp32 summation order differs.
+// {2c+8, 2c+9} = 16c + 4j + {2, 3}. Each code pair becomes an exact f16 pair in one cvt.rn.f16x2.e4m3x2, the mma
+// is f16 (fp32 accumulate) into per-K-step accumulators that are scaled into the tile's once per step (the Blk128
+// scale is constant over 128 K). So the A operand is f16 here: the router writes xn as f16 for FP8 experts and the
+// gate/up epilogue writes act as f16 (|act| ≤ 56 under SwiGLU-OAI's clamps; f16 rounds a normal value more finely
+// than bf16). The earlier bf16 route (codes placed as bf16·2^−120, one mul.bf16x2 by scale·2^120 per pair) issued
+// ≈ 4 instructions per code pair where this issues one (bench/results/2026-12-02e-moe-h200.md: instruction-bound).
 template <int BM, int WM, int kStages, bool kGateUp, typename WT>
 __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
   constexpr bool kFp8 = std::is_same_v<WT, uint8_t>;
@@ -396,16 +404,16 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
     cp_async_commit();
     const uint32_t as = sbase + (kb % kStages) * kStageBytes, bs = as + kABytes;
     if constexpr (kFp8) {
-      uint32_t smul[2 * NP];  // bf16x2 of scale·2^120 (ssc was written before the loop's first __syncthreads)
+      // This K step's products in their own accumulators, scaled into acc once (the block scale is per 128 K).
+      float sacc[MT][2 * NP][4];
 #pragma unroll
-      for (int j = 0; j < 2 * NP; ++j) {
-        const float v = ssc[sidx[j] + kb] * 0x1p120f;
-        smul[j] = pack_bf16x2(v, v);
-      }
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 2 * NP; ++j) sacc[i][j][0] = sacc[i][j][1] = sacc[i][j][2] = sacc[i][j][3] = 0.f;
       const int gq = lane >> 2, c = lane & 3;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // 64-wide halves of the K step
-        uint32_t af[MT][2][8];      // rows g and g + 8 of each m-tile: bf16 k 64h + 16c … + 15
+        uint32_t af[MT][2][8];      // rows g and g + 8 of each m-tile: f16 k 64h + 16c … + 15
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -422,16 +430,23 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
         for (int st = 0; st < 4; ++st) {
 #pragma unroll
           for (int j = 0; j < 2 * NP; ++j) {
-            const uint32_t b0 = mul_bf16x2(E4M3::lo2(bw[j][st]), smul[j]);
-            const uint32_t b1 = mul_bf16x2(E4M3::hi2(bw[j][st]), smul[j]);
+            const uint32_t b0 = e4m3x2_to_f16x2<false>(bw[j][st]), b1 = e4m3x2_to_f16x2<true>(bw[j][st]);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               const uint32_t a[4] = {af[mt][0][2 * st], af[mt][1][2 * st], af[mt][0][2 * st + 1],
                                      af[mt][1][2 * st + 1]};
-              mma_bf16_16816(acc[mt][j], a, b0, b1);
+              mma_f16_16816(sacc[mt][j], a, b0, b1);
             }
           }
         }
+      }
+#pragma unroll
+      for (int j = 0; j < 2 * NP; ++j) {
+        const float sc = ssc[sidx[j] + kb];  // written before the loop's first __syncthreads
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][j][e] = fmaf(sc, sacc[mt][j][e], acc[mt][j][e]);
       }
     } else {
 #pragma unroll
@@ -480,7 +495,11 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(const GemmParams p) {
       const float gc = fminf(gv, p.limit);
       const float uc = fminf(fmaxf(uv, -p.limit), p.limit);
       const float sig = 1.0f / (1.0f + expf(-p.alpha * gc));
-      p.act[int64_t(r0 + r) * p.ld_act + n0 + j] = __float2bfloat16_rn(gc * sig * (uc + 1.0f));
+      const float av = gc * sig * (uc + 1.0f);  // |av| ≤ 7 · 1 · 8: in f16's range
+      if constexpr (kFp8)
+        reinterpret_cast<__half*>(p.act)[int64_t(r0 + r) * p.ld_act + n0 + j] = __float2half_rn(av);
+      else
+        p.act[int64_t(r0 + r) * p.ld_act + n0 + j] = __float2bfloat16_rn(av);
     }
   } else {
 #pragma unroll
@@ -666,10 +685,10 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
   const unsigned router_tiles = unsigned((T + kRouterTT - 1) / kRouterTT);
   if (T >= kRouterWideRows)
     router_logits_kernel<8><<<dim3(router_tiles, unsigned((E + 7) / 8)), 32 * kRouterSeg, 0, s>>>(
-        xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get());
+        xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get(), fp8);
   else
     router_logits_kernel<1><<<dim3(router_tiles, unsigned(E)), 32 * kRouterSeg, 0, s>>>(
-        xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get());
+        xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get(), fp8);
   M3_CUDA_LAUNCH_CHECK();
   mark(1);
   if (path == MoeGemmPath::Auto) path = fp8 ? MoeGemmPath::MmaSync : moe_gemm_path(T, H, E, K, I, Is);
