@@ -229,7 +229,7 @@ struct CudaExecutor::Impl {
     const char* e = std::getenv("M3_GEMV_MLP");
     return !(e && std::string(e) == "0");
   }();
-  int64_t gemv_mlp_rows() const { return gemv_mlp ? gemv_max_rows(false) : 0; }
+  int64_t gemv_mlp_rows(bool e4m3) const { return gemv_mlp ? gemv_max_rows(e4m3) : 0; }
   ~Impl() {
     drop_graphs();
     if (h_step) cudaFreeHost(h_step);
@@ -874,7 +874,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     if (c.mlp_kinds[l] == MlpKind::Dense) {
       const cuda::MlpDev m{L.mlp.gate_up.get(), L.mlp.down.get(), wt, L.mlp.I, L.mlp.gate_up.f8(), L.mlp.down.f8()};
       cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s,
-                    mlp_bf16 ? xnb.get() : nullptr, f8gemm.get(), opt.fp8_lt_min_rows, gemv_mlp_rows());
+                    mlp_bf16 ? xnb.get() : nullptr, f8gemm.get(), opt.fp8_lt_min_rows, gemv_mlp_rows(m.fp8()));
       prof.mark(GpuStepProfile::kMlp, s);
     } else {
       cuda::MoeArgs m;

@@ -1,6 +1,7 @@
 // The weight-streaming GEMV (backend/cuda/gemv.cuh) against an fp64 product of the same bf16 / dequantised e4m3
 // values: every T it takes (1–8), ragged N, fp32 and bf16 outputs, accumulate, both FP8 scale layouts; and the
 // shapes it must refuse.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -16,16 +17,22 @@ namespace {
 using gpu_test::Dev;
 
 // y_ref[t, n] = y0[t, n] (if accumulate) + Σ_k x[t, k]·w[n, k] in fp64.
-std::vector<float> reference(const std::vector<uint16_t>& x, const std::vector<float>& w, int64_t T, int64_t K,
+std::vector<float> reference(const std::vector<float>& x, const std::vector<float>& w, int64_t T, int64_t K,
                              int64_t N, const std::vector<float>* y0) {
   std::vector<float> y(size_t(T * N));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t n = 0; n < N; ++n) {
       double s = y0 ? double((*y0)[size_t(t * N + n)]) : 0.0;
-      for (int64_t k = 0; k < K; ++k) s += double(bf16_to_f32(x[size_t(t * K + k)])) * w[size_t(n * K + k)];
+      for (int64_t k = 0; k < K; ++k) s += double(x[size_t(t * K + k)]) * w[size_t(n * K + k)];
       y[size_t(t * N + n)] = float(s);
     }
   return y;
+}
+std::vector<float> reference(const std::vector<uint16_t>& x, const std::vector<float>& w, int64_t T, int64_t K,
+                             int64_t N, const std::vector<float>* y0) {
+  std::vector<float> xf(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_f32(x[i]);
+  return reference(xf, w, T, K, N, y0);
 }
 
 std::vector<uint16_t> bf16_vec(size_t n) {
@@ -107,10 +114,43 @@ TEST(GpuGemv, E4m3WeightsWithBlockAndRowScalesMatchAnFp64Product) {
       for (int64_t T : {1, 2, 4, 5, 8}) {
         const auto x = bf16_vec(size_t(T * K));
         Dev<uint16_t> dx(x);
-        check(fmt == Fp8Scale::Blk128 ? "gemv_e4m3 blk128" : "gemv_e4m3 row128", x, wref, T, K, N,
-              [&](void* y, cuda::GemmOut out, bool acc) { cuda::gemv_e4m3(dx.p(), T, W, y, out, acc, nullptr); });
+        for (const cuda::GemvKernel kern : {cuda::GemvKernel::Fma, cuda::GemvKernel::Mma}) {
+          const bool mma = kern == cuda::GemvKernel::Mma;
+          check(fmt == Fp8Scale::Blk128 ? (mma ? "gemv_e4m3 mma blk128" : "gemv_e4m3 fma blk128")
+                                        : (mma ? "gemv_e4m3 mma row128" : "gemv_e4m3 fma row128"),
+                x, wref, T, K, N, [&](void* y, cuda::GemmOut out, bool acc) {
+                  cuda::gemv_e4m3(dx.p(), T, W, y, out, acc, nullptr, kern);
+                });
+        }
       }
     }
+}
+
+// The tensor-core kernel multiplies x as f16: values beyond f16's range saturate to ±65504 (never ±inf), values
+// below 2^-14 round to f16 subnormals. Reference: the same product on x clamped to ±65504 (the tiny values' error is
+// far below the tolerance).
+TEST(GpuGemv, E4m3TensorCoreKernelSaturatesActivationsBeyondF16) {
+  M3_SKIP_WITHOUT_GPU();
+  const int64_t K = 1024, N = 2 * 16 * 3 + 5, T = 3;
+  std::vector<uint8_t> q(size_t(N * K));
+  std::uniform_int_distribution<int> code(0, 0x5f);  // |w| ≤ 2^4 · 1.875
+  for (auto& c : q) c = uint8_t(code(gpu_test::rng()) | (gpu_test::rng()() & 1 ? 0x80 : 0));
+  std::vector<float> sc(size_t(fp8_scale_count(Fp8Scale::Blk128, N, K)), 0.25f);
+  std::vector<float> wref(q.size());
+  cpu::fp8_dequant(q.data(), sc.data(), Fp8Scale::Blk128, N, K, wref.data());
+  auto x = bf16_vec(size_t(T * K));
+  for (size_t i = 0; i < x.size(); i += 97) x[i] = f32_to_bf16(i % 2 ? 3.0e6f : -1.0e5f);  // beyond 65504
+  for (size_t i = 5; i < x.size(); i += 89) x[i] = f32_to_bf16(3.0e-6f);                  // f16 subnormal
+  std::vector<float> xc(x.size());  // 65504 is not a bf16 value: the clamped reference stays fp32
+  for (size_t i = 0; i < x.size(); ++i) xc[i] = std::clamp(bf16_to_f32(x[i]), -65504.f, 65504.f);
+  Dev<uint8_t> dq(q);
+  Dev<float> ds(sc);
+  Dev<uint16_t> dx(x);
+  const cuda::Fp8Weight W{dq.p(), ds.p(), Fp8Scale::Blk128, N, K};
+  const std::vector<float> ref = reference(xc, wref, T, K, N, nullptr);
+  Dev<float> dy(size_t(T * N));
+  cuda::gemv_e4m3(dx.p(), T, W, dy.p(), cuda::GemmOut::F32, false, nullptr, cuda::GemvKernel::Mma);
+  gpu_test::expect_close("gemv_e4m3 mma", "saturated x", dy.get(), ref, 1e-5);
 }
 
 TEST(GpuGemv, RefusesWhatItDoesNotTake) {

@@ -1,5 +1,5 @@
 // Decode-row projections at M3 shapes, T ∈ {1, 2, 4, 8} token rows: the executor's bf16 path (cuBLASLt, fp32 out),
-// gemv_bf16, the W8A16 mma kernel and gemv_e4m3 (Blk128 scales). Each variant runs as CUDA-graph replays of R calls
+// gemv_bf16, the W8A16 mma kernel and gemv_e4m3's two kernels (CUDA cores, tensor cores; Blk128 scales). Each variant runs as CUDA-graph replays of R calls
 // over R weight copies (together > 2× L2, so every call streams its weights from HBM); µs per call (median of 25
 // replays, CV), GB/s on the weight bytes one call must read, and % of the copy ceiling measured in the same run.
 //   bench_gemv [--t 1,2,4,8]
@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
   M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const double copy = copy_ceiling_gbps();
   std::printf("device %s, copy ceiling (read + write) %.0f GB/s\n\n", prop.name, copy);
-  const Shape shapes[] = {{"qkv", 9216, 6144}, {"o", 6144, 8192}, {"gate_up", 6144, 6144}, {"down", 6144, 3072}};
+  const Shape shapes[] = {{"qkv", 9216, 6144}, {"o", 6144, 8192}, {"gate_up", 6144, 6144}, {"down", 6144, 3072},
+                          {"mlp gate_up", 24576, 6144}, {"mlp down", 6144, 12288}};
   std::printf("| shape | T | variant | µs | CV | weight GB/s | %% of copy |\n|---|---|---|---|---|---|---|\n");
   cuda::Gemm gemm;
   cuda::Fp8Gemm f8;
@@ -109,9 +110,15 @@ int main(int argc, char** argv) {
       row("W8A16 mma (e4m3)", R8, wb8, [&](cudaStream_t s) {
         for (int r = 0; r < R8; ++r) f8.w8a16(xb, T, w8[size_t(r)], y.get(), cuda::GemmOut::F32, false, s);
       });
-      row("gemv_e4m3", R8, wb8, [&](cudaStream_t s) {
-        for (int r = 0; r < R8; ++r) cuda::gemv_e4m3(xb, T, w8[size_t(r)], y.get(), cuda::GemmOut::F32, false, s);
+      row("gemv_e4m3 (CUDA cores)", R8, wb8, [&](cudaStream_t s) {
+        for (int r = 0; r < R8; ++r)
+          cuda::gemv_e4m3(xb, T, w8[size_t(r)], y.get(), cuda::GemmOut::F32, false, s, cuda::GemvKernel::Fma);
       });
+      if (cuda::gemv_e4m3_mma_supported(T, K))
+        row("gemv_e4m3 (tensor cores)", R8, wb8, [&](cudaStream_t s) {
+          for (int r = 0; r < R8; ++r)
+            cuda::gemv_e4m3(xb, T, w8[size_t(r)], y.get(), cuda::GemmOut::F32, false, s, cuda::GemvKernel::Mma);
+        });
     }
   }
   return 0;

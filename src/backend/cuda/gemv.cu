@@ -6,6 +6,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "backend/cuda/kv_fp8.cuh"    // e4m3x2_to_f16x2
+#include "backend/cuda/warp_mma.cuh"  // cp.async, ldmatrix, mma
+
 namespace m3::cuda {
 
 namespace {
@@ -142,6 +145,142 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
     }
 }
 
+// ---- e4m3 weights on tensor cores (gemv_e4m3, GemvKernel::Mma) ------------------------------------------------------
+// The CUDA-core kernel above issues ≈ 3 instructions per weight at T = 1 (cvt to f16 pairs, f16 → f32, the FMA) and
+// 8× the FMAs at T = 8; at HBM speed that is more than the SM issues (49–66 % of copy measured,
+// bench/results/2026-12-03-gemv-h200.md). Here a CTA owns 16 weight rows (the m16n8k16 M; tokens are N, T ≤ 8 of
+// its 8 columns) and its 4 warps split K in 512-byte chunks. A warp streams its chunks [16 rows × 512 B] through a
+// cp.async ring of its own (each cp.async instruction reads 512 contiguous bytes of one row, as the kernel
+// above does), ldmatrix gives lane (g, c) bytes 4c … 4c + 3 of rows g and g + 8 of a 16-byte column q, and one
+// cvt.rn.f16x2.e4m3x2 per code pair makes the A fragment: bytes 4c + {0, 1} are logical k {2c, 2c + 1}, bytes
+// 4c + {2, 3} logical {2c + 8, 2c + 9} (the mma's k order is free as long as A and B agree), so lane (g, c) takes
+// x[g][16q + 4c … + 3] as its B fragment (one 8-byte shared load from the CTA's f16 copy of x, made once at the
+// start while the first chunks are in flight). ≈ 0.03 instructions per weight, at any T.
+// x is f16 inside the mma: exact for |x| in [2^-14, 65504]; smaller values round to f16 subnormals (steps of 2^-24),
+// larger ones saturate to ±65504 (M3's decode projections read RMS-normed rows, attention outputs and SwiGLU-OAI
+// activations, |a| ≤ 56). The Blk128 / Row128 scale is constant over 128 K: each 128-K block's 8 mmas accumulate
+// apart and are scaled into the sums once. The 4 warps' sums meet in shared memory in warp order (deterministic).
+// Two stages per warp: one chunk streams in while the other is multiplied; 64 KiB of ring leaves room for x and a
+// second CTA per SM (8 warps, 64 KiB in flight per SM) up to T·K ≈ 20k.
+constexpr int kMmaWarps = 4, kMmaStages = 2, kChunk = 512, kChunkBytes = 16 * kChunk;
+constexpr int kMmaRing = kMmaWarps * kMmaStages * kChunkBytes;  // 64 KiB, then scales [K/128][16], x f16 [T][K + 16]
+constexpr int64_t kMmaMaxSmem = 227 * 1024;
+int64_t mma_smem_bytes(int64_t T, int64_t K) { return kMmaRing + (K / 128) * 16 * 4 + T * (K + 16) * 2; }
+
+// bf16x2 → f16x2 with saturation (kv_fp8.cuh's bf16x2_to_f16x2 overflows to ±inf instead).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2_sat(uint32_t w) {
+  const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
+  uint32_t d;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_e4m3_mma_kernel(const GemvParams p, int T) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ float red[kMmaWarps][16][8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int64_t n0 = int64_t(blockIdx.x) * 16;
+  const int nch = int(p.K / kChunk), c0 = nch * warp / kMmaWarps, c1 = nch * (warp + 1) / kMmaWarps;
+  const uint32_t ring = smem_addr(smem + warp * kMmaStages * kChunkBytes);
+  const uint64_t policy = l2_evict_first_policy();
+  // Rows past N read row N − 1 (their sums are never stored).
+  const uint8_t* src[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) src[r] = p.w + (n0 + r < p.N ? n0 + r : p.N - 1) * p.K + lane * 16;
+  auto load = [&](int ch, int stage) {  // row r, 16-byte column `lane` → column lane ^ (r & 7): ldmatrix conflict-free
+    const uint32_t dst = ring + stage * kChunkBytes;
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+      cp_async16_policy(dst + r * kChunk + ((lane ^ (r & 7)) << 4), src[r] + int64_t(ch) * kChunk, policy);
+  };
+#pragma unroll
+  for (int st = 0; st < kMmaStages - 1; ++st) {
+    if (c0 + st < c1) load(c0 + st, st);
+    cp_async_commit();
+  }
+  // ldmatrix.x4 lane addresses: matrix i / 8 = (rows 0–7 | 8–15) × (column q | q + 1), row i % 8.
+  const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = lane >> 4;
+  // x [T, K] bf16 → xs [T][K + 16] f16 (the 32-byte pad puts rows g and g + 4 in different banks).
+  // The tile's scales → ss [K/128][16] (row r of the tile; rows past N take row N − 1's).
+  const int64_t xld = p.K + 16, nkb = p.K / 128;
+  float* ss = reinterpret_cast<float*>(smem + kMmaRing);
+  uint16_t* xs = reinterpret_cast<uint16_t*>(ss + nkb * 16);
+  for (int i = threadIdx.x; i < int(nkb) * 16; i += kMmaWarps * 32) {
+    const int64_t kb = i >> 4, row = n0 + (i & 15) < p.N ? n0 + (i & 15) : p.N - 1;
+    ss[i] = p.fmt == Fp8Scale::Row128 ? __ldg(p.scales + kb * p.sld + row) : __ldg(p.scales + (row >> 7) * p.sld + kb);
+  }
+  const int k8 = int(p.K / 8);
+  for (int i = threadIdx.x; i < T * k8; i += kMmaWarps * 32) {
+    const int64_t t = i / k8, k = int64_t(i % k8) * 8;
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.x + t * p.K + k));
+    *reinterpret_cast<uint4*>(xs + t * xld + k) = make_uint4(bf16x2_to_f16x2_sat(v.x), bf16x2_to_f16x2_sat(v.y),
+                                                             bf16x2_to_f16x2_sat(v.z), bf16x2_to_f16x2_sat(v.w));
+  }
+  __syncthreads();
+  const uint16_t* xg = xs + (g < T ? g : 0) * xld + 4 * c;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int ch = c0; ch < c1; ++ch) {
+    cp_async_wait<kMmaStages - 2>();
+    __syncwarp();  // every lane's copies of chunk ch landed; the stage refilled below was read last iteration
+    if (ch + kMmaStages - 1 < c1) load(ch + kMmaStages - 1, (ch + kMmaStages - 1 - c0) % kMmaStages);
+    cp_async_commit();
+    const uint32_t st = ring + ((ch - c0) % kMmaStages) * kChunkBytes;
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 128; ++kb) {
+      const int64_t k0 = int64_t(ch) * kChunk + kb * 128;
+      uint32_t xf[8][2];  // B fragments of the block's 8 k16 steps: x[g][k0 + 16j + 4c … + 3] (f16)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint2 v = g < T ? *reinterpret_cast<const uint2*>(xg + k0 + 16 * j) : make_uint2(0u, 0u);
+        xf[j][0] = v.x, xf[j][1] = v.y;
+      }
+      const float s0 = ss[(k0 >> 7) * 16 + g], s1 = ss[(k0 >> 7) * 16 + g + 8];
+      float blk[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {  // columns q = 8kb + 2jj and q + 1
+        const int q = kb * 8 + 2 * jj;
+        uint32_t r0, r1, r2, r3;
+        ldmatrix_x4(st + lrow * kChunk + (((q + lcol) ^ (lrow & 7)) << 4), r0, r1, r2, r3);
+        const uint32_t a0[4] = {e4m3x2_to_f16x2<false>(r0), e4m3x2_to_f16x2<false>(r1), e4m3x2_to_f16x2<true>(r0),
+                                e4m3x2_to_f16x2<true>(r1)};
+        mma_f16_16816(blk, a0, xf[2 * jj][0], xf[2 * jj][1]);
+        const uint32_t a1[4] = {e4m3x2_to_f16x2<false>(r2), e4m3x2_to_f16x2<false>(r3), e4m3x2_to_f16x2<true>(r2),
+                                e4m3x2_to_f16x2<true>(r3)};
+        mma_f16_16816(blk, a1, xf[2 * jj + 1][0], xf[2 * jj + 1][1]);
+      }
+      acc[0] = fmaf(s0, blk[0], acc[0]), acc[1] = fmaf(s0, blk[1], acc[1]);
+      acc[2] = fmaf(s1, blk[2], acc[2]), acc[3] = fmaf(s1, blk[3], acc[3]);
+    }
+  }
+  cp_async_wait<0>();
+  // C fragment: (row g, tokens 2c, 2c + 1), (row g + 8, the same tokens).
+  red[warp][g][2 * c] = acc[0], red[warp][g][2 * c + 1] = acc[1];
+  red[warp][g + 8][2 * c] = acc[2], red[warp][g + 8][2 * c + 1] = acc[3];
+  __syncthreads();
+  const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
+  if (t < T && n0 + row < p.N) {
+    float v = red[0][row][t];
+#pragma unroll
+    for (int w = 1; w < kMmaWarps; ++w) v += red[w][row][t];
+    const int64_t idx = int64_t(t) * p.N + n0 + row;
+    if (p.out_bf16) {
+      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
+      y[idx] = __float2bfloat16_rn(p.accumulate ? v + __bfloat162float(y[idx]) : v);
+    } else {
+      float* y = static_cast<float*>(p.y);
+      y[idx] = p.accumulate ? y[idx] + v : v;
+    }
+  }
+}
+
+void launch_e4m3_mma(const GemvParams& p, int64_t T, cudaStream_t s) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(gemv_e4m3_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaMaxSmem));
+  M3_CUDA_CHECK(attr);
+  gemv_e4m3_mma_kernel<<<unsigned((p.N + 15) / 16), kMmaWarps * 32, size_t(mma_smem_bytes(T, p.K)), s>>>(p, int(T));
+  M3_CUDA_LAUNCH_CHECK();
+}
+
 // Rows per warp and steps in flight: 2 rows share each x load; U · RW loads of 16 bytes in flight per lane (8 at
 // T ≤ 4, 4 above, where x and the accumulators take the registers).
 template <class Elem, int T>
@@ -186,8 +325,18 @@ void gemv_bf16(const uint16_t* x, int64_t T, int64_t K, const uint16_t* W, int64
   launch<Bf16W>(p, T, s);
 }
 
+bool gemv_e4m3_mma_supported(int64_t T, int64_t K) {
+  return gemv_supported(T, K, true) && mma_smem_bytes(T, K) <= kMmaMaxSmem;
+}
+
+GemvKernel gemv_e4m3_kernel_for(int64_t T, int64_t N, int64_t K) {
+  // Tensor cores where the row tiles fill the GPU (16 rows per CTA, two CTAs per SM where x is small) and x fits
+  // beside the ring; the per-row warps of the CUDA-core kernel spread a narrow matrix over more SMs.
+  return N >= 16 * int64_t(sm_count()) && gemv_e4m3_mma_supported(T, K) ? GemvKernel::Mma : GemvKernel::Fma;
+}
+
 void gemv_e4m3(const uint16_t* x, int64_t T, const Fp8Weight& W, void* y, GemmOut out, bool accumulate,
-               cudaStream_t s) {
+               cudaStream_t s, GemvKernel kernel) {
   if (W.N <= 0 || T <= 0) return;
   M3_CUDA_REQUIRE(gemv_supported(T, W.K, true) && aligned16(x) && aligned16(W.q),
                   "gemv_e4m3: T %lld (1..%lld), K %lld (a multiple of 512) and 16-byte aligned x, W", (long long)T,
@@ -196,7 +345,14 @@ void gemv_e4m3(const uint16_t* x, int64_t T, const Fp8Weight& W, void* y, GemmOu
                   "gemv_e4m3: scales must be Row128 or Blk128 (MXFP8 G32 is converted at load)");
   GemvParams p{x, W.q, static_cast<const float*>(W.scales), W.fmt, W.N, W.K, fp8_scale_ld(W.fmt, W.N, W.K), y,
                out == GemmOut::BF16, accumulate};
-  launch<E4m3W>(p, T, s);
+  if (kernel == GemvKernel::Auto) kernel = gemv_e4m3_kernel_for(T, W.N, W.K);
+  M3_CUDA_REQUIRE(kernel != GemvKernel::Mma || gemv_e4m3_mma_supported(T, W.K),
+                  "gemv_e4m3 (tensor cores): T %lld × K %lld does not fit in shared memory", (long long)T,
+                  (long long)W.K);
+  if (kernel == GemvKernel::Mma)
+    launch_e4m3_mma(p, T, s);
+  else
+    launch<E4m3W>(p, T, s);
 }
 
 }  // namespace m3::cuda

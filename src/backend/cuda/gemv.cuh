@@ -30,8 +30,13 @@ bool gemv_supported(int64_t T, int64_t K, bool e4m3);
 // bf16 weights W [N, K].
 void gemv_bf16(const uint16_t* x, int64_t T, int64_t K, const uint16_t* W, int64_t N, void* y, GemmOut out,
                bool accumulate, cudaStream_t s);
-// e4m3 weights with Row128 or Blk128 scales (the formats the executor's FP8 projections hold).
+// e4m3 weights with Row128 or Blk128 scales (the formats the executor's FP8 projections hold). Two kernels: Fma
+// (CUDA cores, fp32 products of exact weights and bf16 x) and Mma (tensor cores, f16 x: see gemv.cu for the exact
+// range); Auto takes gemv_e4m3_kernel_for's choice.
+enum class GemvKernel : uint8_t { Auto, Fma, Mma };
+GemvKernel gemv_e4m3_kernel_for(int64_t T, int64_t N, int64_t K);
+bool gemv_e4m3_mma_supported(int64_t T, int64_t K);  // x [T, K] as f16 fits beside the tensor-core kernel's ring
 void gemv_e4m3(const uint16_t* x, int64_t T, const Fp8Weight& W, void* y, GemmOut out, bool accumulate,
-               cudaStream_t s);
+               cudaStream_t s, GemvKernel kernel = GemvKernel::Auto);
 
 }  // namespace m3::cuda

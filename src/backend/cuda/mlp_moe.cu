@@ -124,7 +124,11 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
   scr.gu.grow(size_t(T * 2 * m.I));
   if (m.fp8()) {  // either matrix may be FP8, the other bf16 (a K that no FP8 kernel takes stays bf16)
     M3_CUDA_REQUIRE(xb && f8 && m.wt == WType::BF16, "run_mlp: FP8 weights need bf16 activations and an Fp8Gemm");
-    if (m.gate_up8.q)
+    // Decode rows (T ≤ gemv_rows: the executor's e4m3 policy) take the weight-streaming GEMV where it fits.
+    const bool gemv = T <= gemv_rows;
+    if (m.gate_up8.q && gemv && gemv_supported(T, H, true))
+      gemv_e4m3(xb, T, m.gate_up8, scr.gu.get(), GemmOut::F32, false, s);
+    else if (m.gate_up8.q)
       f8->proj(xb, T, m.gate_up8, scr.gu.get(), GemmOut::F32, false, lt_min_rows, s);
     else
       g.nt_bf16(xb, T, H, m.gate_up, 2 * m.I, scr.gu.get(), false, s);
@@ -132,7 +136,9 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
     swiglu_kernel<__nv_bfloat16><<<grid_for(T * m.I, 256), 256, 0, s>>>(scr.gu.get(), T, m.I, alpha, limit,
                                                               reinterpret_cast<__nv_bfloat16*>(scr.act_b.get()));
     M3_CUDA_LAUNCH_CHECK();
-    if (m.down8.q)
+    if (m.down8.q && gemv && gemv_supported(T, m.I, true))
+      gemv_e4m3(scr.act_b.get(), T, m.down8, y, GemmOut::F32, accumulate, s);
+    else if (m.down8.q)
       f8->proj(scr.act_b.get(), T, m.down8, y, GemmOut::F32, accumulate, lt_min_rows, s);
     else
       g.nt_bf16(scr.act_b.get(), T, m.I, m.down, H, y, accumulate, s);

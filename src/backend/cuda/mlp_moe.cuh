@@ -48,10 +48,10 @@ struct FfnScratch {
 // y[T, H] = MLP(x) (or y += MLP(x) when accumulate). With bf16 weights the SwiGLU output goes to the down GEMM as
 // bf16 (no fp32 round trip), and xb — x already rounded to bf16 (rms_norm_gemma_bf16), when given — replaces x as
 // the gate/up input; results are bit-identical to rounding inside the GEMMs.
-// FP8 weights (m.fp8()) need xb and f8; both projections go through f8->proj with lt_min_rows (bf16 in, fp32 out,
-// the SwiGLU output in bf16 between them as for bf16 weights).
-// gemv_rows: bf16 weights with bf16 activations and T ≤ gemv_rows take the weight-streaming GEMV (gemv.cuh) for
-// both projections where it supports the shape (the executor's measured decode policy; 0 = never).
+// FP8 weights (m.fp8()) need xb and f8; both projections go through f8->proj with lt_min_rows, or the e4m3 GEMV at
+// T ≤ gemv_rows (bf16 in, fp32 out, the SwiGLU output in bf16 between them as for bf16 weights).
+// gemv_rows: with bf16 activations, T ≤ gemv_rows takes the weight-streaming GEMV (gemv.cuh; bf16 or e4m3 weights)
+// for each projection whose shape it supports (the executor's measured decode policy for the weight type; 0 = never).
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
              bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb = nullptr, Fp8Gemm* f8 = nullptr,
              int64_t lt_min_rows = 0, int64_t gemv_rows = 0);
