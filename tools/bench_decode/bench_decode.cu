@@ -626,7 +626,8 @@ void run_fp8(double copy, const std::string& json_path, const std::string& commi
             std::snprintf(what, sizeof what, "attn B=%d %dk %s %s %s", B, ctx / 1024, f8 ? "e4m3" : "bf16",
                           op.balanced() ? "bal" : "clu", pdl ? "graph+PDL" : "graph");
             trace_slots(what, h, rot, grid, slots,
-                        {"entry", "page list read", "first chunk landed", "last chunk folded", "exit"});
+                        {"entry", "page list read", "first chunk landed", "last chunk folded", "warps merged",
+                         "splits synced", "splits merged", "exit"});
           }
           const double gbps = bytes / (t.median_us * 1e3);
           char shape[64];

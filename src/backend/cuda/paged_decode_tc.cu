@@ -211,8 +211,10 @@ __device__ __forceinline__ void merge_warps(float* area, float (&o)[16][4], floa
 //    ch feeds two n-tiles (even dims → o[2·ch], odd → o[2·ch + 1]) and the epilogue puts the dims back in order.
 // k_scale folds into the softmax scale, v_scale into the final normalisation.
 // Where a CTA's time goes (bench_decode --trace): slot 0 entry, 1 page list read (after the PDL wait and indptr),
-// 2 first chunk landed, 3 last chunk folded into O, 4 exit (after the cross-warp and split merges and the store).
-// One predicated store each when on.
+// 2 first chunk landed, 3 last chunk folded into O, 4 the 4 warps merged, 5 the cluster's splits synced (their
+// partials readable), 6 this CTA's rows of the split merge stored, 7 exit (after the last cluster barrier). Without
+// splits 4–7 are one moment; the balanced schedule stamps 4–6 before its finishing merge and 7 after it. One
+// predicated store each when on.
 template <typename KvT>
 __device__ __forceinline__ void trace_stamp(const PagedDecodeTcArgs<KvT>& a, int slot) {
   if (a.trace != nullptr && threadIdx.x == 0) {
@@ -333,12 +335,14 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
                              if ((tid & 7) == 0) plse[row] = L > 0.f ? M + log2f(L) : -INFINITY;
                            }
                          });
+  trace_stamp(a, 4);
   if (splits == 1) {
-    trace_stamp(a, 4);
+    trace_stamp(a, 5), trace_stamp(a, 6), trace_stamp(a, 7);
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
+  trace_stamp(a, 5);
   const int rank = int(cluster.block_rank());
   const float* rpo[kMaxSplits];
 #pragma unroll
@@ -369,8 +373,9 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
     __nv_bfloat16* dst = a.out + (int64_t(r) * a.G + mrow) * D + d;
     *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16x2(num.x * iv, num.y * iv), pack_bf16x2(num.z * iv, num.w * iv));
   }
+  trace_stamp(a, 6);
   cluster.sync();  // no CTA leaves while its partial may still be read
-  trace_stamp(a, 4);
+  trace_stamp(a, 7);
 }
 
 // ---- the balanced schedule -----------------------------------------------------------------------------------------
@@ -453,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
         *reinterpret_cast<uint4*>(a.out + int64_t(r) * G * D + i * 8) = make_uint4(0u, 0u, 0u, 0u);
   if (a.trace != nullptr && W != 0x7fffffff) trace_stamp(a, 1);
   if (b >= nb || W == 0) {
-    trace_stamp(a, 2), trace_stamp(a, 3), trace_stamp(a, 4);
+    for (int k = 2; k < PagedDecodeTc::kTraceSlots; ++k) trace_stamp(a, k);
     return;
   }
   const int w0 = start(b), w1 = start(b + 1);
@@ -586,8 +591,9 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
   }
   trace_stamp(a, 3);
   cp_async_wait<0>();
+  trace_stamp(a, 4), trace_stamp(a, 5), trace_stamp(a, 6);
   finish();
-  trace_stamp(a, 4);
+  trace_stamp(a, 7);
 }
 
 // How many clusters of `size` CTAs (a request's splits) can be resident at once. A cluster must fit inside one GPC,

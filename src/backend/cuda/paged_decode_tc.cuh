@@ -42,7 +42,7 @@ struct PagedDecodeTcArgs {
 class PagedDecodeTc {
  public:
   static constexpr int kHeadDim = 128, kPage = 128;
-  static constexpr int kTraceSlots = 5;
+  static constexpr int kTraceSlots = 8;
   // The balanced schedule keeps indptr in shared memory: at most this many requests (B ≤ 255 at 4 KV heads).
   static constexpr int kMaxBalancedRequests = 1023;
   // How the work is cut over CTAs (docs/KERNELS.md §9). kCluster: one CTA per (request, split), a request's splits a
