@@ -60,7 +60,7 @@ CommandRun register_chat_template(CLI::App& app) {
       std::fflush(stdout);
       for (size_t i = 0; i < p.media.size(); ++i)
         std::fprintf(stderr, "media %zu: %s (%s)\n", i, p.media[i].kind.c_str(),
-                     p.media[i].part.value("type", std::string("?")).c_str());
+                     r.messages[p.media[i].message]["content"][p.media[i].index].value("type", std::string("?")).c_str());
     } catch (const server::ApiError& e) {
       std::fprintf(stderr, "error: the server would answer %d: %s\n", e.status, e.what());
       return 1;

@@ -11,10 +11,11 @@ namespace m3::server {
 
 namespace fs = std::filesystem;
 
-OJson map_media_parts(const OJson& content, std::vector<MediaRef>* media) {
+OJson map_media_parts(const OJson& content, std::vector<MediaRef>* media, size_t message) {
   if (!content.is_array()) return content;
   OJson out = OJson::array();
-  for (const OJson& part : content) {
+  for (size_t i = 0; i < content.size(); ++i) {
+    const OJson& part = content[i];
     const std::string type = part.is_object() && part.contains("type") && part["type"].is_string()
                                  ? part["type"].get<std::string>()
                                  : std::string();
@@ -25,7 +26,7 @@ OJson map_media_parts(const OJson& content, std::vector<MediaRef>* media) {
       out.push_back(part);
       continue;
     }
-    if (media) media->push_back(MediaRef{kind, part});
+    if (media) media->push_back(MediaRef{kind, message, i});
     // The template only needs the anchor's kind; the pixels travel in `media`, in the same order.
     out.push_back(OJson{{"type", kind}});
   }
@@ -62,17 +63,26 @@ std::string flatten_text(const OJson& parts) {
 }  // namespace
 
 OJson normalize_messages(const OJson& messages, ContentFormat format, std::vector<MediaRef>* media) {
-  OJson out = messages;
-  if (!out.is_array()) return out;
-  for (OJson& m : out) {
-    if (!m.is_object()) continue;
-    auto it = m.find("content");
-    if (it == m.end() || !it->is_array()) continue;
-    OJson mapped = map_media_parts(*it, media);
+  if (!messages.is_array()) return messages;
+  // Message by message, so that a content array is mapped from the request's own parts (a copy of the whole
+  // messages first would copy every data: URL, only for the anchors to replace them).
+  OJson out = OJson::array();
+  for (size_t mi = 0; mi < messages.size(); ++mi) {
+    const OJson& m = messages[mi];
+    const auto it = m.is_object() ? m.find("content") : m.end();
+    if (!m.is_object() || it == m.end() || !it->is_array()) {
+      out.push_back(m);
+      continue;
+    }
+    OJson nm = OJson::object();
+    for (auto kv = m.begin(); kv != m.end(); ++kv)  // keys in their order; content filled below
+      nm[kv.key()] = kv == it ? OJson() : kv.value();
+    OJson mapped = map_media_parts(*it, media, mi);
     if (format == ContentFormat::kString && !has_media(mapped))
-      *it = flatten_text(mapped);
+      nm["content"] = flatten_text(mapped);
     else
-      *it = std::move(mapped);
+      nm["content"] = std::move(mapped);
+    out.push_back(std::move(nm));
   }
   return out;
 }

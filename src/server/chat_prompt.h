@@ -24,17 +24,20 @@
 
 namespace m3::server {
 
-// One image or video of a request, in the order its anchor appears in the prompt. `part` is the client's part as
-// sent (its image_url / video_url object holds the URL or data: URI); the media gateway resolves it.
+// One image or video of a request, in the order its anchor appears in the prompt: the client's part as sent is
+// messages[message].content[index] of the messages that were normalised (its image_url / video_url object holds the
+// URL or data: URI; the media gateway resolves it from the request). A position, not a copy: a request with 8 images
+// carries ≈ 16 MB of base64 in those parts.
 struct MediaRef {
   std::string kind;  // "image" or "video"
-  OJson part;
+  size_t message = 0, index = 0;
 };
 
 // Maps one message content (a string, or an array of parts) to what the template is given: every image_url /
 // video_url part becomes {"type":"image"} / {"type":"video"} in place (parts already of type image / video stay);
-// other parts are copied unchanged. Appends one MediaRef per media part, in order, to *media when it is non-null.
-OJson map_media_parts(const OJson& content, std::vector<MediaRef>* media);
+// other parts are copied unchanged. Appends one MediaRef per media part (message index `message`), in order, to
+// *media when it is non-null.
+OJson map_media_parts(const OJson& content, std::vector<MediaRef>* media, size_t message = 0);
 
 // How content part arrays reach the template.
 enum class ContentFormat {
@@ -46,7 +49,8 @@ enum class ContentFormat {
 // visible_text does), else kString.
 ContentFormat detect_content_format(const ChatTemplate& tmpl);
 
-// The messages as the template gets them (see the file comment). `messages` comes from parse_chat_request.
+// The messages as the template gets them (see the file comment). `messages` comes from parse_chat_request. Media
+// parts are never copied (their anchors replace them).
 OJson normalize_messages(const OJson& messages, ContentFormat format, std::vector<MediaRef>* media);
 
 struct ChatPrompt {

@@ -63,11 +63,32 @@ TEST(ChatPromptMedia, ImageAndVideoUrlPartsBecomeTemplatePartsInOrder) {
             R"([{"type":"text","text":"a"},{"type":"video"},{"type":"image"},{"type":"text","text":"b"},{"type":"image"}])");
   ASSERT_EQ(media.size(), 3u);
   EXPECT_EQ(media[0].kind, "video");
-  EXPECT_EQ(media[0].part["video_url"]["url"], "v1");
+  EXPECT_EQ(content[media[0].index]["video_url"]["url"], "v1");
   EXPECT_EQ(media[1].kind, "image");
-  EXPECT_EQ(media[1].part["image_url"]["url"], "i1");
+  EXPECT_EQ(content[media[1].index]["image_url"]["url"], "i1");
   EXPECT_EQ(media[2].kind, "image");
+  EXPECT_EQ(media[2].index, 4u);
   EXPECT_EQ(map_media_parts("plain", nullptr), "plain");
+}
+
+// normalize_messages maps each message's parts from the request itself: keys keep their order, other fields are
+// copied, and every media reference points at its part (message, index) — the part is not copied.
+TEST(ChatPromptMedia, NormalizedMessagesKeepTheirFieldsAndPointMediaAtTheirParts) {
+  const OJson messages = OJson::parse(R"([{"role":"system","content":"s"},
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:x"}}],
+       "name":"n"},"not an object"])");
+  std::vector<MediaRef> media;
+  const OJson out = normalize_messages(messages, ContentFormat::kParts, &media);
+  EXPECT_EQ(out.dump(), R"([{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},)"
+                        R"({"type":"image"}],"name":"n"},"not an object"])");
+  ASSERT_EQ(media.size(), 1u);
+  EXPECT_EQ(media[0].message, 1u);
+  EXPECT_EQ(media[0].index, 1u);
+  EXPECT_EQ(messages[media[0].message]["content"][media[0].index]["image_url"]["url"], "data:x");
+  const OJson flat = normalize_messages(OJson::parse(R"([{"role":"user","content":[{"type":"text","text":"a"},)"
+                                                     R"({"type":"text","text":"b"}]}])"),
+                                        ContentFormat::kString, nullptr);
+  EXPECT_EQ(flat.dump(), R"([{"role":"user","content":"a\nb"}])");
 }
 
 TEST(ChatPromptMedia, OpenAIMediaPartsReachTheTemplateAsAnchors) {
