@@ -39,9 +39,13 @@ run_test() {  # name, filter, timeout
 [ "${M3_FP8_SKIP_SCORER:-0}" != 1 ] && run_test gpu_decode_test '*DecodeIndex*' 150
 if [ "${M3_FP8_SKIP_GEMV:-0}" != 1 ]; then
   run_test gpu_gemv_test '*' 150
+  M3_GEMV_MMA_SHAPE=256x3 run_test gpu_gemv_test '*E4m3*' 150
   B=$(find_bin bench_gemv)
   [ -n "$B" ] && { timeout 150 "$B" --t 1,2,4,8 >"$out/bench_gemv.txt" 2>&1; echo "== bench_gemv: rc $?"; }
   grep -E "^\| .*(e4m3|W8A16)" "$out/bench_gemv.txt" | head -60
+  [ -n "$B" ] && { M3_GEMV_MMA_SHAPE=256x3 timeout 100 "$B" --t 1,2,8 >"$out/bench_gemv_256x3.txt" 2>&1;
+    echo "== bench_gemv, tensor-core ring 256 B x 3 stages: rc $?"; }
+  grep -E "^\| .*tensor cores" "$out/bench_gemv_256x3.txt" | head -20
 fi
 if [ "${M3_FP8_SKIP_MOE:-0}" != 1 ]; then
   run_test gpu_moe_test '*' 240

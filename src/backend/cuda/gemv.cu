@@ -6,6 +6,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/kv_fp8.cuh"    // e4m3x2_to_f16x2
 #include "backend/cuda/warp_mma.cuh"  // cp.async, ldmatrix, mma
 
@@ -162,10 +165,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
 // apart and are scaled into the sums once. The 4 warps' sums meet in shared memory in warp order (deterministic).
 // Two stages per warp: one chunk streams in while the other is multiplied; 64 KiB of ring leaves room for x and a
 // second CTA per SM (8 warps, 64 KiB in flight per SM) up to T·K ≈ 20k.
-constexpr int kMmaWarps = 4, kMmaStages = 2, kChunk = 512, kChunkBytes = 16 * kChunk;
-constexpr int kMmaRing = kMmaWarps * kMmaStages * kChunkBytes;  // 64 KiB, then scales [K/128][16], x f16 [T][K + 16]
+// The ring's shape is a template parameter (kChunk bytes per row per stage, kStages); launch_e4m3_mma picks it
+// (M3_GEMV_MMA_SHAPE=256x3 / 512x2 for A/B runs in bench_gemv; 512x2 otherwise).
+constexpr int kMmaWarps = 4;
 constexpr int64_t kMmaMaxSmem = 227 * 1024;
-int64_t mma_smem_bytes(int64_t T, int64_t K) { return kMmaRing + (K / 128) * 16 * 4 + T * (K + 16) * 2; }
+__host__ __device__ constexpr int mma_ring_bytes(int chunk, int stages) { return kMmaWarps * stages * 16 * chunk; }
+// 64 KiB of ring (512 × 2), then scales [K/128][16] and x f16 [T][K + 16].
+int64_t mma_smem_bytes(int64_t T, int64_t K, int ring = mma_ring_bytes(512, 2)) {
+  return ring + (K / 128) * 16 * 4 + T * (K + 16) * 2;
+}
 
 // bf16x2 → f16x2 with saturation (kv_fp8.cuh's bf16x2_to_f16x2 overflows to ±inf instead).
 __device__ __forceinline__ uint32_t bf16x2_to_f16x2_sat(uint32_t w) {
@@ -175,7 +183,10 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2_sat(uint32_t w) {
   return d;
 }
 
+template <int kChunk, int kMmaStages>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_e4m3_mma_kernel(const GemvParams p, int T) {
+  constexpr int kChunkBytes = 16 * kChunk, kMmaRing = mma_ring_bytes(kChunk, kMmaStages);
+  constexpr int kCols = kChunk / 16, kRowsPerLoad = 32 / kCols;  // 16-byte columns per row; rows per cp.async
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[kMmaWarps][16][8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -184,14 +195,21 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_e4m3_mma_kernel(const 
   const uint32_t ring = smem_addr(smem + warp * kMmaStages * kChunkBytes);
   const uint64_t policy = l2_evict_first_policy();
   // Rows past N read row N − 1 (their sums are never stored).
-  const uint8_t* src[16];
+  // Load i of a chunk: rows i·kRowsPerLoad + lane / kCols, 16-byte column lane % kCols (one instruction reads
+  // kChunk contiguous bytes of each of its rows); column c of row r is stored at c ^ (r & 7): ldmatrix conflict-free.
+  constexpr int kLoads = 16 / kRowsPerLoad;
+  const uint8_t* src[kLoads];
+  uint32_t doff[kLoads];
 #pragma unroll
-  for (int r = 0; r < 16; ++r) src[r] = p.w + (n0 + r < p.N ? n0 + r : p.N - 1) * p.K + lane * 16;
-  auto load = [&](int ch, int stage) {  // row r, 16-byte column `lane` → column lane ^ (r & 7): ldmatrix conflict-free
+  for (int i = 0; i < kLoads; ++i) {
+    const int r = i * kRowsPerLoad + lane / kCols, col = lane % kCols;
+    src[i] = p.w + (n0 + r < p.N ? n0 + r : p.N - 1) * p.K + col * 16;
+    doff[i] = uint32_t(r * kChunk + ((col ^ (r & 7)) << 4));
+  }
+  auto load = [&](int ch, int stage) {
     const uint32_t dst = ring + stage * kChunkBytes;
 #pragma unroll
-    for (int r = 0; r < 16; ++r)
-      cp_async16_policy(dst + r * kChunk + ((lane ^ (r & 7)) << 4), src[r] + int64_t(ch) * kChunk, policy);
+    for (int i = 0; i < kLoads; ++i) cp_async16_policy(dst + doff[i], src[i] + int64_t(ch) * kChunk, policy);
   };
 #pragma unroll
   for (int st = 0; st < kMmaStages - 1; ++st) {
@@ -273,12 +291,25 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_e4m3_mma_kernel(const 
   }
 }
 
-void launch_e4m3_mma(const GemvParams& p, int64_t T, cudaStream_t s) {
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(gemv_e4m3_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaMaxSmem));
+template <int kChunk, int kStages>
+void launch_e4m3_mma_shape(const GemvParams& p, int64_t T, cudaStream_t s) {
+  static const cudaError_t attr = cudaFuncSetAttribute(gemv_e4m3_mma_kernel<kChunk, kStages>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaMaxSmem));
   M3_CUDA_CHECK(attr);
-  gemv_e4m3_mma_kernel<<<unsigned((p.N + 15) / 16), kMmaWarps * 32, size_t(mma_smem_bytes(T, p.K)), s>>>(p, int(T));
+  const size_t smem = size_t(mma_smem_bytes(T, p.K, mma_ring_bytes(kChunk, kStages)));
+  gemv_e4m3_mma_kernel<kChunk, kStages><<<unsigned((p.N + 15) / 16), kMmaWarps * 32, smem, s>>>(p, int(T));
   M3_CUDA_LAUNCH_CHECK();
+}
+
+void launch_e4m3_mma(const GemvParams& p, int64_t T, cudaStream_t s) {
+  static const bool small = [] {
+    const char* e = std::getenv("M3_GEMV_MMA_SHAPE");
+    return e != nullptr && std::strcmp(e, "256x3") == 0;
+  }();
+  if (small)  // 48 KiB of ring: up to four CTAs per SM at T = 1
+    launch_e4m3_mma_shape<256, 3>(p, T, s);
+  else
+    launch_e4m3_mma_shape<512, 2>(p, T, s);
 }
 
 // Rows per warp and steps in flight: 2 rows share each x load; U · RW loads of 16 bytes in flight per lane (8 at
