@@ -5,7 +5,8 @@
 #   gpu_decode_test's DecodeIndex cases, gpu_gemv_test, gpu_moe_test,
 #   bench_gemv (cuBLASLt / W8A16 mma / gemv_e4m3 CUDA cores vs tensor cores at M3 shapes), bench_moe --fp8.
 #   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_fp8_decode_run.sh $OUT`  (≈ 6–8 min cold)
-# env: M3_FP8_SKIP_SCORER=1, M3_FP8_SKIP_MOE=1, M3_FP8_SKIP_GEMV=1 (skip those parts).
+# env: M3_FP8_SKIP_SCORER=1, M3_FP8_SKIP_MOE=1, M3_FP8_SKIP_GEMV=1 (skip those parts), M3_FP8_DECODE_FILTER (gtest
+# filter for gpu_decode_test, default '*DecodeIndex*'), M3_FP8_EXTRA_TESTS="gpu_graph_test …" (built and run whole).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-${OUT:-/tmp/gpu_fp8_decode}}"
@@ -24,7 +25,7 @@ if [ "${M3_FP8_SKIP_SCORER:-0}" != 1 ]; then
   echo "== bench_decode --attn-only --trace: rc $? ($(( $(date +%s) - t0 )) s)"
   grep -E "FAIL|mismatch|^\| |^trace" "$out/bench_decode_attn.txt" | cut -c1-330 | head -20
 fi
-M3_TARGETS="gpu_decode_test gpu_gemv_test gpu_moe_test bench_gemv bench_moe" M3_SKIP_TESTS=1 M3_SKIP_BENCH=1 \
+M3_TARGETS="gpu_decode_test gpu_gemv_test gpu_moe_test bench_gemv bench_moe ${M3_FP8_EXTRA_TESTS:-}" M3_SKIP_TESTS=1 M3_SKIP_BENCH=1 \
   M3_SKIP_E2E=1 timeout 330 bash scripts/gpu_run.sh "$out/build" >/dev/null 2>&1
 echo "== build: $(tail -1 "$out/build/summary.md") ($(( $(date +%s) - t0 )) s)"
 find_bin() { find build-gpu -name "$1" -type f | head -1; }
@@ -36,7 +37,8 @@ run_test() {  # name, filter, timeout
   grep -E "^\[  (PASSED|FAILED) |Failure|Which is|Expected" "$out/$1.txt" | head -12
   grep -hoE "\[gpu-op\].*" "$out/$1.txt" | cut -c1-200 | head -12
 }
-[ "${M3_FP8_SKIP_SCORER:-0}" != 1 ] && run_test gpu_decode_test '*DecodeIndex*' 150
+[ "${M3_FP8_SKIP_SCORER:-0}" != 1 ] && run_test gpu_decode_test "${M3_FP8_DECODE_FILTER:-*DecodeIndex*}" 200
+for x in ${M3_FP8_EXTRA_TESTS:-}; do run_test "$x" '*' 200; done
 if [ "${M3_FP8_SKIP_GEMV:-0}" != 1 ]; then
   run_test gpu_gemv_test '*' 150
   M3_GEMV_MMA_SHAPE=256x3 run_test gpu_gemv_test '*E4m3*' 150

@@ -36,7 +36,7 @@ constexpr int kMaxSplits = 16;       // one cluster: 8 is portable, 16 the non-p
 constexpr int kPortableSplits = 8;
 constexpr int kPartOff = 40 * 1024;  // the split partial, after the cross-warp merge area
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= kPartOff &&
+static_assert(4 * 16 * (D + 8) * 4 + 2 * 4 * 16 * 4 <= kPartOff &&
                   kPartOff + (16 * D + 16) * 4 <= Pipe<__nv_bfloat16>::q_off(Pipe<__nv_bfloat16>::kWideStages) &&
                   kPartOff + (16 * D + 16) * 4 <= Pipe<e4m3_t>::q_off(Pipe<e4m3_t>::kWideStages),
               "the cross-warp and split merges reuse the ring");
@@ -140,7 +140,9 @@ __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint3
 template <bool kFp8, int kPass, typename Emit>
 __device__ __forceinline__ void merge_warps(float* area, float (&o)[16][4], float m0, float m1, float l0, float l1,
                                             float v_scale, int tid, Emit&& emit) {
-  constexpr int kStride = kPass == 128 ? 128 : kPass + 8;  // + 8: float2 stores of 8 rows hit distinct banks
+  // + 8 floats: the float2 stores of a warp's 8 rows g hit distinct banks, and the reads below conflict 8-way, not
+  // 16-way (an unpadded 128-float row put every row in the same banks: the merge took ≈ 1.8 µs at B = 8).
+  constexpr int kStride = kPass + 8;
   constexpr int kPer = kPass / 8;
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2;
   float* mw = area + 4 * 16 * kStride;  // [4][16]
@@ -352,19 +354,23 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
   for (int e = tid; e < 16 * (D / 4); e += kThreads) {
     const int mrow = rank + (e / (D / 4)) * splits, d = (e % (D / 4)) * 4;
     if (mrow >= a.G) break;  // e grows: later e only give larger rows
+    // Every remote load (LSEs and partials) is issued before any is used: one DSMEM round trip, not two.
     float lse[kMaxSplits], mx = -INFINITY;
+    float4 xs[kMaxSplits];
 #pragma unroll
     for (int s = 0; s < kMaxSplits; ++s) {
       lse[s] = s < splits ? rpo[s][16 * D + mrow] : -INFINITY;
-      mx = fmaxf(mx, lse[s]);
+      xs[s] = s < splits ? *reinterpret_cast<const float4*>(rpo[s] + mrow * D + d) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) mx = fmaxf(mx, lse[s]);
     float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
     float den = 0.f;
 #pragma unroll
     for (int s = 0; s < kMaxSplits; ++s) {
       if (s < splits && mx != -INFINITY) {
         const float w = exp2f(lse[s] - mx);
-        const float4 x = *reinterpret_cast<const float4*>(rpo[s] + mrow * D + d);
+        const float4 x = xs[s];
         num.x += w * x.x, num.y += w * x.y, num.z += w * x.z, num.w += w * x.w;
         den += w;
       }
