@@ -42,16 +42,18 @@ __device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
 // of 4 warps, each lane 12 float4 loads at H = 6144 (one warp per expert over all of H left 32 CTAs, 48 dependent
 // load rounds per lane — ≈ 30 µs of a 180 µs decode MoE at M3 widths). EW = 8 for long steps (8 × 8 outputs per
 // warp: 16 loads per 256 FMAs instead of 9 per 32). CTAs of column 0 also write xn as bf16 (the A operand of the
-// gate/up GEMM); CTA (0, 0) zeroes the per-expert counts that route_kernel fills.
-template <int EW>
+// gate/up GEMM); CTA (0, 0) zeroes the per-expert counts that route_kernel fills. TT tokens per CTA: 8, or 1 for a
+// one-token step (the 8-token CTA re-read that row 8 times and kept only 4 iterations' loads in flight; one token
+// lets a lane issue all 12 of its weight loads at once). A token's sums are the same FMA chains either way.
+template <int EW, int TT>
 __global__ void __launch_bounds__(32 * kRouterSeg) router_logits_kernel(const float* __restrict__ xn, int T, int H,
                                                                         const float* __restrict__ router, int E,
                                                                         float* __restrict__ logits,
                                                                         __nv_bfloat16* __restrict__ xb,
                                                                         int32_t* __restrict__ counts, bool xb_f16) {
   constexpr int kThreads = 32 * kRouterSeg;
-  __shared__ float part[kRouterSeg][EW][kRouterTT];
-  const int t0 = blockIdx.x * kRouterTT, nt = min(kRouterTT, T - t0);
+  __shared__ float part[kRouterSeg][EW][TT];
+  const int t0 = blockIdx.x * TT, nt = min(TT, T - t0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (blockIdx.x == 0 && blockIdx.y == 0)
     for (int e = threadIdx.x; e < E; e += kThreads) counts[e] = 0;
@@ -83,43 +85,66 @@ __global__ void __launch_bounds__(32 * kRouterSeg) router_logits_kernel(const fl
   // Rows past the step's end read the last row again (always valid memory, results never stored): no branch around
   // the loads, so all of an iteration's loads issue before the first FMA waits (a guarded load per token made the
   // kernel wait for 8 load latencies in a row per iteration).
-  const float4* x4[kRouterTT];
+  const float4* x4[TT];
 #pragma unroll
-  for (int t = 0; t < kRouterTT; ++t)
+  for (int t = 0; t < TT; ++t)
     x4[t] = reinterpret_cast<const float4*>(xn + int64_t(t0 + min(t, nt - 1)) * H) + c0;
-  float acc[EW][kRouterTT];
+  float acc[EW][TT];
 #pragma unroll
   for (int i = 0; i < EW; ++i)
 #pragma unroll
-    for (int t = 0; t < kRouterTT; ++t) acc[i][t] = 0.f;
-  // Unrolled so several iterations' loads are in flight; the FMA order per output is unchanged.
-#pragma unroll(EW == 1 ? 4 : 1)
-  for (int c = lane; c < q4; c += 32) {
-    float4 w[EW], v[kRouterTT];
+    for (int t = 0; t < TT; ++t) acc[i][t] = 0.f;
+  // One token, one expert (a decode step): a lane's loads in batches of 12, all issued before the first FMA waits
+  // (H = 6144: one batch), then the FMAs in the same column order as the loop below.
+  if constexpr (EW == 1 && TT == 1) {
+    constexpr int kBatch = 12;
+    for (int cb = lane; cb < q4; cb += 32 * kBatch) {
+      float4 w[kBatch], v[kBatch];
 #pragma unroll
-    for (int i = 0; i < EW; ++i) w[i] = w4[i][c];
-#pragma unroll
-    for (int t = 0; t < kRouterTT; ++t) v[t] = x4[t][c];
-#pragma unroll
-    for (int t = 0; t < kRouterTT; ++t)
-#pragma unroll
-      for (int i = 0; i < EW; ++i) {
-        acc[i][t] = fmaf(w[i].x, v[t].x, acc[i][t]);
-        acc[i][t] = fmaf(w[i].y, v[t].y, acc[i][t]);
-        acc[i][t] = fmaf(w[i].z, v[t].z, acc[i][t]);
-        acc[i][t] = fmaf(w[i].w, v[t].w, acc[i][t]);
+      for (int j = 0; j < kBatch; ++j) {  // past the end: the last column again (valid memory, never used)
+        const int c = min(cb + 32 * j, q4 - 1);
+        w[j] = w4[0][c], v[j] = x4[0][c];
       }
+      asm volatile("" ::: "memory");  // every load above is issued before the FMAs below (else nvcc interleaves them)
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (cb + 32 * j < q4) {
+          acc[0][0] = fmaf(w[j].x, v[j].x, acc[0][0]);
+          acc[0][0] = fmaf(w[j].y, v[j].y, acc[0][0]);
+          acc[0][0] = fmaf(w[j].z, v[j].z, acc[0][0]);
+          acc[0][0] = fmaf(w[j].w, v[j].w, acc[0][0]);
+        }
+    }
+  } else {
+    // Unrolled so several iterations' loads are in flight; the FMA order per output is unchanged.
+#pragma unroll(EW == 1 ? 4 : 1)
+    for (int c = lane; c < q4; c += 32) {
+      float4 w[EW], v[TT];
+#pragma unroll
+      for (int i = 0; i < EW; ++i) w[i] = w4[i][c];
+#pragma unroll
+      for (int t = 0; t < TT; ++t) v[t] = x4[t][c];
+#pragma unroll
+      for (int t = 0; t < TT; ++t)
+#pragma unroll
+        for (int i = 0; i < EW; ++i) {
+          acc[i][t] = fmaf(w[i].x, v[t].x, acc[i][t]);
+          acc[i][t] = fmaf(w[i].y, v[t].y, acc[i][t]);
+          acc[i][t] = fmaf(w[i].z, v[t].z, acc[i][t]);
+          acc[i][t] = fmaf(w[i].w, v[t].w, acc[i][t]);
+        }
+    }
   }
 #pragma unroll
   for (int i = 0; i < EW; ++i)
 #pragma unroll
-    for (int t = 0; t < kRouterTT; ++t) {
+    for (int t = 0; t < TT; ++t) {
       const float v = warp_sum(acc[i][t]);
       if (lane == 0) part[warp][i][t] = v;
     }
   __syncthreads();
-  for (int o = threadIdx.x; o < EW * kRouterTT; o += kThreads) {
-    const int i = o / kRouterTT, t = o % kRouterTT;
+  for (int o = threadIdx.x; o < EW * TT; o += kThreads) {
+    const int i = o / TT, t = o % TT;
     if (t >= nt || e0 + i >= E) continue;
     float v = part[0][i][t];
 #pragma unroll
@@ -684,10 +709,13 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
   // Experts per router warp: a function of T only (launch shape), never of the summation order.
   const unsigned router_tiles = unsigned((T + kRouterTT - 1) / kRouterTT);
   if (T >= kRouterWideRows)
-    router_logits_kernel<8><<<dim3(router_tiles, unsigned((E + 7) / 8)), 32 * kRouterSeg, 0, s>>>(
+    router_logits_kernel<8, kRouterTT><<<dim3(router_tiles, unsigned((E + 7) / 8)), 32 * kRouterSeg, 0, s>>>(
+        xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get(), fp8);
+  else if (T == 1)
+    router_logits_kernel<1, 1><<<dim3(1u, unsigned(E)), 32 * kRouterSeg, 0, s>>>(
         xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get(), fp8);
   else
-    router_logits_kernel<1><<<dim3(router_tiles, unsigned(E)), 32 * kRouterSeg, 0, s>>>(
+    router_logits_kernel<1, kRouterTT><<<dim3(router_tiles, unsigned(E)), 32 * kRouterSeg, 0, s>>>(
         xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get(), fp8);
   M3_CUDA_LAUNCH_CHECK();
   mark(1);
