@@ -6,7 +6,8 @@
 #   bench_gemv (cuBLASLt / W8A16 mma / gemv_e4m3 CUDA cores vs tensor cores at M3 shapes), bench_moe --fp8.
 #   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_fp8_decode_run.sh $OUT`  (≈ 6–8 min cold)
 # env: M3_FP8_SKIP_SCORER=1, M3_FP8_SKIP_MOE=1, M3_FP8_SKIP_GEMV=1 (skip those parts), M3_FP8_DECODE_FILTER (gtest
-# filter for gpu_decode_test, default '*DecodeIndex*'), M3_FP8_EXTRA_TESTS="gpu_graph_test …" (built and run whole).
+# filter for gpu_decode_test, default '*DecodeIndex*'), M3_FP8_EXTRA_TESTS="gpu_graph_test …" (built and run whole),
+# M3_FP8_MOE_T (bench_moe step sizes), M3_FP8_GEMV_SHAPES=0 (no second gemv test pass with the 256 x 3 ring).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-${OUT:-/tmp/gpu_fp8_decode}}"
@@ -41,7 +42,7 @@ run_test() {  # name, filter, timeout
 for x in ${M3_FP8_EXTRA_TESTS:-}; do run_test "$x" '*' 200; done
 if [ "${M3_FP8_SKIP_GEMV:-0}" != 1 ]; then
   run_test gpu_gemv_test '*' 150
-  M3_GEMV_MMA_SHAPE=256x3 run_test gpu_gemv_test '*E4m3*' 150
+  [ "${M3_FP8_GEMV_SHAPES:-1}" = 1 ] && M3_GEMV_MMA_SHAPE=256x3 run_test gpu_gemv_test '*E4m3*' 150
   B=$(find_bin bench_gemv)
   [ -n "$B" ] && { timeout 150 "$B" --t 1,2,4,8 >"$out/bench_gemv.txt" 2>&1; echo "== bench_gemv: rc $?"; }
   grep -E "^\| .*(e4m3|W8A16)" "$out/bench_gemv.txt" | head -60
@@ -52,7 +53,7 @@ fi
 if [ "${M3_FP8_SKIP_MOE:-0}" != 1 ]; then
   run_test gpu_moe_test '*' 240
   B=$(find_bin bench_moe)
-  [ -n "$B" ] && { timeout 120 "$B" --t 1,8,64,2048 --fp8 >"$out/bench_moe.txt" 2>&1; echo "== bench_moe --fp8: rc $?"; }
+  [ -n "$B" ] && { timeout 120 "$B" --t "${M3_FP8_MOE_T:-1,8,64,2048}" --fp8 >"$out/bench_moe.txt" 2>&1; echo "== bench_moe --fp8: rc $?"; }
   grep -E "^\| [0-9]|^bf16 vs|^Eager|^GEMM" "$out/bench_moe.txt" | cut -c1-200 | head -36
 fi
 echo "total $(( $(date +%s) - t0 )) s (commit $c); record the results in bench/results/ (date, GPU, commit, command)"
