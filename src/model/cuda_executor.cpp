@@ -199,8 +199,9 @@ struct CudaExecutor::Impl {
   // One projection y[T, N] (+)= x[T, K] · Wᵀ with bf16 activations, fp32 out: FP8 weights through Fp8Gemm::proj,
   // bf16 through Gemm::nt_bf16.
   // Decode rows go through the weight-streaming GEMV (backend/cuda/gemv.cuh) where it measured faster on the H200
-  // (bench/results/2026-12-03-gemv-h200.md, M3 shapes): FP8 weights at T ≤ 2 (1.25–1.65× the W8A16 mma), bf16 at
-  // T = 1 (2–6 % over cuBLASLt; from T = 2 on cuBLASLt wins). M3_GEMV=0 never, =1 for every T it supports (≤ 8).
+  // (M3 shapes): FP8 weights at T ≤ 4 (the tensor-core e4m3 GEMV beats the W8A16 mma on every shape up to T = 4,
+  // 1.1–1.8×, not at T = 8; bench/results/2026-12-03c-fp8-decode-h200.md), bf16 at T = 1 (2–6 % over cuBLASLt; from
+  // T = 2 on cuBLASLt wins, bench/results/2026-12-03-gemv-h200.md). M3_GEMV=0 never, =1 for every T it supports (≤ 8).
   void proj(const uint16_t* xb, int64_t T, int64_t K, const DevMat& W, int64_t N, float* y, bool accumulate,
             cudaStream_t s) {
     if (W.fp8) {
@@ -220,7 +221,7 @@ struct CudaExecutor::Impl {
     return e && std::string(e) == "0" ? 0 : e && std::string(e) == "1" ? 1 : -1;
   }();
   int64_t gemv_max_rows(bool e4m3) const {
-    return gemv_mode == 0 ? 0 : gemv_mode == 1 ? cuda::kGemvMaxRows : e4m3 ? 2 : 1;
+    return gemv_mode == 0 ? 0 : gemv_mode == 1 ? cuda::kGemvMaxRows : e4m3 ? 4 : 1;
   }
   // The dense MLP's bf16 GEMMs (24576 × 6144 and 6144 × 12288 in M3) take the GEMV at the bf16 policy's rows too:
   // 116 vs 121 µs per layer in the decode graph, and the graph's first cuBLASLt GEMM ran 0.2–0.25 ms long (the

@@ -165,8 +165,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
 // apart and are scaled into the sums once. The 4 warps' sums meet in shared memory in warp order (deterministic).
 // Two stages per warp: one chunk streams in while the other is multiplied; 64 KiB of ring leaves room for x and a
 // second CTA per SM (8 warps, 64 KiB in flight per SM) up to T·K ≈ 20k.
-// The ring's shape is a template parameter (kChunk bytes per row per stage, kStages); launch_e4m3_mma picks it
-// (M3_GEMV_MMA_SHAPE=256x3 / 512x2 for A/B runs in bench_gemv; 512x2 otherwise).
+// The ring's shape is a template parameter (kChunk bytes per row per stage, kStages); launch_e4m3_mma picks it.
 constexpr int kMmaWarps = 4;
 constexpr int64_t kMmaMaxSmem = 225 * 1024;  // 227 KiB opt-in per block, less the 2 KiB of static `red`
 __host__ __device__ constexpr int mma_ring_bytes(int chunk, int stages) { return kMmaWarps * stages * 16 * chunk; }
@@ -301,12 +300,16 @@ void launch_e4m3_mma_shape(const GemvParams& p, int64_t T, cudaStream_t s) {
   M3_CUDA_LAUNCH_CHECK();
 }
 
+// One token: the 256 B × 3 ring (48 KiB; up to four CTAs per SM, so every row tile of an M3 projection is resident
+// at once) — measured faster at T = 1 on all six M3 shapes (o 17.3 → 15.2 µs, gate_up 14.6 → 12.4, the dense MLP's
+// gate_up 41.1 → 38.9); from T = 2 the 512 B × 2 ring was as fast or faster (qkv 20.3 vs 22.2 µs;
+// bench/results/2026-12-03c-fp8-decode-h200.md). M3_GEMV_MMA_SHAPE=256x3 / 512x2 forces one (A/B runs).
 void launch_e4m3_mma(const GemvParams& p, int64_t T, cudaStream_t s) {
-  static const bool small = [] {
+  static const int forced = [] {
     const char* e = std::getenv("M3_GEMV_MMA_SHAPE");
-    return e != nullptr && std::strcmp(e, "256x3") == 0;
+    return e == nullptr ? 0 : std::strcmp(e, "256x3") == 0 ? 1 : std::strcmp(e, "512x2") == 0 ? 2 : 0;
   }();
-  if (small)  // 48 KiB of ring: up to four CTAs per SM at T = 1
+  if (forced == 1 || (forced == 0 && T == 1))
     launch_e4m3_mma_shape<256, 3>(p, T, s);
   else
     launch_e4m3_mma_shape<512, 2>(p, T, s);

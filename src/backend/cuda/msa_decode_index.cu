@@ -1,6 +1,7 @@
 #include "backend/cuda/msa_decode_index.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/warp_mma.cuh"
@@ -101,6 +102,7 @@ struct ScoreArgs {
   float ik_scale;  // e4m3: key = e4m3 · ik_scale (> 0), applied to the block max
   DevStepRows rows;
   int H, K, W;  // W: work items of the step
+  int radix_max;  // rows of ≤ this many history blocks take the radix top-k (≤ 32 · kRadixRegs)
   int64_t ppu, max_cols;
   const int32_t* work_indptr;
   const int32_t* work_pages;
@@ -209,7 +211,7 @@ __device__ void topk_emit(const ScoreArgs& a, int t, int h, int wbeg, int local,
   // had become most of the top-k's time (bench_decode --trace, B = 8: 3.4 µs).
   const int32_t local_page = a.local_page[t];
   const int32_t dst_off = a.attn_indptr[t * a.H + h];
-  if (local <= 32 * kRadixRegs) {
+  if (local <= a.radix_max) {
     int32_t* sel = a.selection + (int64_t(h) * T + t) * K;
     int32_t* idx = a.attn_indices + dst_off;
     if (local <= 128)
@@ -541,9 +543,15 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
   static const cudaError_t attr =
       cudaFuncSetAttribute(decode_index_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   M3_CUDA_CHECK(attr);
-  ScoreArgs a{iq, cache.ik, cache.page_stride, cache.scale, rows, H_, K_, W_, ppu_, max_cols_, work_indptr_.get(),
-              work_pages_.get(), attn_indptr_.get(), local_page_.get(), scores_.get(), selection_.get(),
-              attn_indices_.get(), row_done_.get(), trace_};
+  // M3_DECODE_TOPK_RADIX_MAX (bench / A-B only): the longest row (history blocks) that takes the radix select.
+  static const int radix_max = [] {
+    const char* e = std::getenv("M3_DECODE_TOPK_RADIX_MAX");
+    return e ? std::clamp(std::atoi(e), 0, 32 * kRadixRegs) : 32 * kRadixRegs;
+  }();
+  ScoreArgs a{iq,           cache.ik,         cache.page_stride,   cache.scale,       rows,
+              H_,           K_,               W_,                  radix_max,         ppu_,
+              max_cols_,    work_indptr_.get(), work_pages_.get(), attn_indptr_.get(), local_page_.get(),
+              scores_.get(), selection_.get(), attn_indices_.get(), row_done_.get(),  trace_};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(grid_));
   cfg.blockDim = dim3(kThreads);
