@@ -28,6 +28,17 @@ struct GemvParams {
   bool out_bf16, accumulate;
 };
 
+// y[idx] (+)= v in the output type (both GEMV kernels).
+__device__ __forceinline__ void store_out(const GemvParams& p, int64_t idx, float v) {
+  if (p.out_bf16) {
+    __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
+    y[idx] = __float2bfloat16_rn(p.accumulate ? v + __bfloat162float(y[idx]) : v);
+  } else {
+    float* y = static_cast<float*>(p.y);
+    y[idx] = p.accumulate ? y[idx] + v : v;
+  }
+}
+
 __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
@@ -135,16 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float v = warp_sum(acc[r][t]);
-      if (lane == 0 && n0 + r < p.N) {
-        const int64_t idx = int64_t(t) * p.N + n0 + r;
-        if (p.out_bf16) {
-          __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
-          y[idx] = __float2bfloat16_rn(p.accumulate ? v + __bfloat162float(y[idx]) : v);
-        } else {
-          float* y = static_cast<float*>(p.y);
-          y[idx] = p.accumulate ? y[idx] + v : v;
-        }
-      }
+      if (lane == 0 && n0 + r < p.N) store_out(p, int64_t(t) * p.N + n0 + r, v);
     }
 }
 
@@ -279,14 +281,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_e4m3_mma_kernel(const 
     float v = red[0][row][t];
 #pragma unroll
     for (int w = 1; w < kMmaWarps; ++w) v += red[w][row][t];
-    const int64_t idx = int64_t(t) * p.N + n0 + row;
-    if (p.out_bf16) {
-      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
-      y[idx] = __float2bfloat16_rn(p.accumulate ? v + __bfloat162float(y[idx]) : v);
-    } else {
-      float* y = static_cast<float*>(p.y);
-      y[idx] = p.accumulate ? y[idx] + v : v;
-    }
+    store_out(p, int64_t(t) * p.N + n0 + row, v);
   }
 }
 
