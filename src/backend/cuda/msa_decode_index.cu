@@ -199,16 +199,16 @@ __device__ __forceinline__ void topk_radix(const ScoreArgs& a, const float* sr, 
 // select above; longer ones an insertion network (each lane keeps its best kList keys sorted).
 // local = the row's history page count (its work, fend − fbeg in the caller), so nothing is read before the scores.
 // This runs after the row's last page, on the step's critical path (bench_decode --trace: "top-k + page list"), so
-// it is built around latency: the scores, the local page's chain and the attention offset are loaded at once (no
+// it is built around latency: the scores, the local page and the attention offset are loaded at once (no
 // pos → scores → … → row_seq → pt_indptr → page chain), each of the K − 1 selection rounds is two redux.sync max
 // instead of five 64-bit shuffle steps, and the only dependent read after the selection is the picked pages' ids
 // from the flattened work list (wbeg = the row's first work item).
 __device__ void topk_emit(const ScoreArgs& a, int t, int h, int wbeg, int local, int lane) {
   const int T = a.rows.T, K = a.K;
   const float* sr = a.scores + (int64_t(h) * T + t) * a.max_cols;
-  // The local block's page comes from the step plan (one load, beside the scores'); a history pick's page is
-  // work_pages[wbeg + b]. With the radix select the old three-load chain (row → sequence → page-table row → page)
-  // had become most of the top-k's time (bench_decode --trace, B = 8: 3.4 µs).
+  // The local block's page comes from the step plan (one load, beside the scores', instead of the chain row →
+  // sequence → page-table row → page); a history pick's page is work_pages[wbeg + b]. The trace's top-k time was the
+  // same with either (3.4 µs at B = 8 16k, bench/results/2026-12-03c-fp8-decode-h200.md).
   const int32_t local_page = a.local_page[t];
   const int32_t dst_off = a.attn_indptr[t * a.H + h];
   if (local <= a.radix_max) {
