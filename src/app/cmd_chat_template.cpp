@@ -58,9 +58,11 @@ CommandRun register_chat_template(CLI::App& app) {
       const server::ChatPrompt p = server::render_chat_prompt(tmpl, server::detect_content_format(tmpl), r);
       std::fwrite(p.text.data(), 1, p.text.size(), stdout);
       std::fflush(stdout);
-      for (size_t i = 0; i < p.media.size(); ++i)
+      for (size_t i = 0; i < p.media.size(); ++i) {
+        const server::OJson& part = r.messages[p.media[i].message]["content"][p.media[i].index];
         std::fprintf(stderr, "media %zu: %s (%s)\n", i, p.media[i].kind.c_str(),
-                     r.messages[p.media[i].message]["content"][p.media[i].index].value("type", std::string("?")).c_str());
+                     part.value("type", std::string("?")).c_str());
+      }
     } catch (const server::ApiError& e) {
       std::fprintf(stderr, "error: the server would answer %d: %s\n", e.status, e.what());
       return 1;
