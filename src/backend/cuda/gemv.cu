@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend/cuda/kv_fp8.cuh"    // e4m3x2_to_f16x2
+#include "backend/cuda/kv_fp8.cuh"    // e4m3x2_to_f16x2, bf16x2_to_f16x2
 #include "backend/cuda/warp_mma.cuh"  // cp.async, ldmatrix, mma
 
 namespace m3::cuda {
@@ -176,14 +176,6 @@ int64_t mma_smem_bytes(int64_t T, int64_t K, int ring = mma_ring_bytes(512, 2)) 
   return ring + (K / 128) * 16 * 4 + T * (K + 16) * 2;
 }
 
-// bf16x2 → f16x2 with saturation (kv_fp8.cuh's bf16x2_to_f16x2 overflows to ±inf instead).
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2_sat(uint32_t w) {
-  const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
-  uint32_t d;
-  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
-
 template <int kChunk, int kMmaStages>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_e4m3_mma_kernel(const GemvParams p, int T) {
   constexpr int kChunkBytes = 16 * kChunk, kMmaRing = mma_ring_bytes(kChunk, kMmaStages);
@@ -232,8 +224,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_e4m3_mma_kernel(const 
   for (int i = threadIdx.x; i < T * k8; i += kMmaWarps * 32) {
     const int64_t t = i / k8, k = int64_t(i % k8) * 8;
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.x + t * p.K + k));
-    *reinterpret_cast<uint4*>(xs + t * xld + k) = make_uint4(bf16x2_to_f16x2_sat(v.x), bf16x2_to_f16x2_sat(v.y),
-                                                             bf16x2_to_f16x2_sat(v.z), bf16x2_to_f16x2_sat(v.w));
+    *reinterpret_cast<uint4*>(xs + t * xld + k) = make_uint4(bf16x2_to_f16x2<true>(v.x), bf16x2_to_f16x2<true>(v.y),
+                                                             bf16x2_to_f16x2<true>(v.z), bf16x2_to_f16x2<true>(v.w));
   }
   __syncthreads();
   const uint16_t* xg = xs + (g < T ? g : 0) * xld + 4 * c;

@@ -62,11 +62,15 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
   return d;
 }
 // bf16x2 → f16x2 (round to nearest): exact for |v| in [2^-14, 65504] (f16 has 3 more significand bits); smaller
-// magnitudes round to f16 subnormals (steps of 2^-24), larger ones overflow to ±inf.
+// magnitudes round to f16 subnormals (steps of 2^-24), larger ones overflow to ±inf, or saturate to ±65504 with kSat.
+template <bool kSat = false>
 __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
   const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
   uint32_t d;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  if constexpr (kSat)
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
 constexpr int kE4m3Bytes01 = 0x1404, kE4m3Bytes23 = 0x3424, kE4m3Bytes02 = 0x2404, kE4m3Bytes13 = 0x3414;
