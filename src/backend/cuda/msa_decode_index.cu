@@ -34,8 +34,7 @@ __global__ void __launch_bounds__(kPlanThreads) decode_index_plan_kernel(DevStep
                                                                          int32_t* __restrict__ work_indptr,
                                                                          int32_t* __restrict__ attn_indptr,
                                                                          int32_t* __restrict__ attn_last,
-                                                                         int32_t* __restrict__ row_done,
-                                                                         int32_t* __restrict__ local_page) {
+                                                                         int32_t* __restrict__ row_done) {
   __shared__ int2 wsum[kPlanThreads / 32];
   const int T = rows.T, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int seg = (T + kPlanThreads - 1) / kPlanThreads, t0 = min(T, tid * seg), t1 = min(T, t0 + seg);
@@ -71,8 +70,6 @@ __global__ void __launch_bounds__(kPlanThreads) decode_index_plan_kernel(DevStep
     int nv;
     const int w = work_of(t, nv);
     work_indptr[t] = ew;
-    // The row's local (current) page: a three-load chain that the top-k would otherwise start on its critical path.
-    local_page[t] = rows.pt_pages[rows.pt_indptr[rows.row_seq[t]] + rows.pos[t] / B];
     row_done[t] = 0;  // the scorer's per-row tickets (it resets them after each use; this covers a fresh buffer)
     for (int h = 0; h < H; ++h) {
       attn_indptr[t * H + h] = H * en + h * nv;
@@ -107,7 +104,6 @@ struct ScoreArgs {
   const int32_t* work_indptr;
   const int32_t* work_pages;
   const int32_t* attn_indptr;
-  const int32_t* local_page;  // [T] the row's current page (plan kernel)
   float* scores;
   int32_t* selection;
   int32_t* attn_indices;
@@ -199,17 +195,18 @@ __device__ __forceinline__ void topk_radix(const ScoreArgs& a, const float* sr, 
 // select above; longer ones an insertion network (each lane keeps its best kList keys sorted).
 // local = the row's history page count (its work, fend − fbeg in the caller), so nothing is read before the scores.
 // This runs after the row's last page, on the step's critical path (bench_decode --trace: "top-k + page list"), so
-// it is built around latency: the scores, the local page and the attention offset are loaded at once (no
+// it is built around latency: the scores, the local page's chain and the attention offset are loaded at once (no
 // pos → scores → … → row_seq → pt_indptr → page chain), each of the K − 1 selection rounds is two redux.sync max
 // instead of five 64-bit shuffle steps, and the only dependent read after the selection is the picked pages' ids
 // from the flattened work list (wbeg = the row's first work item).
 __device__ void topk_emit(const ScoreArgs& a, int t, int h, int wbeg, int local, int lane) {
   const int T = a.rows.T, K = a.K;
   const float* sr = a.scores + (int64_t(h) * T + t) * a.max_cols;
-  // The local block's page comes from the step plan (one load, beside the scores', instead of the chain row →
-  // sequence → page-table row → page); a history pick's page is work_pages[wbeg + b]. The trace's top-k time was the
-  // same with either (3.4 µs at B = 8 16k, bench/results/2026-12-03c-fp8-decode-h200.md).
-  const int32_t local_page = a.local_page[t];
+  // The local block's page: a three-load chain (row → sequence → page-table row → page), started first so that it
+  // runs under the scores' load and the selection; a history pick's page is work_pages[wbeg + b] (one load). (Reading
+  // it from a per-step array written by the plan kernel measured the same top-k time, 3.4 µs at B = 8 16k:
+  // bench/results/2026-12-03c-fp8-decode-h200.md.)
+  const int32_t local_page = a.rows.pt_pages[a.rows.pt_indptr[a.rows.row_seq[t]] + local];
   const int32_t dst_off = a.attn_indptr[t * a.H + h];
   if (local <= a.radix_max) {
     int32_t* sel = a.selection + (int64_t(h) * T + t) * K;
@@ -476,11 +473,10 @@ void MsaDecodeIndex::launch_plan(const DevStepRows& rows, size_t work_cap, int W
   selection_.grow(size_t(T_) * H_ * K_);
   scores_.grow(size_t(H_) * T_ * max_cols_);
   row_done_.grow(size_t(T_));
-  local_page_.grow(std::max<size_t>(size_t(T_), 1));
   work_pages_.grow(std::max<size_t>(work_cap, 1));
   grid_ = kCtasPerSm * sm_count();
   decode_index_plan_kernel<<<1, kPlanThreads, 0, s>>>(rows, H_, K_, work_indptr_.get(), attn_indptr_.get(),
-                                                      attn_last_.get(), row_done_.get(), local_page_.get());
+                                                      attn_last_.get(), row_done_.get());
   M3_CUDA_LAUNCH_CHECK();
   if (W == 0) return;
   const unsigned blocks = W > 0 ? unsigned((W + 255) / 256) : unsigned(2 * sm_count());
@@ -548,10 +544,9 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
     const char* e = std::getenv("M3_DECODE_TOPK_RADIX_MAX");
     return e ? std::clamp(std::atoi(e), 0, 32 * kRadixRegs) : 32 * kRadixRegs;
   }();
-  ScoreArgs a{iq,           cache.ik,         cache.page_stride,   cache.scale,       rows,
-              H_,           K_,               W_,                  radix_max,         ppu_,
-              max_cols_,    work_indptr_.get(), work_pages_.get(), attn_indptr_.get(), local_page_.get(),
-              scores_.get(), selection_.get(), attn_indices_.get(), row_done_.get(),  trace_};
+  ScoreArgs a{iq, cache.ik, cache.page_stride, cache.scale, rows, H_, K_, W_, radix_max, ppu_, max_cols_,
+              work_indptr_.get(), work_pages_.get(), attn_indptr_.get(), scores_.get(), selection_.get(),
+              attn_indices_.get(), row_done_.get(), trace_};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(grid_));
   cfg.blockDim = dim3(kThreads);

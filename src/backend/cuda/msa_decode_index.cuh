@@ -73,8 +73,7 @@ class MsaDecodeIndex {
   void launch_plan(const DevStepRows& rows, size_t work_cap, int W, cudaStream_t s);
   int T_ = 0, H_ = 0, K_ = 0, W_ = 0, grid_ = 0, max_pages_ = 0;
   int64_t max_cols_ = 0, ppu_ = 1;
-  DeviceBuffer<int32_t> work_indptr_, work_pages_, attn_indptr_, attn_indices_, attn_last_, selection_, row_done_,
-      local_page_;
+  DeviceBuffer<int32_t> work_indptr_, work_pages_, attn_indptr_, attn_indices_, attn_last_, selection_, row_done_;
   DeviceBuffer<float> scores_;
   uint64_t* trace_ = nullptr;
 };
