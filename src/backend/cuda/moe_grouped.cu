@@ -41,10 +41,11 @@ __device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
 // logits are the same bits in a decode step and in a long prefill. EW = 1 for small steps: a decode step has E CTAs
 // of 4 warps, each lane 12 float4 loads at H = 6144 (one warp per expert over all of H left 32 CTAs, 48 dependent
 // load rounds per lane — ≈ 30 µs of a 180 µs decode MoE at M3 widths). EW = 8 for long steps (8 × 8 outputs per
-// warp: 16 loads per 256 FMAs instead of 9 per 32). CTAs of column 0 also write xn as bf16 (the A operand of the
-// gate/up GEMM); CTA (0, 0) zeroes the per-expert counts that route_kernel fills. TT tokens per CTA: 8, or 1 for a
-// one-token step (the 8-token CTA re-read that row 8 times and kept only 4 iterations' loads in flight; one token
-// lets a lane issue all 12 of its weight loads at once). A token's sums are the same FMA chains either way.
+// warp: 16 loads per 256 FMAs instead of 9 per 32). CTAs of column 0 also write xn as bf16, or f16 for FP8 experts
+// (the A operand of the gate/up GEMM); CTA (0, 0) zeroes the per-expert counts that route_kernel fills. TT tokens per
+// CTA: 8, or 1 for a one-token step (the 8-token CTA re-read that row 8 times with 8 FMA chains; eager router time
+// at T = 1 15.7 → 13.1 µs, bench/results/2026-12-03c-fp8-decode-h200.md). A token's sums are the same FMA chains
+// either way.
 template <int EW, int TT>
 __global__ void __launch_bounds__(32 * kRouterSeg) router_logits_kernel(const float* __restrict__ xn, int T, int H,
                                                                         const float* __restrict__ router, int E,
@@ -105,7 +106,9 @@ __global__ void __launch_bounds__(32 * kRouterSeg) router_logits_kernel(const fl
         const int c = min(cb + 32 * j, q4 - 1);
         w[j] = w4[0][c], v[j] = x4[0][c];
       }
-      asm volatile("" ::: "memory");  // every load above is issued before the FMAs below (else nvcc interleaves them)
+      // Keeps the loads ahead of the FMAs in the PTX (without it nvcc moves two of them below); ptxas still schedules
+      // the SASS itself (34 registers: it does not hold all 24 loads at once).
+      asm volatile("" ::: "memory");
 #pragma unroll
       for (int j = 0; j < kBatch; ++j)
         if (cb + 32 * j < q4) {
