@@ -165,9 +165,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvParams p) {
 // larger ones saturate to ±65504 (M3's decode projections read RMS-normed rows, attention outputs and SwiGLU-OAI
 // activations, |a| ≤ 56). The Blk128 / Row128 scale is constant over 128 K: each 128-K block's 8 mmas accumulate
 // apart and are scaled into the sums once. The 4 warps' sums meet in shared memory in warp order (deterministic).
-// Two stages per warp: one chunk streams in while the other is multiplied; 64 KiB of ring leaves room for x and a
-// second CTA per SM (8 warps, 64 KiB in flight per SM) up to T·K ≈ 20k.
-// The ring's shape is a template parameter (kChunk bytes per row per stage, kStages); launch_e4m3_mma picks it.
+// The ring's shape is a template parameter (kChunk bytes per row per stage, kStages); launch_e4m3_mma picks it:
+// 512 B × 2 stages (one chunk streams in while the other is multiplied; 64 KiB leaves room for x and a second CTA per
+// SM up to T·K ≈ 20k) or, at T = 1, 256 B × 3 (48 KiB).
 constexpr int kMmaWarps = 4;
 constexpr int64_t kMmaMaxSmem = 225 * 1024;  // 227 KiB opt-in per block, less the 2 KiB of static `red`
 __host__ __device__ constexpr int mma_ring_bytes(int chunk, int stages) { return kMmaWarps * stages * 16 * chunk; }
