@@ -231,6 +231,12 @@ struct CudaExecutor::Impl {
     return !(e && std::string(e) == "0");
   }();
   int64_t gemv_mlp_rows(bool e4m3) const { return gemv_mlp ? gemv_max_rows(e4m3) : 0; }
+  // FP8 experts at prefill sizes on the e4m3 wgmma GEMMs (docs/FP8.md §9); M3_MOE_FP8_E4M3=0 (A/B only): the W8A16
+  // mma.sync GEMMs at every size, as `--fp8-prefill-gemm w8a16` does for the MoE.
+  const bool moe_fp8_e4m3 = [] {
+    const char* e = std::getenv("M3_MOE_FP8_E4M3");
+    return !(e && std::string(e) == "0");
+  }();
   ~Impl() {
     drop_graphs();
     if (h_step) cudaFreeHost(h_step);
@@ -900,6 +906,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
         m.stacked_gate_up = L.experts_gate_up.mem.get(), m.stacked_down = L.experts_down.mem.get(), m.expert_I = I;
       }
       m.E = E, m.top_k = c.num_experts_per_tok, m.routed_scale = c.routed_scaling_factor;
+      m.fp8_e4m3_prefill = opt.fp8_lt_min_rows > 0 && moe_fp8_e4m3;  // --fp8-prefill-gemm w8a16: f16 activations
       m.alpha = c.swiglu_alpha, m.limit = c.swiglu_limit;
       cuda::moe_forward(*gemm, m, xn.get(), T, H, x.get(), ffn, s);
       if (shared_alone) {

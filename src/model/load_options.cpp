@@ -54,8 +54,9 @@ void add_load_flags(CLI::App& cmd, LoadOptions& o) {
       ->transform(choice_of(attns));
   const std::map<std::string, LoadFp8Gemm> fp8_gemms{{"cublaslt", LoadFp8Gemm::CublasLt}, {"w8a16", LoadFp8Gemm::W8A16}};
   cmd.add_option("--fp8-prefill-gemm", o.fp8_prefill_gemm,
-                 "With --dtype fp8: the GEMM of prefill-sized steps (16 rows or more): cublaslt (FP8xFP8, e4m3 "
-                 "activations: faster, less accurate) or w8a16 (bf16 activations, as the decode rows)")
+                 "With --dtype fp8: the GEMMs of prefill-sized steps (projections from 16 rows, MoE experts from "
+                 "16 rows per expert): cublaslt (FP8xFP8, e4m3 activations: faster, less accurate; the MoE on "
+                 "m3serve's own e4m3 wgmma GEMMs) or w8a16 (bf16/f16 activations, as the decode rows)")
       ->transform(choice_of(fp8_gemms));
   const std::map<std::string, LoadKvDtype> kv_dtypes{
       {"auto", LoadKvDtype::Auto}, {"fp8", LoadKvDtype::Fp8}, {"fp8_e4m3", LoadKvDtype::Fp8}};

@@ -424,11 +424,12 @@ struct IndexCase {
     std::vector<int32_t> sel, indptr, last, indices;
   };
   template <typename KT>
-  Out run_gpu(const KT* dk, float scale) const {
+  Out run_gpu(const KT* dk, float scale, int radix_max = -1) const {
     DevVec<bf16> dq(qb);
     DevVec<int32_t> dpos(rows.pos), dseq(rows.row_seq), dpti(rows.pt_indptr), dptp(rows.pt_pages);
     cuda::DevStepRows drows{dpos.get(), dseq.get(), dpti.get(), dptp.get(), T};
     cuda::MsaDecodeIndex op;
+    op.set_radix_max(radix_max);
     op.plan(rows.pos, drows, H, top_k, ppu, nullptr);
     Out o;
     o.cols = op.max_cols();
@@ -523,14 +524,16 @@ struct IndexCase {
 
 }  // namespace
 
-Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, int H, int top_k, int64_t ppu) {
+Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, int H, int top_k, int64_t ppu,
+                          int radix_max) {
   std::mt19937_64 g(seed);
   const IndexCase c(g, positions, H, top_k, ppu);
   DevVec<bf16> dk(c.kb);
-  return c.check(c.run_gpu(dk.get(), 1.f), c.kf, 1e-3);
+  return c.check(c.run_gpu(dk.get(), 1.f, radix_max), c.kf, 1e-3);
 }
 
-Result check_decode_index_ties(uint64_t seed, const std::vector<int32_t>& positions, int H, int period) {
+Result check_decode_index_ties(uint64_t seed, const std::vector<int32_t>& positions, int H, int period,
+                               int radix_max) {
   std::mt19937_64 g(seed);
   IndexCase c(g, positions, H, 16, 4);
   for (int t = 0; t < c.T; ++t) {
@@ -538,7 +541,7 @@ Result check_decode_index_ties(uint64_t seed, const std::vector<int32_t>& positi
     for (int b = period; b < c.rows.pos[t] / c.Bk; ++b) pt[b] = pt[b % period];
   }
   DevVec<bf16> dk(c.kb);
-  return c.check(c.run_gpu(dk.get(), 1.f), c.kf, 1e-3);
+  return c.check(c.run_gpu(dk.get(), 1.f, radix_max), c.kf, 1e-3);
 }
 
 Result check_decode_index_fp8(uint64_t seed, const std::vector<int32_t>& positions, int H, Fp8Accuracy* acc,

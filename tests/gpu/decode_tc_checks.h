@@ -39,12 +39,14 @@ Result check_paged_decode_mq(uint64_t seed, const std::vector<int32_t>& last_pos
 // Index scorer + top-k + page list: MsaDecodeIndex vs cpu::msa_block_scores and cpu::msa_topk. The selection must
 // equal the CPU top-k of the GPU's own scores exactly; against the CPU top-k of the CPU scores a block may differ only
 // as a near tie. Page list: CSR of n_valid, v = pt[sel]·ppu + h, last-page fill.
+// radix_max: MsaDecodeIndex::set_radix_max (< 0: the default).
 Result check_decode_index(uint64_t seed, const std::vector<int32_t>& positions, int H, int top_k = 16,
-                          int64_t ppu = 4);
+                          int64_t ppu = 4, int radix_max = -1);
 // Exact ties: history block b of every row maps to the physical page of block b % period (the local block keeps its
 // own page), so each (row, head) has only `period` distinct scores, bit-identical on the GPU, and the top-k must
 // break the ties by the lower block id, as the CPU twin does.
-Result check_decode_index_ties(uint64_t seed, const std::vector<int32_t>& positions, int H, int period);
+Result check_decode_index_ties(uint64_t seed, const std::vector<int32_t>& positions, int H, int period,
+                               int radix_max = -1);
 
 // FP8 (e4m3) caches (issue 15 item 4): the same random inputs (every 7th value ×2^−8, so small and subnormal codes
 // occur) quantised by cuda::kv_quantize_e4m3 with per-tensor scales amax/448 (checked byte for byte against

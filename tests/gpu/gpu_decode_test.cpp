@@ -152,16 +152,20 @@ TEST(GpuDecode, DecodeIndexBreaksExactTiesByLowerBlock) {
   expect_ok(decode_check::check_decode_index_ties(seed(), {16383, 40000}, 1, 1), "ties period 1 (all equal)");
 }
 
-// The top-k takes a radix select for rows of ≤ 128 and ≤ 512 history blocks (two register widths) and an insertion
-// network above: rows at each side of both boundaries, with distinct scores, with ties every 3 blocks, and with
-// fewer picks (top_k 2, 9) — the ballot order writes ascending ids and breaks ties by the lower block.
+// The top-k takes a radix select for short rows (≤ 128 history blocks by default; up to 512 with the wider register
+// variant, set_radix_max) and an insertion network above: rows at each side of both boundaries, with distinct scores,
+// with ties every 3 blocks, and with fewer picks (top_k 2, 9) — the ballot order writes ascending ids and breaks ties
+// by the lower block. Run with the default limit and with 512 (both radix widths).
 TEST(GpuDecode, DecodeIndexTopkAtTheRadixRowLengthBoundariesMatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
   const std::vector<int32_t> edges = {128 * 128 + 127, 128 * 129, 128 * 512 + 127, 128 * 513, 128 * 16 + 3};
-  expect_ok(decode_check::check_decode_index(seed(), edges, 4), "radix edges H4");
-  expect_ok(decode_check::check_decode_index_ties(seed(), edges, 4, 3), "radix edges ties period 3");
-  expect_ok(decode_check::check_decode_index(seed(), edges, 2, 2), "radix edges top_k 2");
-  expect_ok(decode_check::check_decode_index(seed(), edges, 3, 9, 2), "radix edges top_k 9");
+  for (const int rmax : {-1, 512}) {
+    const std::string w = rmax < 0 ? " (default radix limit)" : " (radix up to 512 blocks)";
+    expect_ok(decode_check::check_decode_index(seed(), edges, 4, 16, 4, rmax), ("radix edges H4" + w).c_str());
+    expect_ok(decode_check::check_decode_index_ties(seed(), edges, 4, 3, rmax), ("radix edges ties period 3" + w).c_str());
+    expect_ok(decode_check::check_decode_index(seed(), edges, 2, 2, 4, rmax), ("radix edges top_k 2" + w).c_str());
+    expect_ok(decode_check::check_decode_index(seed(), edges, 3, 9, 2, rmax), ("radix edges top_k 9" + w).c_str());
+  }
 }
 
 TEST(GpuDecode, DecodeIndexOneHeadMatchesCpu) {

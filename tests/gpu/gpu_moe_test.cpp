@@ -212,18 +212,30 @@ GpuRun run_gpu(const Layer& L, const std::vector<float>& xn, const std::vector<f
   return r;
 }
 
-// How the GPU rounds the expert MLP's activations (x and act): bf16 for bf16 experts, f16 for FP8 experts (the W8A16
-// GEMMs multiply f16), or not at all (the fp32 reference whose error is only printed).
-enum class ActRound { None, Bf16, F16 };
+// How the GPU rounds the expert MLP's activations (x and act): bf16 for bf16 experts, f16 for FP8 experts on the
+// mma.sync path (the W8A16 GEMMs multiply f16), e4m3 in 1×64 blocks for FP8 experts on the wgmma path (x from its f16
+// copy; moe_grouped_wgmma.cuh), or not at all (the fp32 reference whose error is only printed).
+enum class ActRound { None, Bf16, F16, E4m3x64 };
 float round_act(float v, ActRound r) {
   return r == ActRound::Bf16 ? round_to_bf16(v) : r == ActRound::F16 ? f16_to_f32(f32_to_f16(v)) : v;
+}
+// The wgmma FP8 path's activation quantisation, per 64-element block: scale = amax / 448 (1 when all zero), value =
+// e4m3(rne(v / scale)) · scale.
+void quantise_1x64(std::vector<float>& v) {
+  for (size_t b = 0; b + 64 <= v.size(); b += 64) {
+    float amax = 0.f;
+    for (size_t i = b; i < b + 64; ++i) amax = std::max(amax, std::abs(v[i]));
+    const float sc = amax > 0.f ? amax / 448.0f : 1.0f;
+    for (size_t i = b; i < b + 64; ++i) v[i] = e4m3_to_f32(cpu::e4m3_rne(v[i] / sc)) * sc;
+  }
 }
 
 // CPU expert MLP in fp64 on bf16 weights: gate_up [2I, H], down [H, I]; x and act rounded as the GPU rounds them.
 void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<float>& dn, int64_t H, int64_t I,
              ActRound round, std::vector<double>& y) {
   std::vector<float> xr(x, x + H), act(static_cast<size_t>(I));
-  for (float& v : xr) v = round_act(v, round);
+  for (float& v : xr) v = round_act(v, round == ActRound::E4m3x64 ? ActRound::F16 : round);
+  if (round == ActRound::E4m3x64) quantise_1x64(xr);
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
     for (int64_t h = 0; h < H; ++h) g += double(xr[h]) * gu[i * H + h], u += double(xr[h]) * gu[(I + i) * H + h];
@@ -231,6 +243,7 @@ void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<flo
     cpu::swiglu_oai(std::array<float, 2>{float(g), float(u)}.data(), 1, 1, 1.702f, 7.f, &a);
     act[i] = round_act(a, round);
   }
+  if (round == ActRound::E4m3x64) quantise_1x64(act);
   y.assign(size_t(H), 0.0);
   for (int64_t h = 0; h < H; ++h) {
     double s = 0;
@@ -244,8 +257,12 @@ struct RefResult {
 };
 
 // Checks logits and routing of `g` and returns the output errors against the reference that rounds as the GPU does.
+// e4m3: the GPU ran FP8 experts on the wgmma path (e4m3 activations): the reference quantises x and act the same
+// way, and the tolerance is 1e-2 of max |ref| — an act element whose fp32 sum lands on the other side of an e4m3
+// rounding boundary (accumulation order; 3 mantissa bits, so 1/16 of that element) moves its row's outputs by up to
+// ≈ 5e-3 of the maximum at these widths; a wrong scale or K step moves them by O(1).
 RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
-                            const GpuRun& g, const std::string& what) {
+                            const GpuRun& g, const std::string& what, bool e4m3 = false) {
   const int64_t H = L.sh.H, E = L.sh.E, K = L.sh.K, I = L.sh.I, Is = L.sh.Is;
   // 1. logits: fp32 on the GPU vs fp64 here.
   double lerr = 0, lmax = 0;
@@ -266,7 +283,7 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
   for (size_t i = 0; i < wts.size(); ++i) werr = std::max(werr, double(std::abs(wts[i] - g.weights[i])));
   EXPECT_LE(werr, 2e-6) << what << ": routing weights";
   // 3. the experts, one at a time (only the chosen ones are downloaded).
-  const ActRound mirror = L.fp8 ? ActRound::F16 : ActRound::Bf16;
+  const ActRound mirror = e4m3 ? ActRound::E4m3x64 : L.fp8 ? ActRound::F16 : ActRound::Bf16;
   std::vector<double> ref(x0.begin(), x0.end()), refu(x0.begin(), x0.end());
   std::vector<double> y;
   for (int64_t e = 0; e < E; ++e) {
@@ -306,8 +323,9 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
   EXPECT_EQ(bad, 0u) << what << ": non-finite outputs";
   std::printf("[gpu-op] moe_grouped%s %s: max|err|/max|ref| %.3g (GPU-rounding ref), %.3g (fp32 activations ref); "
               "logits %.3g, weights %.3g, tiles %d, active experts %d\n",
-              L.fp8 ? " fp8-experts" : "", what.c_str(), rr.err / rr.ref_max, rr.err_unrounded / rr.ref_max, lerr / lmax, werr, g.tiles, g.active);
-  EXPECT_LE(rr.err, 1e-3 * rr.ref_max) << what;
+              L.fp8 ? (e4m3 ? " fp8-experts e4m3-act" : " fp8-experts") : "", what.c_str(), rr.err / rr.ref_max,
+              rr.err_unrounded / rr.ref_max, lerr / lmax, werr, g.tiles, g.active);
+  EXPECT_LE(rr.err, (e4m3 ? 1e-2 : 1e-3) * rr.ref_max) << what;
   return rr;
 }
 
@@ -318,10 +336,13 @@ std::string name_of(const Shape& s, int64_t T) {
   return b;
 }
 
+cuda::MoeGemmPath resolved(const Shape& s, int64_t T, cuda::MoeGemmPath path, bool fp8) {
+  return path == cuda::MoeGemmPath::Auto ? cuda::moe_gemm_path(T, s.H, s.E, s.K, s.I, s.Is, fp8) : path;
+}
+
 std::string path_name(const Shape& s, int64_t T, cuda::MoeGemmPath path, bool fp8 = false) {
-  if (path == cuda::MoeGemmPath::Auto)
-    path = fp8 ? cuda::MoeGemmPath::MmaSync : cuda::moe_gemm_path(T, s.H, s.E, s.K, s.I, s.Is);
-  if (path == cuda::MoeGemmPath::Wgmma) return " wgmma BM128";
+  path = resolved(s, T, path, fp8);
+  if (path == cuda::MoeGemmPath::Wgmma) return fp8 ? " wgmma e4m3 BM128" : " wgmma BM128";
   return cuda::moe_tile_rows(T, s.E, s.K) == 16 ? " BM16" : " BM64";
 }
 
@@ -331,7 +352,8 @@ void check_case(const Shape& s, int64_t T, uint64_t seed, cuda::MoeGemmPath path
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;
   const GpuRun g = run_gpu(L, xn, x0, T, scr, path);
-  check_against_cpu(L, xn, x0, T, g, name_of(s, T) + path_name(s, T, path, fp8));
+  check_against_cpu(L, xn, x0, T, g, name_of(s, T) + path_name(s, T, path, fp8),
+                    fp8 && resolved(s, T, path, fp8) == cuda::MoeGemmPath::Wgmma);
 }
 
 TEST(GpuMoe, GroupedMoeMatchesCpuReferenceAtSmallWidths) {
@@ -489,24 +511,27 @@ TEST(GpuMoe, WgmmaResultsDoNotDependOnOtherRowsInTheBatch) {
   M3_SKIP_WITHOUT_GPU();
   const Shape s{256, 8, 2, 128, 128};
   const int64_t T = 260;
-  Layer L(s, 81);
-  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
-  cuda::MoeGroupedScratch scr;
-  const auto wg = cuda::MoeGemmPath::Wgmma;
-  const GpuRun full = run_gpu(L, xn, x0, T, scr, wg);
-  const std::vector<int64_t> rows{259, 0, 17, 5, 130, 64, 3};
-  std::vector<float> sxn, sx0;
-  for (int64_t r : rows) {
-    sxn.insert(sxn.end(), xn.begin() + r * s.H, xn.begin() + (r + 1) * s.H);
-    sx0.insert(sx0.end(), x0.begin() + r * s.H, x0.begin() + (r + 1) * s.H);
-  }
-  const GpuRun sub = run_gpu(L, sxn, sx0, int64_t(rows.size()), scr, wg);
-  // T = 260 runs the router with 8 experts per warp, the 7-row step with 1: the logits must be the same bits.
-  for (size_t i = 0; i < rows.size(); ++i) {
-    EXPECT_EQ(0, std::memcmp(&sub.logits[i * s.E], &full.logits[size_t(rows[i] * s.E)], size_t(s.E) * 4))
-        << "router logits of row " << rows[i];
-    EXPECT_EQ(0, std::memcmp(&sub.x[i * s.H], &full.x[size_t(rows[i] * s.H)], size_t(s.H) * 4))
-        << "row " << rows[i] << " alone vs in the batch of " << T;
+  for (const bool fp8 : {false, true}) {  // bf16 experts; FP8 experts (e4m3 activations quantised per row)
+    SCOPED_TRACE(fp8 ? "fp8 experts" : "bf16 experts");
+    Layer L(s, 81, 0.f, 0.f, fp8);
+    const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+    cuda::MoeGroupedScratch scr;
+    const auto wg = cuda::MoeGemmPath::Wgmma;
+    const GpuRun full = run_gpu(L, xn, x0, T, scr, wg);
+    const std::vector<int64_t> rows{259, 0, 17, 5, 130, 64, 3};
+    std::vector<float> sxn, sx0;
+    for (int64_t r : rows) {
+      sxn.insert(sxn.end(), xn.begin() + r * s.H, xn.begin() + (r + 1) * s.H);
+      sx0.insert(sx0.end(), x0.begin() + r * s.H, x0.begin() + (r + 1) * s.H);
+    }
+    const GpuRun sub = run_gpu(L, sxn, sx0, int64_t(rows.size()), scr, wg);
+    // T = 260 runs the router with 8 experts per warp, the 7-row step with 1: the logits must be the same bits.
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(&sub.logits[i * s.E], &full.logits[size_t(rows[i] * s.E)], size_t(s.E) * 4))
+          << "router logits of row " << rows[i];
+      EXPECT_EQ(0, std::memcmp(&sub.x[i * s.H], &full.x[size_t(rows[i] * s.H)], size_t(s.H) * 4))
+          << "row " << rows[i] << " alone vs in the batch of " << T;
+    }
   }
 }
 
@@ -534,12 +559,13 @@ TEST(GpuMoe, Fp8ExpertsMatchCpuReferenceAtM3Widths) {
   for (int64_t T : {1, 4}) {  // the fp64 reference costs ≈ 0.1 G multiply-adds per (token, expert) here
     const auto xn = gpu_test::rand_vec(size_t(T * m3.H)), x0 = gpu_test::rand_vec(size_t(T * m3.H));
     const GpuRun g = run_gpu(L, xn, x0, T, scr);
-    check_against_cpu(L, xn, x0, T, g, name_of(m3, T) + path_name(m3, T, cuda::MoeGemmPath::Auto, true));
+    check_against_cpu(L, xn, x0, T, g, name_of(m3, T) + path_name(m3, T, cuda::MoeGemmPath::Auto, true),
+                      resolved(m3, T, cuda::MoeGemmPath::Auto, true) == cuda::MoeGemmPath::Wgmma);
   }
 }
 
-// Decode and prefill sizes at M3 widths against the bf16 kernels on the same (dequantised) values: both mma.sync, the
-// same tiles; the k order inside each 64-wide chunk differs (fp32 summation order), and the FP8 GEMMs take x and
+// Decode and prefill sizes at M3 widths against the bf16 kernels on the same (dequantised) values: both mma.sync (forced:
+// at T = 2048 Auto takes the e4m3 wgmma path, tested below), the same tiles; the k order inside each 64-wide chunk differs (fp32 summation order), and the FP8 GEMMs take x and
 // act as f16 where the bf16 ones take bf16 — each activation's rounding differs by up to bf16's half ulp (2^-9
 // relative), so the outputs agree to a few 1e-3 of their maximum (the CPU-reference tests above hold 1e-3 against a
 // reference that rounds as each kernel does).
@@ -552,7 +578,7 @@ TEST(GpuMoe, Fp8ExpertsEqualBf16ExpertsOnTheSameValuesAtM3Widths) {
   for (int64_t T : {1, 8, 64, 2048}) {
     const auto xn = gpu_test::rand_vec(size_t(T * m3.H)), x0 = gpu_test::rand_vec(size_t(T * m3.H));
     const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::MmaSync, &L.w_bf16);
-    const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Auto);
+    const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::MmaSync);
     EXPECT_EQ(a.ids, b.ids) << T;
     const auto [bad, diff, delta] = diff_runs(a, b, x0);
     EXPECT_EQ(bad, 0u) << T;
@@ -560,13 +586,57 @@ TEST(GpuMoe, Fp8ExpertsEqualBf16ExpertsOnTheSameValuesAtM3Widths) {
     EXPECT_LE(diff, 4e-3 * delta) << T;
     std::printf("[gpu-op] moe_grouped fp8 experts T %lld at M3 widths (%s): vs bf16 kernels on the same values "
                 "max|diff| %.3g of max|moe out| %.3g (%.2g)\n",
-                (long long)T, path_name(m3, T, cuda::MoeGemmPath::Auto, true).c_str(), diff, delta, diff / delta);
+                (long long)T, path_name(m3, T, cuda::MoeGemmPath::MmaSync, true).c_str(), diff, delta, diff / delta);
   }
+}
+
+// The e4m3 × e4m3 wgmma GEMMs of FP8 experts (moe_grouped_wgmma_fp8.cu), forced at sizes the CPU reference can
+// check (which quantises x and act as the kernels do): ragged 128-row tiles, idle second halves, a shared expert wider
+// and narrower than the routed ones, none, one row, H = 384 (the gather's last 256-wide step half empty), M3 widths.
+TEST(GpuMoe, Fp8WgmmaGemmsMatchCpuReferenceWithE4m3Activations) {
+  M3_SKIP_WITHOUT_GPU();
+  const auto wg = cuda::MoeGemmPath::Wgmma;
+  check_case(Shape{512, 16, 4, 128, 256}, 300, 321, wg, true);  // shared wider than the experts
+  check_case(Shape{512, 16, 4, 256, 128}, 150, 322, wg, true);  // shared narrower
+  check_case(Shape{256, 8, 2, 128, 0}, 100, 323, wg, true);     // no shared expert
+  check_case(Shape{256, 8, 2, 128, 128}, 1, 324, wg, true);     // one row: every tile almost empty
+  check_case(Shape{384, 8, 2, 128, 128}, 50, 325, wg, true);    // H = 384
+  check_case(Shape{6144, 128, 4, 3072, 3072}, 3, 326, wg, true);  // M3 widths
+}
+
+// A prefill-sized step at M3 widths (Auto takes the e4m3 wgmma path): against the W8A16 mma.sync path on the same
+// FP8 weights (f16 activations) the outputs differ by the e4m3 activation rounding (3 mantissa bits, ≈ 2–4 % per
+// element, averaging over K): asserted as a norm ratio; the rows whose experts run on several tiles are included.
+TEST(GpuMoe, Fp8WgmmaAndMmaSyncPathsAgreeToE4m3RoundingAtM3Widths) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape s{6144, 128, 4, 3072, 3072};
+  const int64_t T = 2500;
+  Layer L(s, 327, 0.f, 0.f, true);
+  ASSERT_EQ(cuda::moe_gemm_path(T, s.H, s.E, s.K, s.I, s.Is, true), cuda::MoeGemmPath::Wgmma);
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::MmaSync);
+  const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Auto);
+  EXPECT_EQ(a.ids, b.ids);
+  const auto [bad, diff, delta] = diff_runs(a, b, x0);
+  EXPECT_EQ(bad, 0u);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.x.size(); ++i) {
+    num += (double(a.x[i]) - b.x[i]) * (double(a.x[i]) - b.x[i]);
+    den += (double(a.x[i]) - x0[i]) * (double(a.x[i]) - x0[i]);
+  }
+  const double rel = std::sqrt(num / den);
+  EXPECT_GT(den, 0.0);
+  EXPECT_LE(rel, 0.06);
+  std::printf("[gpu-op] moe_grouped fp8 experts T %lld at M3 widths: e4m3 wgmma vs f16 mma.sync ||diff|| / ||moe out|| "
+              "%.3g, max|diff| %.3g of max|moe out| %.3g, tiles %d\n",
+              (long long)T, rel, diff, delta, b.tiles);
 }
 
 TEST(GpuMoe, Fp8ExpertsCudaGraphReplayIsBitwiseEqualToEager) {
   M3_SKIP_WITHOUT_GPU();
   check_graph_replay(cuda::MoeGemmPath::Auto, true);
+  check_graph_replay(cuda::MoeGemmPath::Wgmma, true);
 }
 
 TEST(GpuMoe, Fp8ExpertsResultsDoNotDependOnOtherRowsInTheBatch) {
@@ -579,7 +649,14 @@ TEST(GpuMoe, Fp8ExpertsRefuseWhatTheKernelsDoNotRead) {
   Layer L(Shape{256, 8, 2, 128, 128}, 313, 0.f, 0.f, true);
   const std::vector<float> xn(size_t(4 * 256), 0.5f), x0(size_t(4 * 256), 0.f);
   cuda::MoeGroupedScratch scr;
-  EXPECT_THROW(run_gpu(L, xn, x0, 4, scr, cuda::MoeGemmPath::Wgmma), Error);  // wgmma reads bf16 only
+  {
+    Layer narrow(Shape{256, 8, 2, 96, 0}, 314, 0.f, 0.f, true);  // the e4m3 wgmma path needs I % 128 == 0
+    EXPECT_THROW(run_gpu(narrow, xn, x0, 4, scr, cuda::MoeGemmPath::Wgmma), Error);
+    EXPECT_FALSE(cuda::moe_wgmma_fp8_supported(256, 96, 0));
+    EXPECT_TRUE(cuda::moe_wgmma_fp8_supported(6144, 3072, 3072));
+    EXPECT_EQ(cuda::moe_gemm_path(64, 6144, 128, 4, 3072, 3072, true), cuda::MoeGemmPath::MmaSync);  // decode
+    EXPECT_EQ(cuda::moe_gemm_path(2048, 6144, 128, 4, 3072, 3072, true), cuda::MoeGemmPath::Wgmma);  // prefill
+  }
   cuda::MoeGroupedWeights w = L.w;
   w.down8_scales = nullptr;
   EXPECT_THROW(run_gpu(L, xn, x0, 4, scr, cuda::MoeGemmPath::Auto, &w), Error);  // missing scales

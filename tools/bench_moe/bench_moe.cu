@@ -8,9 +8,10 @@
 // ceiling measured in the same run, where bytes = weights of the experts the calls actually chose (counted on the
 // device by the grouping kernel) + the shared expert + the router + activations (xn read, x read and written).
 // Also timed: the previous synchronous path (moe_forward_sync: host sync + one cuBLASLt GEMM per expert), eager.
-// --fp8 also times the same layer with FP8 experts (e4m3 + 128×128 block scales, routed and shared: the W8A16
-// grouped GEMMs, docs/FP8.md §9) on the same inputs and prints bf16 vs FP8 side by side, with GB/s on the unique
-// expert bytes each variant reads (the memory-bound decode sizes' measure).
+// --fp8 also times the same layer with FP8 experts (e4m3 + 128×128 block scales, routed and shared) on the same
+// inputs and prints bf16 vs FP8 side by side (each on its Auto path), with GB/s on the unique expert bytes each
+// variant reads (the memory-bound decode sizes' measure); at T ≥ 512 also both FP8 paths forced (W8A16 mma.sync with
+// f16 activations, e4m3 × e4m3 wgmma: moe_grouped_wgmma.cuh).
 //   bench_moe [--quick] [--t T[,T…]] [--fp8]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -214,7 +215,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> fp8_rows;
     m3::cuda::MoeGroupedScratch scr;
     m3::cuda::moe_reserve(scr, *std::max_element(Ts.begin(), Ts.end()), H, E, K, I, Is);  // before any capture
-    std::vector<std::string> breakdown, paths;
+    std::vector<std::string> breakdown, paths, fp8_paths;
     for (int64_t T : Ts) {
       const int rot = T >= 512 ? 2 : 8;
       std::vector<DeviceBuffer<float>> xn(static_cast<size_t>(rot)), x(static_cast<size_t>(rot));
@@ -298,6 +299,25 @@ int main(int argc, char** argv) {
                       tm.median_us / tw.median_us,
                       m3::cuda::moe_gemm_path(T, H, E, K, I, Is) == m3::cuda::MoeGemmPath::Wgmma ? "wgmma" : "mma.sync");
         paths.push_back(b);
+        if (fp8) {  // the FP8 experts' two paths: W8A16 mma.sync (f16 activations) and e4m3 wgmma
+          auto time_fp8 = [&](m3::cuda::MoeGemmPath path) {
+            return time_graph(
+                [&](cudaStream_t s) {
+                  for (int r = 0; r < rot; ++r)
+                    m3::cuda::moe_grouped_forward(w8, xn[r].get(), T, H, x[r].get(), scr, s, nullptr, path);
+                },
+                rot);
+          };
+          const Timing fm = time_fp8(m3::cuda::MoeGemmPath::MmaSync), fw = time_fp8(m3::cuda::MoeGemmPath::Wgmma);
+          const double best16 = std::min(tm.median_us, tw.median_us);
+          char c[320];
+          std::snprintf(c, sizeof c, "| %lld | %.1f | %.1f | %.1f (%.1f %%) | %.1f | %.2f | %.2f | %s |", (long long)T,
+                        best16, fm.median_us, fw.median_us, 100.0 * fw.cv, flops / (fw.median_us * 1e6),
+                        fm.median_us / fw.median_us, best16 / fw.median_us,
+                        m3::cuda::moe_gemm_path(T, H, E, K, I, Is, true) == m3::cuda::MoeGemmPath::Wgmma ? "wgmma"
+                                                                                                       : "mma.sync");
+          fp8_paths.push_back(c);
+        }
       }
       // Per-kernel breakdown, eager (launch gaps included in the kernel that follows): median of 9.
       {
@@ -334,7 +354,12 @@ int main(int argc, char** argv) {
                 "|---|---|---|---|---|---|---|\n");
     for (const auto& l : paths) std::printf("%s\n", l.c_str());
     if (fp8) {
-      std::printf("\nbf16 vs FP8 experts (W8A16 grouped GEMMs, mma.sync at every size; graph of rotated calls, median "
+      std::printf("\nFP8 experts at prefill sizes, both GEMM paths forced (graph of rotated calls, median µs per call; "
+                  "TFLOP/s on the routed + shared FLOPs):\n\n| T | bf16 best µs | fp8 mma.sync (W8A16, f16 act) µs | "
+                  "fp8 wgmma (e4m3 act) µs (CV) | wgmma TFLOP/s | mma.sync / wgmma | bf16 best / fp8 wgmma | Auto |\n"
+                  "|---|---|---|---|---|---|---|---|\n");
+      for (const auto& l : fp8_paths) std::printf("%s\n", l.c_str());
+      std::printf("\nbf16 vs FP8 experts (each on its Auto path: moe_gemm_path; graph of rotated calls, median "
                   "µs per call). GB/s = (unique expert bytes read + router + activations) / time; copy ceiling %.0f "
                   "GB/s:\n\n| T | experts/call | bf16 µs | fp8 µs | bf16/fp8 | bf16 expert MB | fp8 expert MB | bf16 "
                   "GB/s | fp8 GB/s | bf16 %% of copy | fp8 %% of copy |\n|---|---|---|---|---|---|---|---|---|---|---|\n",

@@ -215,7 +215,8 @@ void moe_forward(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t 
   }
   w.E = a.E, w.top_k = a.top_k, w.I = a.expert_I;
   w.routed_scale = a.routed_scale, w.alpha = a.alpha, w.limit = a.limit;
-  moe_grouped_forward(w, xn, T, H, x, scr.moe, s);
+  moe_grouped_forward(w, xn, T, H, x, scr.moe, s, nullptr,
+                      w.fp8() && !a.fp8_e4m3_prefill ? MoeGemmPath::MmaSync : MoeGemmPath::Auto);
 }
 
 void moe_forward_sync(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,

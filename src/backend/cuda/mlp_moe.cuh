@@ -83,6 +83,9 @@ struct MoeArgs {
   int64_t expert_I = 0;
   int64_t E = 0, top_k = 0;
   float routed_scale = 1.f, alpha = 1.702f, limit = 7.f;
+  // FP8 experts at prefill sizes: the e4m3 × e4m3 wgmma GEMMs (moe_gemm_path) unless false — then the W8A16 mma.sync
+  // GEMMs at every size (`--fp8-prefill-gemm w8a16`: f16 activations everywhere).
+  bool fp8_e4m3_prefill = true;
 };
 void moe_forward(Gemm& g, const MoeArgs& a, const float* xn, int64_t T, int64_t H, float* x, FfnScratch& scr,
                  cudaStream_t s);

@@ -655,9 +655,10 @@ bool moe_grouped_supported(int64_t H, int64_t E, int64_t top_k, int64_t I, int64
 
 int moe_tile_rows(int64_t T, int64_t E, int64_t top_k) { return T * top_k <= 24 * E ? 16 : 64; }
 
-MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is) {
-  return moe_wgmma_supported(H, I, Is) && T * top_k >= kMoeWgmmaMinRowsPerExpert * E ? MoeGemmPath::Wgmma
-                                                                                      : MoeGemmPath::MmaSync;
+MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is, bool fp8) {
+  const bool fits = fp8 ? moe_wgmma_fp8_supported(H, I, Is) : moe_wgmma_supported(H, I, Is);
+  const int64_t min_rows = fp8 ? kMoeWgmmaFp8MinRowsPerExpert : kMoeWgmmaMinRowsPerExpert;
+  return fits && T * top_k >= min_rows * E ? MoeGemmPath::Wgmma : MoeGemmPath::MmaSync;
 }
 
 void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is) {
@@ -691,7 +692,6 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
                     "moe_grouped_forward: an FP8 shared expert needs values and Blk128 scales for gate_up and down");
     M3_CUDA_REQUIRE(w.shared_gate_up == nullptr || w.Is == 0,
                     "moe_grouped_forward: a bf16 shared expert with FP8 routed experts must run on its own");
-    M3_CUDA_REQUIRE(path != MoeGemmPath::Wgmma, "moe_grouped_forward: the wgmma GEMMs do not read FP8 experts");
     M3_CUDA_REQUIRE(H <= 128 * kMaxScaleSteps && std::max(I, Is) <= 128 * kMaxScaleSteps,
                     "moe_grouped_forward: FP8 experts with H %lld, I %lld, shared I %lld: K above %d", (long long)H,
                     (long long)I, (long long)Is, 128 * kMaxScaleSteps);
@@ -722,10 +722,11 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
         xn, int(T), int(H), w.router, int(E), scr.logits.get(), scr.xb.get(), scr.counts.get(), fp8);
   M3_CUDA_LAUNCH_CHECK();
   mark(1);
-  if (path == MoeGemmPath::Auto) path = fp8 ? MoeGemmPath::MmaSync : moe_gemm_path(T, H, E, K, I, Is);
-  M3_CUDA_REQUIRE(path != MoeGemmPath::Wgmma || moe_wgmma_supported(H, I, Is),
-                  "moe_grouped_forward: the wgmma GEMMs do not take H %lld, I %lld, shared I %lld", (long long)H,
-                  (long long)I, (long long)Is);
+  if (path == MoeGemmPath::Auto) path = moe_gemm_path(T, H, E, K, I, Is, fp8);
+  M3_CUDA_REQUIRE(path != MoeGemmPath::Wgmma ||
+                      (fp8 ? moe_wgmma_fp8_supported(H, I, Is) : moe_wgmma_supported(H, I, Is)),
+                  "moe_grouped_forward: the wgmma GEMMs do not take H %lld, I %lld, shared I %lld%s", (long long)H,
+                  (long long)I, (long long)Is, fp8 ? " (FP8 experts)" : "");
   const bool wgmma = path == MoeGemmPath::Wgmma;
   const int BM = wgmma ? kMoeWgmmaRows : moe_tile_rows(T, E, K);
   route_kernel<<<unsigned((T + 7) / 8), 256, 0, s>>>(scr.logits.get(), int(T), int(E), int(K), w.router_bias,
@@ -769,13 +770,30 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
     rt.tiles = scr.tiles.get(), rt.counters = scr.counters.get(), rt.E = int(E);
     rt.cap_rows = TK + (shared ? T : 0);
     rt.cap_tiles = max_tiles(T, E, K, kMoeWgmmaRows, shared);
-    __nv_bfloat16* xg = reinterpret_cast<__nv_bfloat16*>(scr.y.get());
-    moe_gather_rows(scr.xb.get(), H, rt, xg, s);
-    moe_gate_up_wgmma(static_cast<const __nv_bfloat16*>(xg), H, w.gate_up, shared ? w.shared_gate_up : nullptr, I, Is,
-                      w.alpha, w.limit, rt, scr.act.get(), p.ld_act, s);
-    mark(3);
-    moe_down_wgmma(static_cast<const __nv_bfloat16*>(scr.act.get()), p.ld_act, w.down,
-                   shared ? w.shared_down : nullptr, H, I, Is, rt, scr.y.get(), s);
+    if (fp8) {
+      // FP8 experts: xg as e4m3 + 1x64 scales (from the router's f16 xn) in y's bytes, act likewise in act's
+      // ([rows, ld] codes, then [rows, ld / 64] scales: 1.0625 bytes per element where y holds 4 and act 2).
+      uint8_t* xq = reinterpret_cast<uint8_t*>(scr.y.get());
+      float* xs = reinterpret_cast<float*>(xq + rt.cap_rows * H);
+      uint8_t* aq = reinterpret_cast<uint8_t*>(scr.act.get());
+      float* as = reinterpret_cast<float*>(aq + rt.cap_rows * p.ld_act);
+      const MoeWgmmaFp8Weights gu{w.gate_up8, w.gate_up8_scales, shared ? w.shared_gate_up8 : nullptr,
+                                  shared ? w.shared_gate_up8_scales : nullptr};
+      const MoeWgmmaFp8Weights dn{w.down8, w.down8_scales, shared ? w.shared_down8 : nullptr,
+                                  shared ? w.shared_down8_scales : nullptr};
+      moe_gather_quant_rows(scr.xb.get(), true, H, rt, xq, xs, s);
+      moe_gate_up_wgmma_fp8(xq, xs, H, gu, I, Is, w.alpha, w.limit, rt, aq, as, p.ld_act, s);
+      mark(3);
+      moe_down_wgmma_fp8(aq, as, p.ld_act, dn, H, I, Is, rt, scr.y.get(), s);
+    } else {
+      __nv_bfloat16* xg = reinterpret_cast<__nv_bfloat16*>(scr.y.get());
+      moe_gather_rows(scr.xb.get(), H, rt, xg, s);
+      moe_gate_up_wgmma(static_cast<const __nv_bfloat16*>(xg), H, w.gate_up, shared ? w.shared_gate_up : nullptr, I,
+                        Is, w.alpha, w.limit, rt, scr.act.get(), p.ld_act, s);
+      mark(3);
+      moe_down_wgmma(static_cast<const __nv_bfloat16*>(scr.act.get()), p.ld_act, w.down,
+                     shared ? w.shared_down : nullptr, H, I, Is, rt, scr.y.get(), s);
+    }
   } else if (fp8) {
     launch_gemms<uint8_t>(BM, pg, grid_gu, pd, grid_dn, s, [&] { mark(3); });
   } else {

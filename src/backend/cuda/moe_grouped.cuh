@@ -90,13 +90,16 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
                          MoeGroupedScratch& scr, cudaStream_t s, const MoeStageEvents* marks = nullptr,
                          MoeGemmPath path = MoeGemmPath::Auto);
 
-// What Auto picks for T rows (FP8 experts: always mma.sync — the wgmma GEMMs read bf16 weights only; see
-// docs/FP8.md §9 for what that costs at prefill sizes): wgmma when the widths fit it (moe_wgmma_supported) and the step routes at least
-// kMoeWgmmaMinRowsPerExpert rows per expert on average, else mma.sync. Measured at M3's widths on the H200
-// (bench/results/2026-12-02c-moe-wgmma-h200.md), wgmma was faster from 512 rows (16 per expert: 1.26×) up; below
-// that it is not measured. The two paths give the same bits, so the choice changes only the speed.
+// What Auto picks for T rows: wgmma when the widths fit it (moe_wgmma_supported; moe_wgmma_fp8_supported for FP8
+// experts) and the step routes at least kMoeWgmmaMinRowsPerExpert (FP8: kMoeWgmmaFp8MinRowsPerExpert) rows per expert
+// on average, else mma.sync. bf16, measured at M3's widths on the H200 (bench/results/2026-12-02c-moe-wgmma-h200.md):
+// wgmma was faster from 512 rows (16 per expert: 1.26x) up; below that it is not measured. The two bf16 paths give
+// the same bits, so the choice changes only the speed. FP8 experts: the wgmma path multiplies e4m3 activations (1x64
+// blocks) where mma.sync multiplies f16 ones, so prefill-sized steps only, like the dense projections' cuBLASLt FP8
+// path (docs/FP8.md section 9).
 constexpr int64_t kMoeWgmmaMinRowsPerExpert = 16;
-MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is);
+constexpr int64_t kMoeWgmmaFp8MinRowsPerExpert = 16;
+MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is, bool fp8 = false);
 
 // Rows per mma.sync GEMM tile the forward picks for T rows (16 for decode-sized steps, 64 for prefill).
 int moe_tile_rows(int64_t T, int64_t E, int64_t top_k);

@@ -20,6 +20,7 @@
 #include "backend/cuda/hopper/tma.cuh"
 #include "backend/cuda/hopper/warpgroup.cuh"
 #include "backend/cuda/hopper/wgmma.cuh"
+#include "backend/cuda/moe_wgmma_tiles.cuh"
 
 namespace m3::cuda {
 namespace {
@@ -43,30 +44,10 @@ struct KernelParams {
   float alpha, limit;
 };
 
-// Work item w → (group, first grouped row, column tile). Items are numbered group by group (a group's tiles are
-// consecutive in the tile list); inside a group column-major — the group's row tiles of one column tile are
-// consecutive items — so the CTAs that read the same weight tile (expert g, columns n) run side by side. (Meant to
-// turn the sibling reads into L2 hits; at 8192 rows the time did not change, so the 60 % L2 misses ncu showed with
-// row-tile-major order have another cause: bench/results/2026-12-02c-moe-wgmma-h200.md.)
-struct WorkTile {
-  int g, r0, n;
-};
-__device__ __forceinline__ WorkTile work_tile(const KernelParams& p, int w) {
-  const int t = w / p.NN;  // some row tile of w's group (the group owns items [tfirst·NN, (tfirst + ng)·NN))
-  const int g = p.tiles[2 * t];
-  const int base = p.offsets[g];
-  const int tfirst = t - (p.tiles[2 * t + 1] - base) / kBM;
-  const int ng = (p.offsets[g + 1] - base + kBM - 1) / kBM;
-  const int local = w - tfirst * p.NN;
-  return WorkTile{g, base + (local % ng) * kBM, local / ng};
+__device__ __forceinline__ moe_wgmma::WorkTile work_tile(const KernelParams& p, int w) {
+  return moe_wgmma::work_tile(p.tiles, p.offsets, p.NN, w);
 }
-
-// SwiGLU-OAI (cpu::swiglu_oai): gate clamped above, up clamped both sides, σ(α·g)·g·(u + 1).
-__device__ __forceinline__ float swiglu_oai(float g, float u, float alpha, float limit) {
-  const float gc = fminf(g, limit);
-  const float uc = fminf(fmaxf(u, -limit), limit);
-  return gc * (1.0f / (1.0f + expf(-alpha * gc))) * (uc + 1.0f);
-}
+using moe_wgmma::swiglu_oai;
 
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -99,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       PipeState<kStages> ps;
       for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
-        const WorkTile wt = work_tile(p, w);
+        const moe_wgmma::WorkTile wt = work_tile(p, w);
         const int g = wt.g, r0 = wt.r0, n = wt.n;
         const bool shared = g == p.E;
         const int Ig = shared ? p.Is : p.I;
@@ -132,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float d[128];
     PipeState<kStages> ps;
     for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
-      const WorkTile wt = work_tile(p, w);
+      const moe_wgmma::WorkTile wt = work_tile(p, w);
       const int g = wt.g, r0 = wt.r0, n = wt.n;
       const int Ig = g == p.E ? p.Is : p.I;
       if (kGateUp && n * (kBN / 2) >= Ig) continue;

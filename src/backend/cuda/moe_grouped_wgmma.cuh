@@ -13,7 +13,8 @@
 //   - down: B = 256 rows of expert g's [H, I]; y rows are scattered to their (token, slot) by row_slot.
 //   - Rows of a tile past its group's end (the next expert's rows, or zero-filled past R) are computed and dropped; a
 //     consumer whose 64 rows are all past the end issues no MMA.
-// WT is the weights' element type (bf16 now; the FP8 path adds e4m3 with block scales, docs/FP8.md).
+// WT is the weights' element type (bf16). FP8 experts (e4m3 + 128×128 block scales, docs/FP8.md §9) have their own
+// kernels below (moe_grouped_wgmma_fp8.cu): e4m3 × e4m3 on m64n128k32 with the activations quantised per 1×64.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -55,5 +56,39 @@ void moe_gate_up_wgmma(const __nv_bfloat16* xg, int64_t H, const WT* gate_up, co
 template <typename WT>
 void moe_down_wgmma(const __nv_bfloat16* act, int64_t ld_act, const WT* down, const WT* shared_down, int64_t H,
                     int64_t I, int64_t Is, const MoeWgmmaRouting& rt, float* y, cudaStream_t s);
+
+// ---- FP8 experts (moe_grouped_wgmma_fp8.cu) ----------------------------------------------------------------------
+// Why: at prefill sizes the W8A16 mma.sync GEMMs are compute-bound on f16 (T = 2048 at M3 widths: 7.85 ms against
+// the bf16 wgmma path's 4.69 ms, bench/results/2026-12-03c-fp8-decode-h200.md), while e4m3 wgmma has twice bf16's
+// rate and reads half the bytes.
+// Numerics (CPU twin in tests/gpu/gpu_moe_test.cpp): activations are quantised per row and per 64 columns, scale =
+// amax / 448 (fp32 division; 1 for an all-zero block), q = rne_e4m3(v / scale) — the gathered x rows (from the
+// router's f16 copy of xn) and SwiGLU's act. Each 64-wide K step's e4m3 products are summed by the tensor cores in
+// fp32, then added to the accumulator times (x scale of the row · weight block scale): "promotion" every 64 K.
+// Scale arrays of quantised rows: [rows, K / 64] fp32, row-major.
+struct MoeWgmmaFp8Weights {
+  const uint8_t* w = nullptr;          // stacked [E, N, K] e4m3 (gate/up: N = 2I, K = H; down: N = H, K = I)
+  const float* scales = nullptr;       // [E][fp8_scale_count(Blk128, N, K)]
+  const uint8_t* shared = nullptr;     // the shared expert's [N_s, K_s] or null
+  const float* shared_scales = nullptr;
+};
+
+// True when the FP8 wgmma path takes these widths: H, I and Is multiples of 128.
+bool moe_wgmma_fp8_supported(int64_t H, int64_t I, int64_t Is);
+
+// xq[r] = quantise_1x64(xb[row_tok[r]]) with scales xs [rows, H / 64], for r < offsets[E + 1]. xb: [·, H] f16
+// (xb_f16) or bf16.
+void moe_gather_quant_rows(const void* xb, bool xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
+                           cudaStream_t s);
+
+// act = quantise_1x64(SwiGLU-OAI(xg · gate_gᵀ, xg · up_gᵀ)) for every grouped row; act_q [rows, ld_act] e4m3,
+// act_s [rows, ld_act / 64].
+void moe_gate_up_wgmma_fp8(const uint8_t* xq, const float* xs, int64_t H, const MoeWgmmaFp8Weights& gate_up, int64_t I,
+                           int64_t Is, float alpha, float limit, const MoeWgmmaRouting& rt, uint8_t* act_q,
+                           float* act_s, int64_t ld_act, cudaStream_t s);
+
+// y[row_slot[r]] = dequant(act[r, :I_g]) · down_gᵀ for every grouped row r.
+void moe_down_wgmma_fp8(const uint8_t* act_q, const float* act_s, int64_t ld_act, const MoeWgmmaFp8Weights& down,
+                        int64_t H, int64_t I, int64_t Is, const MoeWgmmaRouting& rt, float* y, cudaStream_t s);
 
 }  // namespace m3::cuda

@@ -23,7 +23,13 @@ struct Ring {
   static constexpr int kSmem = kStages * kPageBytes;
 };
 constexpr int kPlanThreads = 1024;
-constexpr int kRadixRegs = 16;  // rows of ≤ 512 history blocks take the radix top-k (topk_radix)
+constexpr int kRadixRegs = 16;  // rows of ≤ 512 history blocks can take the radix top-k (topk_radix)
+// Rows of ≤ this many history blocks take the radix top-k by default, longer ones the insertion network. Measured on
+// the H200 (bench_decode --fp8 --index-only, bf16 keys, graph): radix wins at 128 blocks (16k context, B = 1: 8.9 vs
+// 9.7 µs) but loses from 192 up (B = 1 at 24k / 32k / 48k / 60k: 12.4 / 13.1 / 15.0 / 16.1 µs with radix up to 512
+// blocks against 10.7 / 11.7 / 14.0 / 15.2 with the insertion network; B = 8: 22.9 / 27.2 / 35.5 / 42.2 against
+// 21.3 / 25.9 / 34.9 / 42.3): bench/results/2026-12-03d-fp8-moe-wgmma-h200.md.
+constexpr int kRadixDefaultMax = 128;
 constexpr int kMaxRows = MsaDecodeIndex::kMaxRows;
 
 // One CTA. Per row t: work(t) = local when local + 1 > K (history pages to rank) else 0; n_valid(t) =
@@ -191,8 +197,9 @@ __device__ __forceinline__ void topk_radix(const ScoreArgs& a, const float* sr, 
 
 // Top-(K−1) of row t's history scores for index head h (one warp), then the selection (ascending ids, local last)
 // and the page list. Keys: order-preserving score bits << 32 | (~col): an integer max picks the higher score and,
-// on ties, the lower column — the CPU twin's order (NaN ranks as −inf). Rows of ≤ 512 history blocks take the radix
-// select above; longer ones an insertion network (each lane keeps its best kList keys sorted).
+// on ties, the lower column — the CPU twin's order (NaN ranks as −inf). Rows of ≤ radix_max history blocks (128 by
+// default: kRadixDefaultMax) take the radix select above; longer ones an insertion network (each lane keeps its best
+// kList keys sorted).
 // local = the row's history page count (its work, fend − fbeg in the caller), so nothing is read before the scores.
 // This runs after the row's last page, on the step's critical path (bench_decode --trace: "top-k + page list"), so
 // it is built around latency: the scores, the local page's chain and the attention offset are loaded at once (no
@@ -539,12 +546,14 @@ void MsaDecodeIndex::run(const __nv_bfloat16* iq, const DevPagedIndexKT<KT>& cac
   static const cudaError_t attr =
       cudaFuncSetAttribute(decode_index_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   M3_CUDA_CHECK(attr);
-  // M3_DECODE_TOPK_RADIX_MAX (bench / A-B only): the longest row (history blocks) that takes the radix select.
+  // M3_DECODE_TOPK_RADIX_MAX (bench / A-B only): the longest row (history blocks) that takes the radix select, up to
+  // 512 (default kRadixDefaultMax).
   static const int radix_max = [] {
     const char* e = std::getenv("M3_DECODE_TOPK_RADIX_MAX");
-    return e ? std::clamp(std::atoi(e), 0, 32 * kRadixRegs) : 32 * kRadixRegs;
+    return e ? std::clamp(std::atoi(e), 0, 32 * kRadixRegs) : kRadixDefaultMax;
   }();
-  ScoreArgs a{iq, cache.ik, cache.page_stride, cache.scale, rows, H_, K_, W_, radix_max, ppu_, max_cols_,
+  const int rmax = radix_max_ >= 0 ? std::min(radix_max_, 32 * kRadixRegs) : radix_max;
+  ScoreArgs a{iq, cache.ik, cache.page_stride, cache.scale, rows, H_, K_, W_, rmax, ppu_, max_cols_,
               work_indptr_.get(), work_pages_.get(), attn_indptr_.get(), scores_.get(), selection_.get(),
               attn_indices_.get(), row_done_.get(), trace_};
   cudaLaunchConfig_t cfg = {};

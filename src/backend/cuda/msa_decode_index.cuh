@@ -67,11 +67,14 @@ class MsaDecodeIndex {
   // msa_decode_index.cu, trace_stamp); null (the default) turns it off.
   static constexpr int kTraceSlots = 8;
   void set_trace(uint64_t* trace) { trace_ = trace; }
+  // Rows of ≤ this many history blocks take the radix top-k, longer ones the insertion network (0 … 512; < 0: the
+  // default, M3_DECODE_TOPK_RADIX_MAX or 128). Both give the same selection; tests cover each.
+  void set_radix_max(int blocks) { radix_max_ = blocks; }
   int grid() const { return grid_; }
 
  private:
   void launch_plan(const DevStepRows& rows, size_t work_cap, int W, cudaStream_t s);
-  int T_ = 0, H_ = 0, K_ = 0, W_ = 0, grid_ = 0, max_pages_ = 0;
+  int T_ = 0, H_ = 0, K_ = 0, W_ = 0, grid_ = 0, max_pages_ = 0, radix_max_ = -1;
   int64_t max_cols_ = 0, ppu_ = 1;
   DeviceBuffer<int32_t> work_indptr_, work_pages_, attn_indptr_, attn_indices_, attn_last_, selection_, row_done_;
   DeviceBuffer<float> scores_;

@@ -1,7 +1,8 @@
 // Warpgroup matrix multiply-accumulate (wgmma, sm_90a) as inline PTX, with shared-memory matrix descriptors.
 // One warpgroup (4 consecutive warps, the first at a warp index divisible by 4) issues m64nNkK: D[64, N] fp32 in
 // registers (+)= A[64, K] · B[N, K]ᵀ with A and B K-major tiles in shared memory in the 128B-swizzle layout that TMA
-// writes (hopper/tma.cuh). The operand dtype is a template parameter (bf16 now: K = 16; e4m3 later: K = 32).
+// writes (hopper/tma.cuh). The operand dtype is a template parameter (bf16: K = 16; e4m3: K = 32 — one k step is
+// 32 bytes of a 128-byte row for both).
 //
 // Accumulator layout (per thread t of the warpgroup, warp w = t / 32, lane l): register i of d[N / 2] holds
 //   row = 16·w + l / 4 + 8·((i / 2) % 2),  col = 8·(i / 4) + 2·(l % 4) + i % 2.
@@ -11,6 +12,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -19,6 +21,7 @@
 namespace m3::cuda::hopper {
 
 using bf16_t = __nv_bfloat16;
+using e4m3_t = __nv_fp8_e4m3;
 
 // Descriptor of a K-major tile in 128B swizzle: rows of 128 bytes (64 bf16), 8-row groups 1024 bytes apart
 // (stride byte offset); the leading byte offset is unused by this layout. `p` must lie in a 1024-byte aligned tile;
@@ -101,6 +104,20 @@ struct Wgmma<bf16_t, 128> {
         " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
         : M3_WGMMA_ACC64(d, 0)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+};
+
+template <>
+struct Wgmma<e4m3_t, 128> {
+  static constexpr int kK = 32;
+  // d [64, 128] (+)= A[64, 32] · B[128, 32]ᵀ, e4m3 × e4m3 → fp32, both K-major in shared memory (the only layout
+  // wgmma takes for 8-bit types: no transpose immediates); scale_d = 0 overwrites d.
+  __device__ __forceinline__ static void mma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}"
+        : M3_WGMMA_ACC64(d, 0)
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
   }
 };
 

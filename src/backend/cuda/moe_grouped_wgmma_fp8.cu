@@ -1,0 +1,385 @@
+// Grouped MoE GEMMs of FP8 experts on wgmma, e4m3 × e4m3 (moe_grouped_wgmma.cuh, the FP8 part). The bf16 kernels'
+// structure (moe_grouped_wgmma.cu) with what FP8 changes:
+//   - CTA = 3 warpgroups (384 threads, one CTA per SM, persistent): warpgroup 0 the TMA producer, 1 and 2 consumers of
+//     rows 0–63 / 64–127 of a 128-row tile. Ring of kStages stages, each A [128 rows, 128 K] and B [128 rows, 128 K]
+//     e4m3 (16 KB each; 128-byte swizzled rows, the same byte layout as bf16's 64-wide K steps).
+//   - Tile N = 128 (m64n128k32): with 1×64 activation scales and 128×128 weight scales the tensor cores may sum only
+//     64 K at a time; each 64-K partial lands in a second register tile and is added to the accumulator times its
+//     scales ("promotion"). 64 + 64 fp32 registers per thread — an N = 256 tile would need 256.
+//   - gate/up: B = 64 gate rows of expert g then the matching 64 up rows (two TMA boxes), so column c < 64 is gate and
+//     c + 64 its up; SwiGLU-OAI in registers, then the 64 act values of a row (one quad of lanes) are quantised to
+//     e4m3 with one scale: act's 1×64 blocks are exactly the column tiles.
+//   - down: B = 128 rows of expert g's [H, I]; fp32 y rows scattered by row_slot.
+// Per K stage a consumer issues 2 × 2 wgmma (two 64-K halves), waiting for each half before promoting it; the other
+// consumer warpgroup's MMAs fill the tensor cores meanwhile.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/hopper/mbarrier.cuh"
+#include "backend/cuda/hopper/tma.cuh"
+#include "backend/cuda/hopper/warpgroup.cuh"
+#include "backend/cuda/hopper/wgmma.cuh"
+#include "backend/cuda/kv_fp8.cuh"
+#include "backend/cuda/moe_grouped_wgmma.cuh"
+#include "backend/cuda/moe_wgmma_tiles.cuh"
+#include "base/fp8_format.h"
+
+namespace m3::cuda {
+namespace {
+
+using namespace hopper;
+
+constexpr int kBM = kMoeWgmmaRows, kBN = 128, kBK = 128, kStages = 6, kThreads = 384;
+constexpr int kQ = 64;  // activation scale block (and promotion interval) along K
+constexpr uint32_t kTileA = kBM * kBK, kTileB = kBN * kBK, kHalfB = kTileB / 2;  // bytes per stage
+constexpr size_t kSmem = size_t(kStages) * (kTileA + kTileB) + 1024 /*alignment*/ + 256 /*barriers*/;
+
+struct Fp8Params {
+  const int32_t* offsets;
+  const int32_t* row_slot;
+  const int32_t* tiles;
+  const int32_t* counters;
+  int E, H, I, Is;
+  int NN;        // column tiles per row tile
+  int cap_rows;  // rows of the A operand and its scales
+  const float* a_scales;  // [cap_rows, K / 64] of the A operand (K = H for gate/up, ld_act for down)
+  int a_scale_ld;         // K / 64 of the A buffer
+  const float* w_scales;  // routed experts' Blk128 scales, [E][w_scale_stride]
+  const float* ws_scales; // the shared expert's
+  int64_t w_scale_stride;
+  uint8_t* act_q;
+  float* act_s;
+  int64_t ld_act;
+  float* y;
+  float alpha, limit;
+};
+
+// The MMAs of one 64-K half h of a stage into part (overwritten): two m64n128k32, one commit group.
+__device__ __forceinline__ void issue_half(float (&part)[64], uint64_t da, uint64_t db, int h) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kQ / 32; ++k) {
+    const uint32_t off = uint32_t(h * kQ + k * 32);  // bytes = e4m3 elements along the 128-byte row
+    Wgmma<e4m3_t, 128>::mma_ss(part, desc_advance(da, off), desc_advance(db, off), k != 0);
+  }
+  wgmma_commit();
+}
+
+// acc += part · (A scale of the row · B scale of the column block). part[i]: row a for i % 4 < 2 else row b (sa_a,
+// sa_b); columns 0–63 for i < 32 (w_lo: gate or down), 64–127 above (w_hi: up, or down again).
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64], float sa_a, float sa_b, float w_lo,
+                                        float w_hi) {
+  const float f_alo = sa_a * w_lo, f_blo = sa_b * w_lo, f_ahi = sa_a * w_hi, f_bhi = sa_b * w_hi;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const bool lo = i < 32, ra = (i & 2) == 0;
+    acc[i] = fmaf(part[i], lo ? (ra ? f_alo : f_blo) : (ra ? f_ahi : f_bhi), acc[i]);
+  }
+}
+
+// Each 64-K half is waited for and promoted in turn. (A pipelined loop — a half's promotion under the next half's MMAs,
+// two partial tiles, 192 accumulator registers — measured 5–11 % slower: bench/results/2026-12-03d-fp8-moe-wgmma-h200.md.)
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_wgmma_fp8_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
+                         const __grid_constant__ CUtensorMap map_ws, const Fp8Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* tiles_a = smem;                     // [kStages][128][128] e4m3
+  uint8_t* tiles_b = smem + kStages * kTileA;  // [kStages][128][128]
+  uint64_t* full = reinterpret_cast<uint64_t*>(tiles_b + kStages * kTileB);
+  uint64_t* empty = full + kStages;
+
+  const int wg = warpgroup_index();
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&map_a);
+    tma_prefetch_map(&map_w);
+    tma_prefetch_map(&map_ws);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);  // lane 0 of each of the 8 consumer warps
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  pdl_grid_dependency_wait();
+  const int num_work = p.counters[0] * p.NN;
+
+  if (wg == 0) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      PipeState<kStages> ps;
+      for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+        const moe_wgmma::WorkTile wt = moe_wgmma::work_tile(p.tiles, p.offsets, p.NN, w);
+        const int g = wt.g, r0 = wt.r0, n = wt.n;
+        const bool shared = g == p.E;
+        const int Ig = shared ? p.Is : p.I;
+        if (kGateUp && n * (kBN / 2) >= Ig) continue;  // this expert is narrower than the widest one
+        const int num_k = (kGateUp ? p.H : Ig) / kBK;
+        const CUtensorMap* mw = shared ? &map_ws : &map_w;
+        for (int kb = 0; kb < num_k; ++kb) {
+          mbar_wait(&empty[ps.stage], ps.phase ^ 1u);
+          mbar_arrive_expect_tx(&full[ps.stage], kTileA + kTileB);
+          uint8_t* b = tiles_b + ps.stage * kTileB;
+          tma_load_2d(tiles_a + ps.stage * kTileA, &map_a, &full[ps.stage], kb * kBK, r0);
+          if (kGateUp) {
+            // Gate rows n·64 … and the matching up rows Ig + n·64 … of expert g ([E·2I, H] or shared [2Is, H]).
+            const int base = shared ? 0 : g * 2 * p.I;
+            tma_load_2d(b, mw, &full[ps.stage], kb * kBK, base + n * (kBN / 2));
+            tma_load_2d(b + kHalfB, mw, &full[ps.stage], kb * kBK, base + Ig + n * (kBN / 2));
+          } else {
+            const int base = shared ? 0 : g * p.H;  // [E·H, I] or shared [H, Is]
+            tma_load_2d(b, mw, &full[ps.stage], kb * kBK, base + n * kBN);
+          }
+          ps.advance();
+        }
+      }
+    }
+    pdl_launch_dependents();
+  } else {
+    setmaxnreg_inc<232>();
+    const int half = wg - 1;  // rows half·64 … half·64 + 63 of the tile
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    // Accumulator d[4j + e]: tile row half·64 + warp·16 + lane/4 (+8 for e ≥ 2), column 8j + 2·(lane%4) + e%2.
+    const int row_a = half * 64 + warp * 16 + lane / 4, row_b = row_a + 8;
+    float acc[64], part[64];
+    PipeState<kStages> ps;
+    for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+      const moe_wgmma::WorkTile wt = moe_wgmma::work_tile(p.tiles, p.offsets, p.NN, w);
+      const int g = wt.g, r0 = wt.r0, n = wt.n;
+      const bool shared = g == p.E;
+      const int Ig = shared ? p.Is : p.I;
+      if (kGateUp && n * (kBN / 2) >= Ig) continue;
+      const int num_k = (kGateUp ? p.H : Ig) / kBK;
+      const int nrows = min(kBM, p.offsets[g + 1] - r0);
+      if (half * 64 >= nrows) {
+        // Every row of this half is past the group's end: no MMA, hand each stage straight back.
+        for (int kb = 0; kb < num_k; ++kb) {
+          mbar_wait(&full[ps.stage], ps.phase);
+          if (lane == 0) mbar_arrive(&empty[ps.stage]);
+          ps.advance();
+        }
+        continue;
+      }
+      // Scales: A per (row, 64 K) from global (rows past the call's rows read row cap − 1: their results are
+      // dropped); B per 128×128 block of expert g: gate/up rows n·64 and Ig + n·64, or down rows n·128.
+      const float* sa_a = p.a_scales + int64_t(min(r0 + row_a, p.cap_rows - 1)) * p.a_scale_ld;
+      const float* sa_b = p.a_scales + int64_t(min(r0 + row_b, p.cap_rows - 1)) * p.a_scale_ld;
+      const float* sw = shared ? p.ws_scales : p.w_scales + int64_t(g) * p.w_scale_stride;
+      const int K = kGateUp ? p.H : Ig;
+      const int w_ld = (K / 128 + 3) & ~3;  // fp8_scale_ld(Blk128, ·, K): scale blocks per weight row block, padded
+      const float* sw_lo = sw + int64_t(kGateUp ? (n * (kBN / 2)) / 128 : n) * w_ld;   // columns 0–63 (gate / down)
+      const float* sw_hi = kGateUp ? sw + int64_t((Ig + n * (kBN / 2)) / 128) * w_ld : sw_lo;  // 64–127 (up)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+      float2 na = *reinterpret_cast<const float2*>(sa_a), nb = *reinterpret_cast<const float2*>(sa_b);
+      float nlo = __ldg(sw_lo), nhi = __ldg(sw_hi);
+      for (int kb = 0; kb < num_k; ++kb) {
+        const float2 ca = na, cb = nb;
+        const float clo = nlo, chi = nhi;
+        if (kb + 1 < num_k) {  // the next stage's scales, in flight during this stage's MMAs
+          na = *reinterpret_cast<const float2*>(sa_a + 2 * (kb + 1));
+          nb = *reinterpret_cast<const float2*>(sa_b + 2 * (kb + 1));
+          nlo = __ldg(sw_lo + kb + 1), nhi = __ldg(sw_hi + kb + 1);
+        }
+        mbar_wait(&full[ps.stage], ps.phase);
+        const uint64_t da = smem_desc_sw128(tiles_a + ps.stage * kTileA + half * (64 * 128));
+        const uint64_t db = smem_desc_sw128(tiles_b + ps.stage * kTileB);
+#pragma unroll
+        for (int h = 0; h < kBK / kQ; ++h) {
+          issue_half(part, da, db, h);
+          wgmma_wait<0>();
+          fence_regs(part);
+          if (h == kBK / kQ - 1 && lane == 0) mbar_arrive(&empty[ps.stage]);
+          promote(acc, part, h == 0 ? ca.x : ca.y, h == 0 ? cb.x : cb.y, clo, chi);
+        }
+        ps.advance();
+      }
+
+      const int c0 = 2 * (lane % 4);
+      if (kGateUp) {
+        // Columns 0–63 are gate, 64–127 the matching up: acc[4j + e] pairs with acc[4(j + 8) + e]. A row's 64 act
+        // values sit in one quad of lanes (16 each): its amax is two shuffles away.
+        float va[16], vb[16];
+        float ma = 0.f, mb = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          va[2 * j] = moe_wgmma::swiglu_oai(acc[4 * j], acc[4 * (j + 8)], p.alpha, p.limit);
+          va[2 * j + 1] = moe_wgmma::swiglu_oai(acc[4 * j + 1], acc[4 * (j + 8) + 1], p.alpha, p.limit);
+          vb[2 * j] = moe_wgmma::swiglu_oai(acc[4 * j + 2], acc[4 * (j + 8) + 2], p.alpha, p.limit);
+          vb[2 * j + 1] = moe_wgmma::swiglu_oai(acc[4 * j + 3], acc[4 * (j + 8) + 3], p.alpha, p.limit);
+          ma = fmaxf(ma, fmaxf(fabsf(va[2 * j]), fabsf(va[2 * j + 1])));
+          mb = fmaxf(mb, fmaxf(fabsf(vb[2 * j]), fabsf(vb[2 * j + 1])));
+        }
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+          ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, o));
+          mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+        }
+        const float sca = ma > 0.f ? __fdiv_rn(ma, 448.0f) : 1.0f, scb = mb > 0.f ? __fdiv_rn(mb, 448.0f) : 1.0f;
+        const int col = n * (kBN / 2);  // act column of this tile's first value
+        if (row_a < nrows) {
+          uint8_t* q = p.act_q + int64_t(r0 + row_a) * p.ld_act + col + c0;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<uint16_t*>(q + 8 * j) =
+                uint16_t(e4m3_quantize(va[2 * j], sca) | (uint32_t(e4m3_quantize(va[2 * j + 1], sca)) << 8));
+          if (lane % 4 == 0) p.act_s[int64_t(r0 + row_a) * (p.ld_act / kQ) + col / kQ] = sca;
+        }
+        if (row_b < nrows) {
+          uint8_t* q = p.act_q + int64_t(r0 + row_b) * p.ld_act + col + c0;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<uint16_t*>(q + 8 * j) =
+                uint16_t(e4m3_quantize(vb[2 * j], scb) | (uint32_t(e4m3_quantize(vb[2 * j + 1], scb)) << 8));
+          if (lane % 4 == 0) p.act_s[int64_t(r0 + row_b) * (p.ld_act / kQ) + col / kQ] = scb;
+        }
+      } else {
+        float* y0 = row_a < nrows ? p.y + int64_t(p.row_slot[r0 + row_a]) * p.H + n * kBN + c0 : nullptr;
+        float* y1 = row_b < nrows ? p.y + int64_t(p.row_slot[r0 + row_b]) * p.H + n * kBN + c0 : nullptr;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          if (y0) *reinterpret_cast<float2*>(y0 + 8 * j) = make_float2(acc[4 * j], acc[4 * j + 1]);
+          if (y1) *reinterpret_cast<float2*>(y1 + 8 * j) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
+    }
+  }
+}
+
+// One warp per grouped row; lane l converts 8 values (16 bytes) per 256-wide step, a 64-block is 8 lanes: its amax
+// is three shuffles away. Codes as e4m3_quantize (the CPU twin's rne_e4m3(v / scale)).
+template <bool kF16>
+__global__ void __launch_bounds__(256) gather_quant_rows_kernel(const uint16_t* __restrict__ xb, int H,
+                                                                const int32_t* __restrict__ row_tok,
+                                                                const int32_t* __restrict__ offsets, int E,
+                                                                uint8_t* __restrict__ xq, float* __restrict__ xs) {
+  const int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (r >= offsets[E + 1]) return;
+  const int lane = threadIdx.x % 32;
+  const uint16_t* src = xb + int64_t(row_tok[r]) * H;
+  for (int c0 = 0; c0 < H; c0 += 256) {  // every lane takes every step (the shuffles need the whole warp)
+    const int c = c0 + lane * 8;
+    const bool in = c < H;  // H % 64 == 0: a 64-block's 8 lanes are all in or all out
+    const uint4 raw = in ? *reinterpret_cast<const uint4*>(src + c) : make_uint4(0, 0, 0, 0);
+    const uint32_t wds[4] = {raw.x, raw.y, raw.z, raw.w};
+    float v[8];
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (kF16) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&wds[i]));
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+      } else {
+        v[2 * i] = __uint_as_float(wds[i] << 16), v[2 * i + 1] = __uint_as_float(wds[i] & 0xffff0000u);
+      }
+      m = fmaxf(m, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
+    }
+#pragma unroll
+    for (int o = 1; o <= 4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float sc = m > 0.f ? __fdiv_rn(m, 448.0f) : 1.0f;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo |= uint32_t(e4m3_quantize(v[i], sc)) << (8 * i);
+      hi |= uint32_t(e4m3_quantize(v[4 + i], sc)) << (8 * i);
+    }
+    if (!in) continue;
+    *reinterpret_cast<uint2*>(xq + r * H + c) = make_uint2(lo, hi);
+    if (lane % 8 == 0) xs[r * (H / kQ) + c / kQ] = sc;
+  }
+}
+
+template <bool kGateUp>
+void launch(const CUtensorMap& ma, const CUtensorMap& mw, const CUtensorMap& mws, const Fp8Params& p,
+            int64_t cap_tiles, cudaStream_t s) {
+  static const bool configured = [] {
+    M3_CUDA_CHECK(cudaFuncSetAttribute(moe_wgmma_fp8_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(kSmem)));
+    return true;
+  }();
+  (void)configured;
+  const int64_t work = std::max<int64_t>(1, cap_tiles * p.NN);
+  moe_wgmma_fp8_kernel<kGateUp>
+      <<<unsigned(std::min<int64_t>(work, sm_count())), kThreads, kSmem, s>>>(ma, mw, mws, p);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+Fp8Params params_of(const MoeWgmmaRouting& rt, int64_t H, int64_t I, int64_t Is, int NN) {
+  Fp8Params p{};
+  p.offsets = rt.offsets, p.row_slot = rt.row_slot, p.tiles = rt.tiles, p.counters = rt.counters;
+  p.E = rt.E, p.H = int(H), p.I = int(I), p.Is = int(Is), p.NN = NN, p.cap_rows = int(rt.cap_rows);
+  return p;
+}
+
+}  // namespace
+
+bool moe_wgmma_fp8_supported(int64_t H, int64_t I, int64_t Is) {
+  return H > 0 && H % kBK == 0 && I > 0 && I % kBK == 0 && Is >= 0 && Is % kBK == 0 && H < (int64_t(1) << 20) &&
+         I < (int64_t(1) << 20) && Is < (int64_t(1) << 20);
+}
+
+void moe_gather_quant_rows(const void* xb, bool xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
+                           cudaStream_t s) {
+  M3_CUDA_REQUIRE(H > 0 && H % kQ == 0, "moe_gather_quant_rows: H %lld is not a multiple of %d", (long long)H, kQ);
+  if (rt.cap_rows <= 0) return;
+  const unsigned blocks = unsigned((rt.cap_rows + 7) / 8);
+  const auto* x = static_cast<const uint16_t*>(xb);
+  if (xb_f16)
+    gather_quant_rows_kernel<true><<<blocks, 256, 0, s>>>(x, int(H), rt.row_tok, rt.offsets, rt.E, xq, xs);
+  else
+    gather_quant_rows_kernel<false><<<blocks, 256, 0, s>>>(x, int(H), rt.row_tok, rt.offsets, rt.E, xq, xs);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
+void moe_gate_up_wgmma_fp8(const uint8_t* xq, const float* xs, int64_t H, const MoeWgmmaFp8Weights& gate_up, int64_t I,
+                           int64_t Is, float alpha, float limit, const MoeWgmmaRouting& rt, uint8_t* act_q,
+                           float* act_s, int64_t ld_act, cudaStream_t s) {
+  const bool shared = gate_up.shared != nullptr && Is > 0;
+  M3_CUDA_REQUIRE(moe_wgmma_fp8_supported(H, I, shared ? Is : 0) && ld_act >= std::max(I, shared ? Is : 0) &&
+                      ld_act % kBK == 0 && gate_up.w && gate_up.scales && (!shared || gate_up.shared_scales),
+                  "moe_gate_up_wgmma_fp8: unsupported widths H %lld, I %lld, shared I %lld (or missing scales)",
+                  (long long)H, (long long)I, (long long)Is);
+  if (rt.cap_rows <= 0 || rt.cap_tiles <= 0) return;
+  const CUtensorMap ma = make_tma_map_2d(xq, TmaDtype::U8, uint64_t(rt.cap_rows), uint64_t(H), uint64_t(H), kBM, kBK,
+                                         TmaSwizzle::B128);
+  const CUtensorMap mw = make_tma_map_2d(gate_up.w, TmaDtype::U8, uint64_t(rt.E) * 2 * uint64_t(I), uint64_t(H),
+                                         uint64_t(H), kBN / 2, kBK, TmaSwizzle::B128);
+  const CUtensorMap mws = shared ? make_tma_map_2d(gate_up.shared, TmaDtype::U8, 2 * uint64_t(Is), uint64_t(H),
+                                                   uint64_t(H), kBN / 2, kBK, TmaSwizzle::B128)
+                                 : mw;
+  const int64_t Imax = std::max(I, shared ? Is : 0);
+  Fp8Params p = params_of(rt, H, I, shared ? Is : 0, int(Imax / (kBN / 2)));
+  p.a_scales = xs, p.a_scale_ld = int(H / kQ);
+  p.w_scales = gate_up.scales, p.ws_scales = shared ? gate_up.shared_scales : gate_up.scales;
+  p.w_scale_stride = fp8_scale_count(Fp8Scale::Blk128, 2 * I, H);
+  p.act_q = act_q, p.act_s = act_s, p.ld_act = ld_act, p.alpha = alpha, p.limit = limit;
+  launch<true>(ma, mw, mws, p, rt.cap_tiles, s);
+}
+
+void moe_down_wgmma_fp8(const uint8_t* act_q, const float* act_s, int64_t ld_act, const MoeWgmmaFp8Weights& down,
+                        int64_t H, int64_t I, int64_t Is, const MoeWgmmaRouting& rt, float* y, cudaStream_t s) {
+  const bool shared = down.shared != nullptr && Is > 0;
+  M3_CUDA_REQUIRE(moe_wgmma_fp8_supported(H, I, shared ? Is : 0) && ld_act >= std::max(I, shared ? Is : 0) &&
+                      ld_act % kBK == 0 && down.w && down.scales && (!shared || down.shared_scales),
+                  "moe_down_wgmma_fp8: unsupported widths H %lld, I %lld, shared I %lld, ld %lld (or missing scales)",
+                  (long long)H, (long long)I, (long long)Is, (long long)ld_act);
+  if (rt.cap_rows <= 0 || rt.cap_tiles <= 0) return;
+  const CUtensorMap ma = make_tma_map_2d(act_q, TmaDtype::U8, uint64_t(rt.cap_rows), uint64_t(ld_act),
+                                         uint64_t(ld_act), kBM, kBK, TmaSwizzle::B128);
+  const CUtensorMap mw = make_tma_map_2d(down.w, TmaDtype::U8, uint64_t(rt.E) * uint64_t(H), uint64_t(I), uint64_t(I),
+                                         kBN, kBK, TmaSwizzle::B128);
+  const CUtensorMap mws = shared ? make_tma_map_2d(down.shared, TmaDtype::U8, uint64_t(H), uint64_t(Is), uint64_t(Is),
+                                                   kBN, kBK, TmaSwizzle::B128)
+                                 : mw;
+  Fp8Params p = params_of(rt, H, I, shared ? Is : 0, int(H / kBN));
+  p.a_scales = act_s, p.a_scale_ld = int(ld_act / kQ);
+  p.w_scales = down.scales, p.ws_scales = shared ? down.shared_scales : down.scales;
+  p.w_scale_stride = fp8_scale_count(Fp8Scale::Blk128, H, I);
+  p.y = y;
+  launch<false>(ma, mw, mws, p, rt.cap_tiles, s);
+}
+
+}  // namespace m3::cuda
