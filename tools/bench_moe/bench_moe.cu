@@ -319,13 +319,14 @@ int main(int argc, char** argv) {
           fp8_paths.push_back(c);
         }
       }
-      // Per-kernel breakdown, eager (launch gaps included in the kernel that follows): median of 9.
-      {
+      // Per-kernel breakdown, eager (launch gaps included in the kernel that follows): median of 9; bf16 experts, then
+      // (--fp8) the FP8 experts on their Auto path.
+      auto stage_times = [&](const m3::cuda::MoeGroupedWeights& ww, const char* tag) {
         m3::cuda::MoeStageEvents me;
         for (auto& e : me.ev) M3_CUDA_CHECK(cudaEventCreate(&e));
         std::vector<std::vector<double>> parts(5);
         for (int i = 0; i < 11; ++i) {
-          m3::cuda::moe_grouped_forward(w, xn[i % rot].get(), T, H, x[i % rot].get(), scr, nullptr, &me);
+          m3::cuda::moe_grouped_forward(ww, xn[i % rot].get(), T, H, x[i % rot].get(), scr, nullptr, &me);
           M3_CUDA_CHECK(cudaEventSynchronize(me.ev[5]));
           if (i < 2) continue;
           for (int k = 0; k < 5; ++k) {
@@ -334,7 +335,7 @@ int main(int argc, char** argv) {
             parts[k].push_back(1e3 * ms);
           }
         }
-        breakdown.push_back("| " + std::to_string(T));
+        breakdown.push_back("| " + std::to_string(T) + " | " + tag);
         for (auto& v : parts) {
           std::sort(v.begin(), v.end());
           char b[32];
@@ -343,11 +344,13 @@ int main(int argc, char** argv) {
         }
         breakdown.back() += " |";
         for (auto& e : me.ev) cudaEventDestroy(e);
-      }
+      };
+      stage_times(w, "bf16");
+      if (fp8) stage_times(w8, "fp8");
       std::fflush(stdout);
     }
     std::printf("\nEager breakdown (µs, median of 9; events between the launches):\n\n"
-                "| T | router | route + group | gate/up + SwiGLU | down | combine |\n|---|---|---|---|---|---|\n");
+                "| T | experts | router | route + group | gate/up + SwiGLU | down | combine |\n|---|---|---|---|---|---|---|\n");
     for (const auto& l : breakdown) std::printf("%s\n", l.c_str());
     std::printf("\nGEMM paths at prefill sizes (whole MoE call, graph of rotated calls, median µs; TFLOP/s on the "
                 "routed + shared expert FLOPs):\n\n| T | mma.sync µs | TFLOP/s | wgmma µs | TFLOP/s | speed-up | Auto |\n"
