@@ -28,6 +28,7 @@
 #include "kv/sequence_kv.h"
 #include "model/m3_model.h"
 #include "model/weight_plan.h"
+#include "requant_slot.h"
 
 namespace {
 
@@ -182,14 +183,6 @@ RowErr row_errors(const std::vector<float>& a, const std::vector<float>& b, int6
   return out;
 }
 
-bool slot_pieces_mxfp8(const SafeTensors& st, const WeightSlot& s) {
-  for (const WeightPiece& p : s.pieces) {
-    const std::string name = resolve_name(st, p);
-    if (!st.has(name) || !st.has(name + "_scale_inv") || st.get(name).dtype != DType::F8_E4M3) return false;
-  }
-  return !s.pieces.empty();
-}
-
 void through_the_model(const std::string& dir, const SafeTensors& st) {
   const std::string gold_path = dir + "/golden.safetensors";
   FILE* f = std::fopen(gold_path.c_str(), "rb");
@@ -221,22 +214,9 @@ void through_the_model(const std::string& dir, const SafeTensors& st) {
     aq.bf16 = variant == 4;
     int converted = 0;
     for (const WeightSlot& s : weight_plan(c)) {
-      if (!s.matrix || !slot_pieces_mxfp8(st, s)) continue;
-      std::vector<uint8_t> q, g;
-      for (const WeightPiece& p : s.pieces) {
-        const std::string name = resolve_name(st, p);
-        const TensorRef& t = st.get(name);
-        const TensorRef& sc = st.get(name + "_scale_inv");
-        q.insert(q.end(), t.data, t.data + t.nbytes);
-        g.insert(g.end(), sc.data, sc.data + sc.nbytes);
-      }
-      const int64_t rows = s.rows(), cols = s.pieces[0].shape.back();
-      std::vector<uint8_t> q2(q.size());
-      std::vector<float> s2(size_t(fp8_scale_count(fmt, rows, cols)));
-      cpu::fp8_requant_from_mx(q.data(), g.data(), rows, cols, fmt, q2.data(), s2.data());
+      if (!s.matrix || !fp8_tools::slot_pieces_mxfp8(st, s)) continue;
       std::vector<float>& dst = host_slot(w, s);
-      dst.assign(size_t(rows * cols), 0.f);
-      cpu::fp8_dequant(q2.data(), s2.data(), fmt, rows, cols, dst.data());
+      dst = fp8_tools::requantised_slot(st, s, fmt);
       if (!(variant == 3 && s.kind == SlotKind::WIndexQk))
         aq.mats.push_back(dst.data());  // stays valid: the model takes the vectors by move
       ++converted;

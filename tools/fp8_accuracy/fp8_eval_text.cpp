@@ -1,0 +1,208 @@
+// FP8 vs bf16 on a model with trained weights (issue 15 item 5; docs/FP8.md §3.1): perplexity, top-1 agreement and
+// logit error on held-out text, through the CPU model (src/model/m3_model.cpp) with the GPU paths' numerics emulated
+// by a cpu::matmul_nt input hook:
+//   - the bf16 checkpoint with fp32 activations (the reference) and with bf16 activations (the bf16 GPU path);
+//   - the MXFP8 checkpoint dequantised exactly; requantised to 128×128 blocks (what the executor stores) with bf16
+//     activations (the decode rows: W8A16 / e4m3 GEMV, f16 in the MoE — bf16 is the coarser of the two); with e4m3
+//     activations per 1×128 into the dense projections and MLPs (cuBLASLt FP8×FP8 prefill) and per 1×64 into the
+//     experts' two GEMMs (the e4m3 wgmma MoE, backend/cuda/moe_grouped_wgmma.cuh), or with the experts on bf16
+//     activations (`--fp8-prefill-gemm` MoE off: M3_MOE_FP8_E4M3=0).
+// Text is read as bytes (ids 0–255: tools/fp8_accuracy/train_tiny_m3.py trains a byte-level tiny M3) and cut into
+// sequences of --seq-len; every position's next byte is scored.
+//   fp8_eval_text --reference BF16_DIR --checkpoint MXFP8_DIR --text FILE [--seq-len 256] [--seqs N]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/fp8.h"
+#include "base/dtype.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "kv/sequence_kv.h"
+#include "model/m3_model.h"
+#include "model/weight_plan.h"
+#include "requant_slot.h"
+
+namespace {
+
+using namespace m3;
+
+// How the hook rounds the input of each weight matrix's GEMM: e4m3 per `block` columns (scale = amax / 448), or bf16.
+enum class Act { None, Bf16, E4m3 };
+struct Rule {
+  const float* W;
+  Act act;
+  int block;
+};
+struct Hook {
+  std::vector<Rule> rules;
+  std::vector<float> buf;
+};
+const float* hook_fn(const float* x, int64_t T, int64_t K, const float* W, void* ctx) {
+  Hook& h = *static_cast<Hook*>(ctx);
+  const auto it = std::find_if(h.rules.begin(), h.rules.end(), [&](const Rule& r) { return r.W == W; });
+  if (it == h.rules.end() || it->act == Act::None) return nullptr;
+  h.buf.assign(x, x + T * K);
+  if (it->act == Act::Bf16) {
+    for (float& v : h.buf) v = round_to_bf16(v);
+    return h.buf.data();
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k0 = 0; k0 < K; k0 += it->block) {
+      float* b = h.buf.data() + t * K + k0;
+      const int64_t n = std::min<int64_t>(it->block, K - k0);
+      float amax = 0.f;
+      for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(b[i]));
+      const float s = amax > 0.f ? amax / 448.0f : 1.0f;
+      for (int64_t i = 0; i < n; ++i) b[i] = e4m3_to_f32(cpu::e4m3_rne(b[i] / s)) * s;
+    }
+  return h.buf.data();
+}
+
+bool is_expert(SlotKind k) {
+  return k == SlotKind::ExpertGateUp || k == SlotKind::ExpertDown || k == SlotKind::SharedGateUp ||
+         k == SlotKind::SharedDown;
+}
+
+// All-position logits of each sequence (one-shot prefill each).
+std::vector<std::vector<float>> run(const M3Config& c, M3Weights w, const std::vector<std::vector<int32_t>>& seqs,
+                                    Hook* hook) {
+  M3Model model(c, std::move(w));
+  if (hook) cpu::set_matmul_input_hook(hook_fn, hook);
+  std::vector<std::vector<float>> out;
+  for (const auto& ids : seqs) {
+    const int64_t T = int64_t(ids.size());
+    KVCache cache(c, int32_t((T + c.sparse_block_size - 1) / c.sparse_block_size));
+    SequenceKV seq(cache);
+    seq.reserve(T);
+    SeqInput in{std::span<const int32_t>(ids), 0, seq.pages(), true};
+    out.push_back(model.forward(std::span<const SeqInput>(&in, 1), cache)[0]);
+  }
+  cpu::set_matmul_input_hook(nullptr, nullptr);
+  return out;
+}
+
+struct Score {
+  double nll = 0, top1 = 0, agree = 0, err_p50 = 0, err_max = 0;
+  int64_t n = 0;
+};
+// Mean next-token NLL (nats), top-1 accuracy, top-1 agreement with `ref` and the row-relative logit error
+// max|a − b| / max|b| (median and max over rows).
+Score score(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& ref,
+            const std::vector<std::vector<int32_t>>& seqs, int64_t V) {
+  Score s;
+  std::vector<double> errs;
+  for (size_t q = 0; q < seqs.size(); ++q) {
+    const auto& ids = seqs[q];
+    for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      const float* a = &got[q][t * size_t(V)];
+      const float* b = &ref[q][t * size_t(V)];
+      const float mx = *std::max_element(a, a + V);
+      double z = 0;
+      for (int64_t v = 0; v < V; ++v) z += std::exp(double(a[v]) - mx);
+      s.nll += std::log(z) + mx - a[ids[t + 1]];
+      const int64_t ia = std::max_element(a, a + V) - a, ib = std::max_element(b, b + V) - b;
+      s.top1 += ia == ids[t + 1];
+      s.agree += ia == ib;
+      double e = 0, m = 1e-30;
+      for (int64_t v = 0; v < V; ++v) e = std::max(e, double(std::fabs(a[v] - b[v]))), m = std::max(m, double(std::fabs(b[v])));
+      errs.push_back(e / m);
+      ++s.n;
+    }
+  }
+  s.nll /= double(s.n), s.top1 /= double(s.n), s.agree /= double(s.n);
+  std::sort(errs.begin(), errs.end());
+  s.err_p50 = errs[errs.size() / 2], s.err_max = errs.back();
+  return s;
+}
+
+void print(const char* name, const Score& s, const Score& ref) {
+  std::printf("| %s | %.4f | %.4f | %+.2f %% | %.2f %% | %.2f %% | %.2e / %.2e |\n", name, std::exp(s.nll),
+              s.nll / std::log(2.0), 100.0 * (std::exp(s.nll) / std::exp(ref.nll) - 1.0), 100.0 * s.top1,
+              100.0 * s.agree, s.err_p50, s.err_max);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string ref_dir, fp8_dir, text;
+  int64_t L = 256, max_seqs = 64;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--reference") && i + 1 < argc) ref_dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) fp8_dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--text") && i + 1 < argc) text = argv[++i];
+    else if (!std::strcmp(argv[i], "--seq-len") && i + 1 < argc) L = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--seqs") && i + 1 < argc) max_seqs = std::atoll(argv[++i]);
+    else ref_dir.clear(), i = argc;
+  }
+  if (ref_dir.empty() || fp8_dir.empty() || text.empty() || L < 2)
+    return std::fprintf(stderr, "usage: fp8_eval_text --reference BF16_DIR --checkpoint MXFP8_DIR --text FILE "
+                                "[--seq-len 256] [--seqs 64]\n"), 2;
+  try {
+    std::ifstream f(text, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<std::vector<int32_t>> seqs;
+    for (size_t p = 0; p + size_t(L) <= bytes.size() && int64_t(seqs.size()) < max_seqs; p += size_t(L)) {
+      seqs.emplace_back();
+      for (int64_t i = 0; i < L; ++i) seqs.back().push_back(int32_t(uint8_t(bytes[p + size_t(i)])));
+    }
+    M3_CHECK(!seqs.empty(), "{}: shorter than one sequence of {} bytes", text, L);
+
+    const M3Config c = load_m3_config(ref_dir + "/config.json");
+    const int64_t V = c.vocab_size;
+    const SafeTensors st16 = SafeTensors::open(ref_dir), st8 = SafeTensors::open(fp8_dir);
+    const M3Weights w16 = M3Weights::load(c, st16), w8 = M3Weights::load(load_m3_config(fp8_dir + "/config.json"), st8);
+    const auto ref = run(c, w16, seqs, nullptr);
+    const Score s_ref = score(ref, ref, seqs, V);
+    std::printf("## %s: %zu sequences × %lld bytes (%lld scored positions)\n\n", text.c_str(), seqs.size(),
+                (long long)L, (long long)s_ref.n);
+    std::printf("| model (weights; activations into the GEMMs) | perplexity | bits / byte | vs bf16 | top-1 acc. | "
+                "top-1 = bf16 | logit err. vs bf16 p50 / max |\n|---|---|---|---|---|---|---|\n");
+    print("bf16; fp32 (the reference)", s_ref, s_ref);
+
+    // bf16 activations into every matrix of the bf16 model: the bf16 GPU path.
+    {
+      M3Weights w = w16;
+      Hook h;
+      for (const WeightSlot& s : weight_plan(c))
+        if (s.matrix && s.kind != SlotKind::Embed) h.rules.push_back({host_slot(w, s).data(), Act::Bf16, 0});
+      print("bf16; bf16 (the bf16 GPU path)", score(run(c, std::move(w), seqs, &h), ref, seqs, V), s_ref);
+    }
+    print("MXFP8 exact; fp32", score(run(c, w8, seqs, nullptr), ref, seqs, V), s_ref);
+    // 128×128 requantised (every MXFP8 matrix), then the activation variants.
+    M3Weights wq = w8;
+    const auto plan = weight_plan(c);
+    for (const WeightSlot& s : plan) {
+      if (s.matrix && fp8_tools::slot_pieces_mxfp8(st8, s))
+        host_slot(wq, s) = fp8_tools::requantised_slot(st8, s, Fp8Scale::Blk128);
+    }
+    // The hook rules must point at the model's own vectors: build them on the copy that run() moves in (a moved
+    // std::vector keeps its buffer).
+    auto variant = [&](const char* name, Act dense, int dense_block, Act expert, int expert_block) {
+      M3Weights w = wq;
+      Hook h;
+      for (const WeightSlot& s : plan) {
+        if (!s.matrix || s.kind == SlotKind::Embed) continue;
+        const bool ex = is_expert(s.kind);
+        const bool fp8 = s.kind != SlotKind::LmHead;  // the LM head stays bf16 (released layout)
+        h.rules.push_back({host_slot(w, s).data(), fp8 ? (ex ? expert : dense) : Act::Bf16,
+                           ex ? expert_block : dense_block});
+      }
+      print(name, score(run(c, std::move(w), seqs, &h), ref, seqs, V), s_ref);
+    };
+    variant("FP8 128×128; bf16 (decode: W8A16 / GEMV)", Act::Bf16, 0, Act::Bf16, 0);
+    variant("FP8 128×128; e4m3 1×128 dense, bf16 experts (prefill, M3_MOE_FP8_E4M3=0)", Act::E4m3, 128, Act::Bf16, 0);
+    variant("FP8 128×128; e4m3 1×128 dense, 1×64 experts (prefill, default)", Act::E4m3, 128, Act::E4m3, 64);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp8_eval_text: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
