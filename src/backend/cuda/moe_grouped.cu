@@ -781,7 +781,7 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
                                   shared ? w.shared_gate_up8_scales : nullptr};
       const MoeWgmmaFp8Weights dn{w.down8, w.down8_scales, shared ? w.shared_down8 : nullptr,
                                   shared ? w.shared_down8_scales : nullptr};
-      moe_gather_quant_rows(scr.xb.get(), true, H, rt, xq, xs, s);
+      moe_gather_quant_rows(scr.xb.get(), H, rt, xq, xs, s);
       moe_gate_up_wgmma_fp8(xq, xs, H, gu, I, Is, w.alpha, w.limit, rt, aq, as, p.ld_act, s);
       mark(3);
       moe_down_wgmma_fp8(aq, as, p.ld_act, dn, H, I, Is, rt, scr.y.get(), s);

@@ -76,9 +76,9 @@ struct MoeWgmmaFp8Weights {
 // True when the FP8 wgmma path takes these widths: H, I and Is multiples of 128.
 bool moe_wgmma_fp8_supported(int64_t H, int64_t I, int64_t Is);
 
-// xq[r] = quantise_1x64(xb[row_tok[r]]) with scales xs [rows, H / 64], for r < offsets[E + 1]. xb: [·, H] f16
-// (xb_f16) or bf16.
-void moe_gather_quant_rows(const void* xb, bool xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
+// xq[r] = quantise_1x64(xb[row_tok[r]]) with scales xs [rows, H / 64], for r < offsets[E + 1]. xb_f16: [·, H] f16
+// (the router's copy of xn for FP8 experts).
+void moe_gather_quant_rows(const void* xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
                            cudaStream_t s);
 
 // act = quantise_1x64(SwiGLU-OAI(xg · gate_gᵀ, xg · up_gᵀ)) for every grouped row; act_q [rows, ld_act] e4m3,

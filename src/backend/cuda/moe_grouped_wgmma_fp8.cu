@@ -67,6 +67,9 @@ __device__ __forceinline__ void issue_half(float (&part)[64], uint64_t da, uint6
   wgmma_commit();
 }
 
+// The e4m3 scale of an activation block from its amax (1 for an all-zero block): the CPU twin's amax / 448.
+__device__ __forceinline__ float act_scale(float amax) { return amax > 0.f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
+
 // acc += part · (A scale of the row · B scale of the column block). part[i]: row a for i % 4 < 2 else row b (sa_a,
 // sa_b); columns 0–63 for i < 32 (w_lo: gate or down), 64–127 above (w_hi: up, or down again).
 __device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64], float sa_a, float sa_b, float w_lo,
@@ -79,8 +82,21 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64
   }
 }
 
-// Each 64-K half is waited for and promoted in turn. (A pipelined loop — a half's promotion under the next half's MMAs,
-// two partial tiles, 192 accumulator registers — measured 5–11 % slower: bench/results/2026-12-03d-fp8-moe-wgmma-h200.md.)
+// One act row's 16 values of this lane (columns col + c0 + 8j, + 1) as e4m3 codes with the row's scale, which the
+// quad's first lane stores (col: the tile's first act column, one 64-wide scale block).
+__device__ __forceinline__ void store_act_row(const Fp8Params& p, int64_t row, int col, int c0, const float (&v)[16],
+                                              float sc, bool quad_lead) {
+  uint8_t* q = p.act_q + row * p.ld_act + col + c0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    *reinterpret_cast<uint16_t*>(q + 8 * j) =
+        uint16_t(e4m3_quantize(v[2 * j], sc) | (uint32_t(e4m3_quantize(v[2 * j + 1], sc)) << 8));
+  if (quad_lead) p.act_s[row * (p.ld_act / kQ) + col / kQ] = sc;
+}
+
+// Each 64-K half is waited for and promoted in turn. (A pipelined loop — a half's promotion under the next half's
+// MMAs, two partial tiles, 192 accumulator registers — measured 5–11 % slower:
+// bench/results/2026-12-03d-fp8-moe-wgmma-h200.md.)
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_wgmma_fp8_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
@@ -218,24 +234,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, o));
           mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
         }
-        const float sca = ma > 0.f ? __fdiv_rn(ma, 448.0f) : 1.0f, scb = mb > 0.f ? __fdiv_rn(mb, 448.0f) : 1.0f;
         const int col = n * (kBN / 2);  // act column of this tile's first value
-        if (row_a < nrows) {
-          uint8_t* q = p.act_q + int64_t(r0 + row_a) * p.ld_act + col + c0;
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<uint16_t*>(q + 8 * j) =
-                uint16_t(e4m3_quantize(va[2 * j], sca) | (uint32_t(e4m3_quantize(va[2 * j + 1], sca)) << 8));
-          if (lane % 4 == 0) p.act_s[int64_t(r0 + row_a) * (p.ld_act / kQ) + col / kQ] = sca;
-        }
-        if (row_b < nrows) {
-          uint8_t* q = p.act_q + int64_t(r0 + row_b) * p.ld_act + col + c0;
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<uint16_t*>(q + 8 * j) =
-                uint16_t(e4m3_quantize(vb[2 * j], scb) | (uint32_t(e4m3_quantize(vb[2 * j + 1], scb)) << 8));
-          if (lane % 4 == 0) p.act_s[int64_t(r0 + row_b) * (p.ld_act / kQ) + col / kQ] = scb;
-        }
+        if (row_a < nrows) store_act_row(p, r0 + row_a, col, c0, va, act_scale(ma), lane % 4 == 0);
+        if (row_b < nrows) store_act_row(p, r0 + row_b, col, c0, vb, act_scale(mb), lane % 4 == 0);
       } else {
         float* y0 = row_a < nrows ? p.y + int64_t(p.row_slot[r0 + row_a]) * p.H + n * kBN + c0 : nullptr;
         float* y1 = row_b < nrows ? p.y + int64_t(p.row_slot[r0 + row_b]) * p.H + n * kBN + c0 : nullptr;
@@ -249,9 +250,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// One warp per grouped row; lane l converts 8 values (16 bytes) per 256-wide step, a 64-block is 8 lanes: its amax
-// is three shuffles away. Codes as e4m3_quantize (the CPU twin's rne_e4m3(v / scale)).
-template <bool kF16>
+// One warp per grouped row of f16 x; lane l converts 8 values (16 bytes) per 256-wide step, a 64-block is 8 lanes: its
+// amax is three shuffles away. Codes as e4m3_quantize (the CPU twin's rne_e4m3(v / scale)).
 __global__ void __launch_bounds__(256) gather_quant_rows_kernel(const uint16_t* __restrict__ xb, int H,
                                                                 const int32_t* __restrict__ row_tok,
                                                                 const int32_t* __restrict__ offsets, int E,
@@ -269,17 +269,13 @@ __global__ void __launch_bounds__(256) gather_quant_rows_kernel(const uint16_t* 
     float m = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if constexpr (kF16) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&wds[i]));
-        v[2 * i] = f.x, v[2 * i + 1] = f.y;
-      } else {
-        v[2 * i] = __uint_as_float(wds[i] << 16), v[2 * i + 1] = __uint_as_float(wds[i] & 0xffff0000u);
-      }
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&wds[i]));
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
       m = fmaxf(m, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
     }
 #pragma unroll
     for (int o = 1; o <= 4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float sc = m > 0.f ? __fdiv_rn(m, 448.0f) : 1.0f;
+    const float sc = act_scale(m);
     uint32_t lo = 0, hi = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -321,16 +317,12 @@ bool moe_wgmma_fp8_supported(int64_t H, int64_t I, int64_t Is) {
          I < (int64_t(1) << 20) && Is < (int64_t(1) << 20);
 }
 
-void moe_gather_quant_rows(const void* xb, bool xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
+void moe_gather_quant_rows(const void* xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
                            cudaStream_t s) {
   M3_CUDA_REQUIRE(H > 0 && H % kQ == 0, "moe_gather_quant_rows: H %lld is not a multiple of %d", (long long)H, kQ);
   if (rt.cap_rows <= 0) return;
-  const unsigned blocks = unsigned((rt.cap_rows + 7) / 8);
-  const auto* x = static_cast<const uint16_t*>(xb);
-  if (xb_f16)
-    gather_quant_rows_kernel<true><<<blocks, 256, 0, s>>>(x, int(H), rt.row_tok, rt.offsets, rt.E, xq, xs);
-  else
-    gather_quant_rows_kernel<false><<<blocks, 256, 0, s>>>(x, int(H), rt.row_tok, rt.offsets, rt.E, xq, xs);
+  gather_quant_rows_kernel<<<unsigned((rt.cap_rows + 7) / 8), 256, 0, s>>>(
+      static_cast<const uint16_t*>(xb_f16), int(H), rt.row_tok, rt.offsets, rt.E, xq, xs);
   M3_CUDA_LAUNCH_CHECK();
 }
 
