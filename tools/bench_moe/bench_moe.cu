@@ -233,15 +233,16 @@ int main(int argc, char** argv) {
         active += c[1];
       }
       active /= rot;
-      auto time_path = [&](m3::cuda::MoeGemmPath path) {
+      // One layer (bf16 experts w, or FP8 experts w8) on one GEMM path, graph of `rot` rotated calls.
+      auto time_path = [&](m3::cuda::MoeGemmPath path, const m3::cuda::MoeGroupedWeights& ww) {
         return time_graph(
             [&](cudaStream_t s) {
               for (int r = 0; r < rot; ++r)
-                m3::cuda::moe_grouped_forward(w, xn[r].get(), T, H, x[r].get(), scr, s, nullptr, path);
+                m3::cuda::moe_grouped_forward(ww, xn[r].get(), T, H, x[r].get(), scr, s, nullptr, path);
             },
             rot);
       };
-      const Timing t = time_path(m3::cuda::MoeGemmPath::Auto);
+      const Timing t = time_path(m3::cuda::MoeGemmPath::Auto, w);
       const double bytes = active * expert_bytes + shared_bytes + double(E * H * 4) + double(T * H * 12);
       const double floor_us = bytes / (copy * 1e3);
       const double flops = 2.0 * double(T * K + T) * 3.0 * double(I) * double(H);
@@ -274,11 +275,7 @@ int main(int argc, char** argv) {
                   flops / (t.median_us * 1e6), rfloor_us, 100.0 * rfloor_us / t.median_us, sync_s);
       // FP8 experts on the same inputs (same router: the same experts are read).
       if (fp8) {
-        const Timing t8 = time_graph(
-            [&](cudaStream_t s) {
-              for (int r = 0; r < rot; ++r) m3::cuda::moe_grouped_forward(w8, xn[r].get(), T, H, x[r].get(), scr, s);
-            },
-            rot);
+        const Timing t8 = time_path(m3::cuda::MoeGemmPath::Auto, w8);
         const double ex16 = active * expert_bytes + shared_bytes, ex8 = active * expert_bytes8 + shared_bytes8;
         const double other = double(E * H * 4) + double(T * H * 12);
         char b[320];
@@ -292,7 +289,8 @@ int main(int argc, char** argv) {
       }
       // Prefill-sized steps: both GEMM paths forced, same inputs (the Auto row above is one of them).
       if (T >= 512) {
-        const Timing tm = time_path(m3::cuda::MoeGemmPath::MmaSync), tw = time_path(m3::cuda::MoeGemmPath::Wgmma);
+        const Timing tm = time_path(m3::cuda::MoeGemmPath::MmaSync, w);
+        const Timing tw = time_path(m3::cuda::MoeGemmPath::Wgmma, w);
         char b[256];
         std::snprintf(b, sizeof b, "| %lld | %.1f | %.1f | %.1f | %.1f | %.2f | %s |", (long long)T, tm.median_us,
                       flops / (tm.median_us * 1e6), tw.median_us, flops / (tw.median_us * 1e6),
@@ -300,15 +298,8 @@ int main(int argc, char** argv) {
                       m3::cuda::moe_gemm_path(T, H, E, K, I, Is) == m3::cuda::MoeGemmPath::Wgmma ? "wgmma" : "mma.sync");
         paths.push_back(b);
         if (fp8) {  // the FP8 experts' two paths: W8A16 mma.sync (f16 activations) and e4m3 wgmma
-          auto time_fp8 = [&](m3::cuda::MoeGemmPath path) {
-            return time_graph(
-                [&](cudaStream_t s) {
-                  for (int r = 0; r < rot; ++r)
-                    m3::cuda::moe_grouped_forward(w8, xn[r].get(), T, H, x[r].get(), scr, s, nullptr, path);
-                },
-                rot);
-          };
-          const Timing fm = time_fp8(m3::cuda::MoeGemmPath::MmaSync), fw = time_fp8(m3::cuda::MoeGemmPath::Wgmma);
+          const Timing fm = time_path(m3::cuda::MoeGemmPath::MmaSync, w8);
+          const Timing fw = time_path(m3::cuda::MoeGemmPath::Wgmma, w8);
           const double best16 = std::min(tm.median_us, tw.median_us);
           char c[320];
           std::snprintf(c, sizeof c, "| %lld | %.1f | %.1f | %.1f (%.1f %%) | %.1f | %.2f | %.2f | %s |", (long long)T,
@@ -350,7 +341,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     std::printf("\nEager breakdown (µs, median of 9; events between the launches):\n\n"
-                "| T | experts | router | route + group | gate/up + SwiGLU | down | combine |\n|---|---|---|---|---|---|---|\n");
+                "| T | experts | router | route + group | gate/up + SwiGLU | down | combine |\n"
+                "|---|---|---|---|---|---|---|\n");
     for (const auto& l : breakdown) std::printf("%s\n", l.c_str());
     std::printf("\nGEMM paths at prefill sizes (whole MoE call, graph of rotated calls, median µs; TFLOP/s on the "
                 "routed + shared expert FLOPs):\n\n| T | mma.sync µs | TFLOP/s | wgmma µs | TFLOP/s | speed-up | Auto |\n"
