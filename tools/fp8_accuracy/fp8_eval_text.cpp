@@ -122,7 +122,8 @@ Score score(const std::vector<std::vector<float>>& got, const std::vector<std::v
         if (v != ib) second = std::max(second, b[v]);
       if (b[ib] - second >= kDecisiveGap) ++s.decisive, s.decisive_agree += ia == ib;
       double e = 0, m = 1e-30;
-      for (int64_t v = 0; v < V; ++v) e = std::max(e, double(std::fabs(a[v] - b[v]))), m = std::max(m, double(std::fabs(b[v])));
+      for (int64_t v = 0; v < V; ++v)
+        e = std::max(e, double(std::fabs(a[v] - b[v]))), m = std::max(m, double(std::fabs(b[v])));
       errs.push_back(e / m);
       ++s.n;
     }
@@ -177,7 +178,8 @@ int main(int argc, char** argv) {
     std::printf("(decisive rows: the reference's top-1 leads by ≥ %.1f nats — %lld of %lld)\n\n", kDecisiveGap,
                 (long long)s_ref.decisive, (long long)s_ref.n);
     std::printf("| model (weights; activations into the GEMMs) | perplexity | bits / byte | vs bf16 | top-1 acc. | "
-                "top-1 = bf16 | on decisive rows | logit err. vs bf16 p50 / max |\n|---|---|---|---|---|---|---|---|\n");
+                "top-1 = bf16 | on decisive rows | logit err. vs bf16 p50 / max |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     print("bf16; fp32 (the reference)", s_ref, s_ref);
 
     // bf16 activations into every matrix of the bf16 model: the bf16 GPU path.
@@ -204,7 +206,7 @@ int main(int argc, char** argv) {
       for (const WeightSlot& s : plan) {
         if (!s.matrix || s.kind == SlotKind::Embed) continue;
         const bool ex = is_expert(s.kind);
-        const bool fp8 = s.kind != SlotKind::LmHead;  // the LM head stays bf16 (released layout)
+        const bool fp8 = fp8_tools::slot_pieces_mxfp8(st8, s);  // else bf16 in the checkpoint (the LM head)
         h.rules.push_back({host_slot(w, s).data(), fp8 ? (ex ? expert : dense) : Act::Bf16,
                            ex ? expert_block : dense_block});
       }
@@ -219,7 +221,8 @@ int main(int argc, char** argv) {
     const auto kv16 = run(c, w16, seqs, nullptr, KvStorage::all(KvDtype::BF16));
     const Score s_kv16 = score(kv16, kv16, seqs, V);
     std::printf("\n| KV cache (bf16 weights, fp32 activations) | perplexity | bits / byte | vs bf16 KV | top-1 acc. | "
-                "top-1 = bf16 KV | on decisive rows | logit err. vs bf16 KV p50 / max |\n|---|---|---|---|---|---|---|---|\n");
+                "top-1 = bf16 KV | on decisive rows | logit err. vs bf16 KV p50 / max |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     print("bf16 K / V / index-K", s_kv16, s_kv16);
     print("e4m3, scales 1", score(run(c, w16, seqs, nullptr, KvStorage::all(KvDtype::E4M3)), kv16, seqs, V), s_kv16);
     const KvStorage cal = kvacc::calibrate_e4m3(M3Model(c, w16), seqs[0], true);
