@@ -8,7 +8,8 @@
 // model (attention: K+V of the selected tokens; scorer: every index key of the batch), % of a device copy ceiling
 // measured in the same run.
 //   bench_decode [--json FILE] [--commit SHA] [--quick] [--multi-query [--mq-scorer]] [--fp8] [--index-only]
-//                [--batches 8,64] [--ctxs 16384,65536] [--trace] [--attn-only] [--schedules 1,2]
+//                [--batches 8,64] [--ctxs 16384,65536] [--trace] [--attn-only] [--schedules 1,2] [--floors]
+// --floors: only the same-size read floors (run_floors) for the listed shapes, and an empty launch's cost;
 // --index-only: only the index scorer (its checks and timings; with --fp8 bf16 and e4m3 side by side);
 // --batches / --ctxs: the shapes timed (default: the mode's list); --trace (with --fp8): per scorer case the
 // breakdown of one call from the kernel's timer stamps (trace_breakdown), and per attention case the same for
@@ -123,6 +124,79 @@ double copy_ceiling_gbps(std::string* detail) {
   std::snprintf(buf, sizeof buf, "cudaMemcpyAsync %.0f GB/s", g);
   *detail += buf;
   return std::max(best, g);
+}
+
+// ---- same-size floors (--floors) ------------------------------------------------------------------------------
+// A read-only stream of `n` 16-byte words, 8 loads in flight per thread, XOR-reduced (the store never happens for
+// this data but the compiler cannot know): what the fastest kernel that only reads the op's unique bytes costs at
+// the op's size, including its ramp-up and tail — the floor the small-batch targets must be judged against, where
+// the 1 GiB copy ceiling is not reachable.
+__global__ void read_kernel(const uint4* __restrict__ src, size_t n, uint4* __restrict__ sink) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (; i + 7 * stride < n; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = __ldcs(src + i + k * stride);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc.x ^= v[k].x, acc.y ^= v[k].y, acc.z ^= v[k].z, acc.w ^= v[k].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldcs(src + i);
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if ((acc.x & acc.y & acc.z & acc.w) == 0xFFFFFFFFu) sink[blockIdx.x] = acc;
+}
+__global__ void empty_kernel() {}
+
+// Per call: the best read of `bytes` (rotated over disjoint copies beyond 2.5 × L2, graph replays back to back, as the
+// ops are timed) over grids of 1, 2, 4 and 8 CTAs of 256 threads per SM; *best_grid gets its CTAs per SM.
+double read_floor_us(double bytes, int* best_grid) {
+  const size_t words = size_t(bytes / 16);
+  const int rot = int(std::clamp<double>(std::ceil(2.5 * kL2Bytes / bytes), 1, 64));
+  m3::cuda::DeviceBuffer<uint4> buf(words * rot), sink(size_t(8) * m3::cuda::sm_count());
+  M3_CUDA_CHECK(cudaMemset(buf.get(), 0x5a, words * rot * 16));
+  double best = 1e30;
+  for (int per_sm : {1, 2, 4, 8}) {
+    const Timing t = time_graph(
+        [&](cudaStream_t s) {
+          for (int r = 0; r < rot; ++r)
+            read_kernel<<<per_sm * m3::cuda::sm_count(), 256, 0, s>>>(buf.get() + size_t(r) * words, words, sink.get());
+          M3_CUDA_CHECK(cudaGetLastError());
+        },
+        rot);
+    if (t.median_us < best) best = t.median_us, *best_grid = per_sm;
+  }
+  return best;
+}
+
+// --floors: per (B, context) the read floor at the scorer's and the attention's unique bytes (bf16 and e4m3), and the
+// cost of an empty launch in the same graph harness — the part of a small-batch call no kernel design removes.
+void run_floors(double copy, const std::vector<int>& batches, const std::vector<int>& ctxs) {
+  const Timing te = time_graph(
+      [](cudaStream_t s) {
+        for (int r = 0; r < 16; ++r) empty_kernel<<<m3::cuda::sm_count(), 128, 0, s>>>();
+        M3_CUDA_CHECK(cudaGetLastError());
+      },
+      16);
+  std::printf("\nempty kernel (one CTA per SM), graph replays back to back: %.2f µs per launch\n", te.median_us);
+  std::printf("\n| op bytes | B | ctx | cache | MB | read floor µs | GB/s | %% of copy | CTAs/SM |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  for (int B : batches)
+    for (int ctx : ctxs)
+      for (const bool attn : {false, true})
+        for (const int esize : {2, 1}) {
+          const int local = (ctx - 1) / kBlock, n = std::min(kTopK, local + 1);
+          const double bytes = attn ? double(B) * kHkv * ((n - 1) * kBlock + (ctx - 1) % kBlock + 1) * kD * esize * 2
+                                    : double(B) * ctx * kD * esize;
+          if (bytes * std::clamp<double>(std::ceil(2.5 * kL2Bytes / bytes), 1, 64) > 8e9) continue;
+          int grid = 0;
+          const double us = read_floor_us(bytes, &grid);
+          const double gbps = bytes / (us * 1e3);
+          std::printf("| %s | %d | %dk | %s | %.1f | %.2f | %.0f | %.0f%% | %d |\n", attn ? "attention K+V" : "index-K", B,
+                      ctx / 1024, esize == 2 ? "bf16" : "e4m3", bytes / 1e6, us, gbps, 100 * gbps / copy, grid);
+        }
 }
 
 // vLLM Triton anchors from issue 11 (µs, same shapes, one H200); 0 = not measured.
@@ -681,6 +755,7 @@ int main(int argc, char** argv) {
   std::string json_path, commit = "unknown";
   bool quick = false, multi_query = false, mq_scorer = false, fp8 = false, index_only = false, trace = false;
   bool attn_only = false;  // --fp8 --attn-only: the attention half only
+  bool floors = false;     // --floors: the same-size read floors only
   std::vector<int> arg_batches, arg_ctxs, schedules = {0};  // --schedules 1,2: cluster and balanced
   auto int_list = [](const char* s) {
     std::vector<int> v;
@@ -699,6 +774,7 @@ int main(int argc, char** argv) {
       if (!std::strcmp(argv[i], "--index-only")) index_only = true;
       if (!std::strcmp(argv[i], "--attn-only")) attn_only = true;
       if (!std::strcmp(argv[i], "--trace")) trace = true;
+      if (!std::strcmp(argv[i], "--floors")) floors = true;
       if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) arg_batches = int_list(argv[++i]);
       else if (!std::strcmp(argv[i], "--ctxs") && i + 1 < argc) arg_ctxs = int_list(argv[++i]);
       if (!std::strcmp(argv[i], "--multi-query")) multi_query = true;
@@ -740,7 +816,7 @@ int main(int argc, char** argv) {
       Result r;
     };
     std::vector<Check> checks;
-    if (!fp8 && !index_only)  // --fp8: the e4m3 checks only (gpu_decode_test runs the others)
+    if (!fp8 && !index_only && !floors)  // --fp8: the e4m3 checks only (gpu_decode_test runs the others)
       checks = {
         {"paged_decode_tc sparse G16 split", check_paged_decode(11, mixed, 4, 16, true, true)},
         {"paged_decode_tc sparse G16 nosplit", check_paged_decode(12, mixed, 4, 16, true, false)},
@@ -765,7 +841,7 @@ int main(int argc, char** argv) {
         {"paged_decode_mq dense Q4",
          check_paged_decode_mq(27, {100, 3000, 4000}, {4, 4, 4}, 4, 16, MqSelection::kDense, false)},
     };
-    if (!fp8 || index_only) {
+    if ((!fp8 || index_only) && !floors) {
       std::vector<int32_t> many;  // several rows per CTA
       for (int i = 0; i < 300; ++i) many.push_back(2048 + 11 * i);
       checks.push_back({"msa_decode_index H4", check_decode_index(15, mixed, 4)});
@@ -781,11 +857,16 @@ int main(int argc, char** argv) {
                   c.r.max_ref, c.r.max_err_rowwise, c.r.bad ? "FAIL" : "ok", c.r.what.c_str());
       all_ok &= c.r.bad == 0;
     }
-    all_ok &= fp8_checks(index_only);
+    if (!floors) all_ok &= fp8_checks(index_only);
 
     std::string copy_detail;
     const double copy = copy_ceiling_gbps(&copy_detail);
     std::printf("copy ceiling (read + write, best of): %.0f GB/s (%s)\n", copy, copy_detail.c_str());
+    if (floors) {
+      run_floors(copy, arg_batches.empty() ? std::vector<int>{1, 8, 32, 64} : arg_batches,
+                 arg_ctxs.empty() ? std::vector<int>{16384, 65536} : arg_ctxs);
+      return all_ok ? 0 : 1;
+    }
     if (multi_query) return run_multi_query(copy, mq_scorer, json_path, commit, prop.name) && all_ok ? 0 : 1;
     if (fp8) {
       run_fp8(copy, json_path, commit, prop.name, arg_batches, arg_ctxs, index_only, trace, schedules, attn_only);
