@@ -254,13 +254,16 @@ void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<flo
 
 struct RefResult {
   double err = 0, err_unrounded = 0, ref_max = 0;
+  double rms = 0, rms_unrounded = 0;  // RMS of the errors
 };
 
 // Checks logits and routing of `g` and returns the output errors against the reference that rounds as the GPU does.
 // e4m3: the GPU ran FP8 experts on the wgmma path (e4m3 activations): the reference quantises x and act the same
-// way, and the tolerance is 1e-2 of max |ref| — an act element whose fp32 sum lands on the other side of an e4m3
-// rounding boundary (accumulation order; 3 mantissa bits, so 1/16 of that element) moves its row's outputs by up to
-// ≈ 5e-3 of the maximum at these widths; a wrong scale or K step moves them by O(1).
+// way. An act element whose fp32 sum lands on the other side of an e4m3 rounding boundary (accumulation order; 3
+// mantissa bits, so 1/16 of that element), or a block amax that does and so moves the block's scale, moves its row's
+// outputs: seeded runs measured max|err| / max|ref| 2.4e-3 … 1.18e-2 at these widths, so the max is held to 2.5e-2
+// and the bulk is what proves the mirroring — the RMS error against this reference must stay under 0.3× the RMS
+// error against the fp32-activation one (flips are sparse; a wrong scale, K step or code moves every output).
 RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
                             const GpuRun& g, const std::string& what, bool e4m3 = false) {
   const int64_t H = L.sh.H, E = L.sh.E, K = L.sh.K, I = L.sh.I, Is = L.sh.Is;
@@ -319,13 +322,17 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
     rr.err = std::max(rr.err, std::abs(ref[i] - g.x[i]));
     rr.err_unrounded = std::max(rr.err_unrounded, std::abs(refu[i] - g.x[i]));
     rr.ref_max = std::max(rr.ref_max, std::abs(ref[i]));
+    rr.rms += (ref[i] - g.x[i]) * (ref[i] - g.x[i]);
+    rr.rms_unrounded += (refu[i] - g.x[i]) * (refu[i] - g.x[i]);
   }
+  rr.rms = std::sqrt(rr.rms / double(ref.size())), rr.rms_unrounded = std::sqrt(rr.rms_unrounded / double(ref.size()));
   EXPECT_EQ(bad, 0u) << what << ": non-finite outputs";
   std::printf("[gpu-op] moe_grouped%s %s: max|err|/max|ref| %.3g (GPU-rounding ref), %.3g (fp32 activations ref); "
-              "logits %.3g, weights %.3g, tiles %d, active experts %d\n",
+              "RMS err %.3g / %.3g; logits %.3g, weights %.3g, tiles %d, active experts %d\n",
               L.fp8 ? (e4m3 ? " fp8-experts e4m3-act" : " fp8-experts") : "", what.c_str(), rr.err / rr.ref_max,
-              rr.err_unrounded / rr.ref_max, lerr / lmax, werr, g.tiles, g.active);
-  EXPECT_LE(rr.err, (e4m3 ? 1e-2 : 1e-3) * rr.ref_max) << what;
+              rr.err_unrounded / rr.ref_max, rr.rms, rr.rms_unrounded, lerr / lmax, werr, g.tiles, g.active);
+  EXPECT_LE(rr.err, (e4m3 ? 2.5e-2 : 1e-3) * rr.ref_max) << what;
+  if (e4m3) EXPECT_LE(rr.rms, 0.3 * rr.rms_unrounded) << what << ": the GPU does not round as the reference mirrors";
   return rr;
 }
 
