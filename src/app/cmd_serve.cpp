@@ -397,6 +397,8 @@ CommandRun register_serve(CLI::App& app) {
           media::PreparedMedia pm = media::prepare_chat_media(*gateway, messages, std::move(prompt)).get();
           const auto t1 = std::chrono::steady_clock::now();
           server::MediaPrepared out(std::move(pm.prompt));
+          const media::GatewayTimings& gt = pm.timings;
+          out.stages = {gt.collect, gt.queue, gt.load, gt.hash, gt.process, gt.process_user, gt.process_sys, gt.expand};
           for (const auto& it : pm.items) {
             out.hashes.push_back(it->content_hash);
             out.slots.push_back(it->pixels.tokens());

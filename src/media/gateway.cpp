@@ -1,5 +1,7 @@
 #include "media/gateway.h"
 
+#include <sys/resource.h>
+
 #include <atomic>
 #include <cstring>
 
@@ -20,6 +22,15 @@ const nlohmann::ordered_json* find_url(const nlohmann::ordered_json& part, const
     if (u != it->end() && u->is_string()) return &*u;
   }
   return nullptr;
+}
+struct ThreadCpu {
+  double user = 0, sys = 0;
+};
+ThreadCpu thread_cpu() {
+  rusage u{};
+  if (getrusage(RUSAGE_THREAD, &u) != 0) return {};
+  auto sec = [](const timeval& v) { return double(v.tv_sec) + 1e-6 * double(v.tv_usec); };
+  return {sec(u.ru_utime), sec(u.ru_stime)};
 }
 }  // namespace
 
@@ -103,13 +114,19 @@ MediaGateway::Stats MediaGateway::stats() const {
   return {s.hits, s.misses, s.items, s.bytes};
 }
 
-std::shared_ptr<const PreparedItem> MediaGateway::prepare_item(const MediaItem& item) {
+std::shared_ptr<const PreparedItem> MediaGateway::prepare_item(const MediaItem& item, GatewayTimings* timings) {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  auto t = Clock::now();
   std::vector<uint8_t> bytes = load_media_bytes(item.url, opt_.source);
   if (int64_t(bytes.size()) > opt_.source.max_bytes)
     media_fail("media item exceeds the size limit of {} bytes", opt_.source.max_bytes);
+  if (timings) timings->load += since(t), t = Clock::now();
   uint64_t key = XXH64(bytes.data(), bytes.size(), item.video ? 0x76696465 : 0x696d6167);
   if (item.video) key = XXH64(&item.fps, sizeof(item.fps), key);
+  if (timings) timings->hash += since(t), t = Clock::now();
   if (auto hit = cache_.get(key)) return hit;
+  const ThreadCpu cpu0 = timings ? thread_cpu() : ThreadCpu{};
   auto p = std::make_shared<PreparedItem>();
   p->video = item.video;
   p->content_hash = key;
@@ -122,15 +139,24 @@ std::shared_ptr<const PreparedItem> MediaGateway::prepare_item(const MediaItem& 
   } else {
     p->pixels = preprocess_encoded_image(bytes, opt_.decode);
   }
+  if (timings) {
+    timings->process += since(t);
+    const ThreadCpu cpu1 = thread_cpu();
+    timings->process_user += cpu1.user - cpu0.user, timings->process_sys += cpu1.sys - cpu0.sys;
+  }
   cache_.put(key, p);
   return p;
 }
 
-std::future<PreparedMedia> MediaGateway::prepare(std::string prompt, std::vector<MediaItem> items) {
+std::future<PreparedMedia> MediaGateway::prepare(std::string prompt, std::vector<MediaItem> items,
+                                                 double collect_seconds) {
+  using Clock = std::chrono::steady_clock;
   struct Job {
     std::string prompt;
     std::vector<MediaItem> items;
     std::vector<std::shared_ptr<const PreparedItem>> done;
+    std::vector<GatewayTimings> timings;  // per item (each written by its own pool thread)
+    double collect = 0;
     std::atomic<int> left{0};
     std::mutex mu;
     std::exception_ptr err;
@@ -139,6 +165,7 @@ std::future<PreparedMedia> MediaGateway::prepare(std::string prompt, std::vector
   auto job = std::make_shared<Job>();
   job->prompt = std::move(prompt);
   job->items = std::move(items);
+  job->collect = collect_seconds;
   auto fut = job->promise.get_future();
   int ni = 0, nv = 0;
   for (const auto& it : job->items) (it.video ? nv : ni)++;
@@ -152,7 +179,14 @@ std::future<PreparedMedia> MediaGateway::prepare(std::string prompt, std::vector
   auto finish = [this](const std::shared_ptr<Job>& j) {
     try {
       if (j->err) std::rethrow_exception(j->err);
+      const auto t0 = Clock::now();
       PreparedMedia out;
+      out.timings.collect = j->collect;
+      for (const GatewayTimings& t : j->timings) {
+        out.timings.queue += t.queue, out.timings.load += t.load, out.timings.hash += t.hash;
+        out.timings.process += t.process, out.timings.process_user += t.process_user;
+        out.timings.process_sys += t.process_sys;
+      }
       std::vector<ItemExpansion> ex;
       int64_t pixels = 0;
       for (const auto& p : j->done) {
@@ -171,6 +205,7 @@ std::future<PreparedMedia> MediaGateway::prepare(std::string prompt, std::vector
         media_fail("request media need {} tokens; the limit is {}", out.media_tokens, opt_.max_media_tokens);
       out.prompt = expand_placeholders(j->prompt, ex);
       out.items = j->done;
+      out.timings.expand = std::chrono::duration<double>(Clock::now() - t0).count();
       j->promise.set_value(std::move(out));
     } catch (...) {
       j->promise.set_exception(std::current_exception());
@@ -182,11 +217,14 @@ std::future<PreparedMedia> MediaGateway::prepare(std::string prompt, std::vector
     return fut;
   }
   job->done.resize(n);
+  job->timings.resize(n);
   job->left = n;
   for (int i = 0; i < n; ++i) {
-    post([this, job, i, finish] {
+    post([this, job, i, finish, posted = Clock::now()] {
+      GatewayTimings& t = job->timings[i];
+      t.queue = std::chrono::duration<double>(Clock::now() - posted).count();
       try {
-        job->done[i] = prepare_item(job->items[i]);
+        job->done[i] = prepare_item(job->items[i], &t);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lk(job->mu);
         if (!job->err)

@@ -5,6 +5,7 @@
 // on preprocessing. See docs/MEDIA.md.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -45,10 +46,25 @@ struct PreparedItem {
   int64_t bytes() const { return int64_t(pixels.values.size() * sizeof(float)) + 256; }
 };
 
+// Where one request's gateway time went, in seconds (the item stages summed over its items), for /metrics
+// (server::RequestTimings' request_stage_seconds).
+struct GatewayTimings {
+  double collect = 0;  // collect_media_items on the caller's thread (prepare_chat_media)
+  double queue = 0;    // Σ items: posted → a pool thread starts it
+  double load = 0;     // Σ items: the encoded bytes (data: URL base64 decode, local file read, http(s) fetch)
+  double hash = 0;     // Σ items: the content hash
+  double process = 0;  // Σ items: decode + resize + normalise + patchify (0 for a cache hit)
+  // Σ items: the pool thread's user and system CPU time in `process` (getrusage RUSAGE_THREAD): process − user − sys
+  // is time without a core (contention); sys is mostly page faults on the new pixel buffers.
+  double process_user = 0, process_sys = 0;
+  double expand = 0;   // after the last item: limits and placeholder expansion
+};
+
 struct PreparedMedia {
   std::string prompt;                                   // anchors expanded
   std::vector<std::shared_ptr<const PreparedItem>> items;  // prompt order
   int64_t media_tokens = 0;                             // slot tokens over all items
+  GatewayTimings timings;
 };
 
 struct GatewayOptions {
@@ -72,7 +88,8 @@ class MediaGateway {
   MediaGateway& operator=(const MediaGateway&) = delete;
 
   // Never blocks on preprocessing: items run on the pool in parallel; the future holds the result or MediaError.
-  std::future<PreparedMedia> prepare(std::string prompt, std::vector<MediaItem> items);
+  // `collect_seconds` is passed through to PreparedMedia::timings.collect.
+  std::future<PreparedMedia> prepare(std::string prompt, std::vector<MediaItem> items, double collect_seconds = 0);
   PreparedMedia prepare_sync(std::string prompt, std::vector<MediaItem> items) {
     return prepare(std::move(prompt), std::move(items)).get();
   }
@@ -81,8 +98,9 @@ class MediaGateway {
   Stats stats() const;
   const GatewayOptions& options() const { return opt_; }
 
-  // One item, synchronously on the caller's thread (also what the pool runs); uses the cache.
-  std::shared_ptr<const PreparedItem> prepare_item(const MediaItem& item);
+  // One item, synchronously on the caller's thread (also what the pool runs); uses the cache. `timings` (optional)
+  // receives this item's load, hash and process seconds.
+  std::shared_ptr<const PreparedItem> prepare_item(const MediaItem& item, GatewayTimings* timings = nullptr);
 
  private:
   void post(std::function<void()> fn);
@@ -104,6 +122,7 @@ class MediaGateway {
 inline std::future<PreparedMedia> prepare_chat_media(MediaGateway& gw, const nlohmann::ordered_json& messages,
                                                      std::string rendered_prompt) {
   std::vector<MediaItem> items;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     items = collect_media_items(messages);
   } catch (...) {
@@ -111,7 +130,8 @@ inline std::future<PreparedMedia> prepare_chat_media(MediaGateway& gw, const nlo
     p.set_exception(std::current_exception());
     return p.get_future();
   }
-  return gw.prepare(std::move(rendered_prompt), std::move(items));
+  const double collect = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return gw.prepare(std::move(rendered_prompt), std::move(items), collect);
 }
 
 // The server's hook (server::ServiceConfig::prepare_media): messages + rendered prompt → expanded prompt, or a

@@ -39,6 +39,10 @@ std::string target_path(beast::string_view target) {
   return t;
 }
 
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
 bool is_v1_route(const std::string& path) { return path == "/v1" || path.rfind("/v1/", 0) == 0; }
 
 // Routes of the Anthropic Messages API: their errors use Anthropic's body shape.
@@ -197,6 +201,7 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
     if (ec == http::error::header_limit) return send_error(ApiError(431, "Request headers are too large"), false);
     if (ec) return send_error(ApiError(400, "Malformed HTTP request: " + ec.message()), false);
 
+    t_body_ = std::chrono::steady_clock::now();
     req_ = parser_->release();
     keep_alive_ = req_.keep_alive();
     route();
@@ -252,8 +257,13 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
       if (path == "/v1/chat/completions" || path == "/v1/completions") {
         if (!need(http::verb::post)) return;
         const ApiKind kind = path == "/v1/chat/completions" ? ApiKind::Chat : ApiKind::Completion;
+        auto& timings = srv_.service().timings();
+        timings.observe_stage(RequestStage::kBodyReceive, seconds_between(t0_, t_body_));
         if (srv_.service().prepare_may_block(kind, req_.body())) return prepare_off_io(kind);
-        return start_job(std::make_unique<Job>(srv_.service(), srv_.service().prepare(kind, req_.body())));
+        timings.observe_stage(RequestStage::kDispatch, seconds_between(t_body_, std::chrono::steady_clock::now()));
+        auto job = std::make_unique<Job>(srv_.service(), srv_.service().prepare(kind, req_.body()));
+        t_prepared_ = std::chrono::steady_clock::now();
+        return start_job(std::move(job));
       }
       if (path == "/v1/messages") {
         if (!need(http::verb::post)) return;
@@ -363,20 +373,23 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   void prepare_off_io(ApiKind kind) {
     preparing_ = true;
     auto body = std::make_shared<std::string>(req_.body());
-    srv_.run_off_io([self = shared_from_this(), kind, body] {
+    srv_.run_off_io([self = shared_from_this(), kind, body, t_body = t_body_] {
       auto job = std::make_shared<std::unique_ptr<GenerationJob>>();
       auto err = std::make_shared<std::optional<ApiError>>();
+      const auto& svc = self->srv_.service();
+      svc.timings().observe_stage(RequestStage::kDispatch, seconds_between(t_body, std::chrono::steady_clock::now()));
       try {
-        *job = std::make_unique<Job>(self->srv_.service(), self->srv_.service().prepare(kind, *body));
+        *job = std::make_unique<Job>(svc, svc.prepare(kind, *body));
       } catch (const ApiError& e) {
         *err = e;
       } catch (const std::exception& e) {
         *err = ApiError(500, std::string("Internal error: ") + e.what());
       }
-      net::post(self->stream_.get_executor(), [self, job, err] {
+      net::post(self->stream_.get_executor(), [self, job, err, t_prepared = std::chrono::steady_clock::now()] {
         if (!self->preparing_ || self->closed_) return;
         self->preparing_ = false;
         if (*err) return self->send_error(**err, self->keep_alive_);
+        self->t_prepared_ = t_prepared;
         self->start_job(std::move(*job));
       });
     });
@@ -408,6 +421,11 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
       job_.reset();
       for (size_t i = 0; i < submitted; ++i) srv_.backend().abort(ereqs[i].id);
       throw ApiError(400, e.what());
+    }
+    if (t_prepared_ != std::chrono::steady_clock::time_point{}) {  // chat / completions (prepared by the service)
+      srv_.service().timings().observe_stage(RequestStage::kSubmit,
+                                             seconds_between(t_prepared_, std::chrono::steady_clock::now()));
+      t_prepared_ = {};
     }
     stream_.expires_never();
     if (ctx->job->streaming()) {
@@ -673,6 +691,9 @@ class Session : public HttpConnection, public std::enable_shared_from_this<Sessi
   AccessRecord rec_;
   bool logged_ = false;
   std::chrono::steady_clock::time_point t0_{};
+  // request_stage_seconds: the body fully read (body_receive ends, dispatch starts); the service's preparation done
+  // (submit starts; reset once observed, so only chat / completion jobs count).
+  std::chrono::steady_clock::time_point t_body_{}, t_prepared_{};
   std::shared_ptr<JobCtx> job_;
   std::string ending_outcome_;
   std::string out_, inflight_;

@@ -21,6 +21,10 @@ int64_t now_seconds() {
       .count();
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 bool ends_in_reasoning(const std::string& prompt) {
   size_t end = prompt.find_last_not_of(" \t\r\n");
   if (end == std::string::npos) return false;
@@ -78,7 +82,9 @@ std::string OpenAIService::render_chat_impl(const ParsedRequest& r, bool allow_m
                    "This model has no chat template (no chat_template.jinja or tokenizer_config.json chat_template "
                    "in the model directory); use /v1/completions or start the server with --chat-template FILE",
                    "messages", "no_chat_template");
+  const auto t0 = std::chrono::steady_clock::now();
   ChatPrompt p = render_chat_prompt(*cfg_.chat_template, *cfg_.content_format, r);
+  timings_.observe_stage(RequestStage::kTemplate, seconds_since(t0));
   if (p.media.empty() || allow_media) return std::move(p.text);
   if (cfg_.prepare_media) {
     MediaPrepared prepared;
@@ -89,9 +95,17 @@ std::string OpenAIService::render_chat_impl(const ParsedRequest& r, bool allow_m
     } catch (const m3::Error& e) {
       throw ApiError(400, fmt::format("Invalid media input: {}", e.what()), "messages", "invalid_media");
     }
-    if (prepared.gateway_seconds > 0 || prepared.encode_seconds > 0)
+    if (prepared.gateway_seconds > 0 || prepared.encode_seconds > 0) {
       timings_.observe_media(prepared.gateway_seconds, prepared.encode_seconds, int64_t(prepared.hashes.size()),
                              prepared.items_encoded);
+      const auto& st = prepared.stages;
+      using S = RequestStage;
+      for (auto [stage, v] : {std::pair{S::kMediaCollect, st.collect}, {S::kMediaQueue, st.queue},
+                              {S::kMediaLoad, st.load}, {S::kMediaHash, st.hash}, {S::kMediaProcess, st.process},
+                              {S::kMediaProcessUser, st.process_user}, {S::kMediaProcessSys, st.process_sys},
+                              {S::kMediaExpand, st.expand}})
+        timings_.observe_stage(stage, v);
+    }
     if (cfg_.serve_media) {
       std::string expanded = prepared.prompt;
       if (media) *media = std::move(prepared);
@@ -146,7 +160,9 @@ PreparedJob OpenAIService::prepare(ApiKind kind, std::string_view body) const {
 
 PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) const {
   PreparedJob job;
+  auto t = std::chrono::steady_clock::now();
   job.req = kind == ApiKind::Chat ? parse_chat_request(body, cfg_.limits) : parse_completion_request(body, cfg_.limits);
+  timings_.observe_stage(RequestStage::kParse, seconds_since(t));
   const ParsedRequest& r = job.req;
   const Tokenizer& tok = *cfg_.tokenizer;
   const uint64_t serial = next_id_.fetch_add(1);
@@ -168,10 +184,13 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
     // text, and a <mm:think> the client wrote there must not change how the output is parsed.
     p.in_reasoning = r.add_generation_prompt && ends_in_reasoning(p.text);
     // The template already wrote any BOS / special tokens, so do not add them again (HF and vLLM agree).
+    t = std::chrono::steady_clock::now();
     p.ids = encode_chat_prompt(p.text);
     if (media.embeds) spans = media_spans(p.ids, media);
+    timings_.observe_stage(RequestStage::kTokenize, seconds_since(t));
     prompts.push_back(std::move(p));
   } else {
+    t = std::chrono::steady_clock::now();
     for (const auto& in : r.prompts) {
       Prompt p;
       if (const auto* s = std::get_if<std::string>(&in)) {
@@ -184,6 +203,7 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
       }
       prompts.push_back(std::move(p));
     }
+    timings_.observe_stage(RequestStage::kTokenize, seconds_since(t));
   }
 
   std::shared_ptr<grammar::CompiledGrammar> cg = r.grammar ? compiled_grammar(r) : nullptr;

@@ -43,6 +43,11 @@ struct MediaPrepared {
   // templating; on its own pool) and the vision encoder. 0 where the hook does not say.
   double gateway_seconds = 0, encode_seconds = 0;
   int64_t items_encoded = 0;  // items the vision encoder ran on (the others' features were cached)
+  // The gateway's stages (request_stage_seconds media_*; media::GatewayTimings): collect on the request thread,
+  // queue / load / hash / process summed over the items, expand after the last one. Observed with gateway_seconds.
+  struct Stages {
+    double collect = 0, queue = 0, load = 0, hash = 0, process = 0, process_user = 0, process_sys = 0, expand = 0;
+  } stages;
 };
 
 struct ServiceConfig {

@@ -1,5 +1,7 @@
 #include "server/request_timings.h"
 
+#include <iterator>
+
 #include <fmt/format.h>
 
 namespace m3::server {
@@ -16,11 +18,30 @@ Histogram fine_latency() {
 
 }  // namespace
 
+const char* request_stage_name(RequestStage s) {
+  static const char* const kNames[] = {"body_receive",       "dispatch",          "parse",        "template",
+                                       "media_collect",      "media_queue",       "media_load",   "media_hash",
+                                       "media_process",      "media_process_user", "media_process_sys",
+                                       "media_expand",       "tokenize",          "submit"};
+  static_assert(std::size(kNames) == size_t(RequestStage::kCount));
+  const int i = int(s);
+  return i >= 0 && i < int(RequestStage::kCount) ? kNames[i] : "unknown";
+}
+
 RequestTimings::RequestTimings()
     : preprocess_(fine_latency()),
       detokenize_(fine_latency()),
       media_gateway_(fine_latency()),
-      media_encode_(fine_latency()) {}
+      media_encode_(fine_latency()) {
+  for (auto& h : stages_) h = fine_latency();
+}
+
+void RequestTimings::observe_stage(RequestStage stage, double s) {
+  const int i = int(stage);
+  if (i < 0 || i >= int(RequestStage::kCount)) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  stages_[i].observe(s);
+}
 
 void RequestTimings::observe_preprocess(double s) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -53,6 +74,20 @@ std::string RequestTimings::to_prometheus(const std::string& lbl) const {
        media_gateway_);
   hist("request_media_encode_seconds", "Per request with images or video: the vision encoder, part of preprocess.",
        media_encode_);
+  // One family, one series per stage: the header once, then each stage's lines (append_prometheus's own header cut).
+  const char* kStage = "request_stage_seconds";
+  out += fmt::format(
+      "# HELP m3serve:{} Per request, the stages of its path before the engine (body_receive, dispatch, parse, "
+      "template, media_*, tokenize, submit; media_queue/load/hash/process summed over its images and videos).\n"
+      "# TYPE m3serve:{} histogram\n",
+      kStage, kStage);
+  for (int i = 0; i < int(RequestStage::kCount); ++i) {
+    std::string one;
+    const std::string labels = fmt::format("{},stage=\"{}\"", lbl, request_stage_name(RequestStage(i)));
+    stages_[i].append_prometheus(one, kStage, "", labels);
+    const size_t body = one.find('\n', one.find('\n') + 1) + 1;  // past "# HELP …" and "# TYPE …"
+    out.append(one, body, std::string::npos);
+  }
   auto counter = [&](const char* name, const char* help, int64_t v) {
     out += fmt::format("# HELP m3serve:{} {}\n# TYPE m3serve:{} counter\nm3serve:{}{{{}}} {}\n", name, help, name, name,
                        lbl, v);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "../chat_template/reference.h"
@@ -85,6 +86,62 @@ TEST(HttpMedia, ShutdownAnswersARequestStillBeingPrepared) {
   const std::string r = c.read_until("}}", std::chrono::seconds(3));
   stopper.join();
   EXPECT_NE(r.find("503"), std::string::npos) << r;
+}
+
+// A media hook that accepts exactly `want` as the image URL and reports fixed gateway / encoder / stage times.
+std::function<void(ServiceConfig&)> checking_media(std::string want, std::atomic<int>* calls) {
+  return [want = std::move(want), calls](ServiceConfig& c) {
+    c.chat_template = std::make_shared<const ChatTemplate>(ChatTemplate::parse(
+        testref::slurp(testref::synthetic_m3_template_path()), "m3_format_synthetic.jinja"));
+    c.content_format.reset();
+    c.serve_media = true;
+    c.prepare_media = [want, calls](const OJson& messages, std::string prompt) {
+      ++*calls;
+      const std::string& url = messages[0]["content"][1]["image_url"]["url"].get_ref<const std::string&>();
+      if (url != want)
+        throw m3::Error(fmt::format("image 0: got {} bytes of URL, not the {} sent", url.size(), want.size()));
+      MediaPrepared m(std::move(prompt));
+      m.gateway_seconds = 0.5, m.encode_seconds = 0.25;
+      m.stages = {0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008};
+      return m;
+    };
+  };
+}
+
+double metric(const std::string& text, const std::string& series) {
+  const size_t at = text.find(series + " ");
+  EXPECT_NE(at, std::string::npos) << series;
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + series.size() + 1));
+}
+
+TEST(HttpMedia, MetricsTakeAMediaRequestApartStageByStage) {
+  M3_REQUIRE_TOKENIZER();
+  std::atomic<int> calls{0};
+  Harness h([](HttpServerConfig& c) { c.max_body_bytes = 1 << 20; }, std::chrono::microseconds(2000),
+            checking_media("data:x", &calls));
+  RawClient c(h.port());
+  c.send(test::post("/v1/chat/completions", chat_with_image("data:x")));
+  ASSERT_NE(c.read_until("\"finish_reason\"").find("200 OK"), std::string::npos) << c.received();
+  RawClient m(h.port());
+  m.send("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string text = m.read_until("media_items_encoded_total");
+  EXPECT_EQ(test::count_of(text, "# TYPE m3serve:request_stage_seconds histogram"), 1);
+  auto stage = [&](const char* name, const char* what) {
+    return metric(text, fmt::format("m3serve:request_stage_seconds_{}{{model_name=\"m3-test\",stage=\"{}\"}}", what,
+                                    name));
+  };
+  // Every stage of the path was observed once for the one request; the hook's stage times arrive as reported.
+  for (const char* s : {"body_receive", "dispatch", "parse", "template", "media_collect", "media_queue", "media_load",
+                        "media_hash", "media_process", "media_process_user", "media_process_sys", "media_expand",
+                        "tokenize", "submit"})
+    EXPECT_EQ(stage(s, "count"), 1) << s;
+  const std::pair<const char*, double> reported[] = {
+      {"media_collect", 0.001}, {"media_queue", 0.002}, {"media_load", 0.003}, {"media_hash", 0.004},
+      {"media_process", 0.005}, {"media_process_user", 0.006}, {"media_process_sys", 0.007}, {"media_expand", 0.008}};
+  for (const auto& [s, v] : reported) EXPECT_DOUBLE_EQ(stage(s, "sum"), v) << s;
+  EXPECT_DOUBLE_EQ(metric(text, "m3serve:request_media_gateway_seconds_sum{model_name=\"m3-test\"}"), 0.5);
+  // The request's path before the engine is at least the hook's time (gateway + encoder are inside preprocess).
+  EXPECT_GE(metric(text, "m3serve:request_preprocess_seconds_sum{model_name=\"m3-test\"}"), 0.0);
 }
 
 }  // namespace

@@ -8,7 +8,10 @@ Starts `m3serve serve --device cpu` (or --device cuda) on a checkpoint with visi
   images    the same text + N different JPEG data: URLs (new images every repetition: no media-cache hits)
   samelen   a text-only request padded to the same prompt length as `images` (the prefill the image slots cost)
 The gateway and encoder wall times come from /metrics (request_media_{gateway,encode}_seconds), and the image
-request's whole HTTP-side preparation from request_preprocess_seconds.
+request's whole HTTP-side preparation from request_preprocess_seconds; its path stage by stage from
+request_stage_seconds{stage=...} (body receive, dispatch, parse, template, media collect / queue / load / hash /
+process (+ its user and system CPU time) / expand, tokenise, submit) and the engine's part (arrival -> first token)
+from time_to_first_token_seconds: each repetition's delta of the sums around the images request.
 overhead = images - encode - samelen: what preprocessing, the request body (base64, JSON) and templating add.
 
 Usage: media_ttft.py --m3serve BIN --model DIR --template JINJA --jpegs DIR [--images 8] [--reps 5] [--device cuda]
@@ -40,16 +43,28 @@ def post(port, path, body):
     return dt, json.loads(out)
 
 
+STAGES = ("body_receive", "dispatch", "parse", "template", "media_collect", "media_queue", "media_load", "media_hash",
+          "media_process", "media_process_user", "media_process_sys", "media_expand", "tokenize", "submit")
+
+
 def metric_sums(port):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     out = {}
-    for name in ("request_media_gateway_seconds", "request_media_encode_seconds", "request_preprocess_seconds"):
+    for name in ("request_media_gateway_seconds", "request_media_encode_seconds", "request_preprocess_seconds",
+                 "time_to_first_token_seconds"):
         for suffix in ("_sum", "_count"):
             m = re.search(r"^m3serve:" + name + suffix + r"(?:\{[^}]*\})?\s+(\S+)$", text, re.M)
             out[name + suffix] = float(m.group(1)) if m else 0.0
+    # request_stage_seconds{...,stage="x"} (servers before it have none: the stages then read 0)
+    for m in re.finditer(r'^m3serve:request_stage_seconds_sum\{[^}]*stage="([a-z_]+)"[^}]*\}\s+(\S+)$', text, re.M):
+        out["stage:" + m.group(1)] = float(m.group(2))
     return out
+
+
+def delta(after, before, key):
+    return after.get(key, 0.0) - before.get(key, 0.0)
 
 
 def main():
@@ -93,7 +108,7 @@ def main():
 
         text = "Describe what these pictures have in common, in one word. Request {}."
         res = {"text": [], "images": [], "samelen": []}
-        gw, enc, pre = [], [], []
+        gw, enc, pre, stages = [], [], [], []
         for r in range(a.reps + 1):  # repetition 0 warms up and is dropped
             nonce = f"{r}-{time.time_ns()}"
             t_text, j_text = chat([{"type": "text", "text": text.format(nonce)}])
@@ -104,6 +119,7 @@ def main():
             # Text-only filler to the same prompt length (" x" is one token in Qwen3's BPE; checked below).
             pad = j_img["usage"]["prompt_tokens"] - j_text["usage"]["prompt_tokens"]
             t_same, j_same = chat([{"type": "text", "text": text.format(nonce + "s") + " x" * pad}])
+            after_same = metric_sums(port)
             if r == 0:
                 print(f"prompt tokens: text {j_text['usage']['prompt_tokens']}, images {j_img['usage']['prompt_tokens']}, "
                       f"same-length text {j_same['usage']['prompt_tokens']}", flush=True)
@@ -114,6 +130,10 @@ def main():
             gw.append(after["request_media_gateway_seconds_sum"] - before["request_media_gateway_seconds_sum"])
             enc.append(after["request_media_encode_seconds_sum"] - before["request_media_encode_seconds_sum"])
             pre.append(after["request_preprocess_seconds_sum"] - before["request_preprocess_seconds_sum"])
+            st = {k: delta(after, before, "stage:" + k) for k in STAGES}
+            st["engine_ttft"] = delta(after, before, "time_to_first_token_seconds_sum")
+            st["samelen_engine_ttft"] = delta(after_same, after, "time_to_first_token_seconds_sum")
+            stages.append(st)
         med = {k: statistics.median(v) for k, v in res.items()}
         g, e = statistics.median(gw), statistics.median(enc)
         over = [i - en - s for i, en, s in zip(res["images"], enc, res["samelen"])]
@@ -129,6 +149,20 @@ def main():
         print(f"  images - encoder - same-length text = {1e3 * o:.1f} ms = {100 * o / med['samelen']:.1f} % of the "
               f"same-length text TTFT; images - encoder - text-only = "
               f"{100 * (med['images'] - e - med['text']) / med['text']:.1f} % of the text-only TTFT")
+        # The images request stage by stage (request_stage_seconds; media_queue/load/hash/process are sums over the
+        # images, which run in parallel on the gateway's pool, so they are not part of the serial sum).
+        sm = {k: statistics.median(x[k] for x in stages) for k in stages[0]}
+        print("  images request by stage (medians, ms): " + ", ".join(f"{k} {1e3 * sm[k]:.1f}" for k in STAGES))
+        serial = [x["body_receive"] + x["dispatch"] + p_ + x["submit"] + x["engine_ttft"]
+                  for x, p_ in zip(stages, pre)]
+        print(f"  serial path: body_receive + dispatch + preprocess + submit + engine (arrival -> first token "
+              f"{1e3 * sm['engine_ttft']:.1f}; same-length text {1e3 * sm['samelen_engine_ttft']:.1f}) = "
+              f"{1e3 * statistics.median(serial):.1f}; client TTFT - that (client send, response, strand hops) = "
+              f"{1e3 * statistics.median([t - x for t, x in zip(res['images'], serial)]):.1f}")
+        print("  before the engine (client TTFT - engine TTFT): images "
+              f"{1e3 * statistics.median([t - x['engine_ttft'] for t, x in zip(res['images'], stages)]):.1f}, "
+              "same-length text "
+              f"{1e3 * statistics.median([t - x['samelen_engine_ttft'] for t, x in zip(res['samelen'], stages)]):.1f}")
         print("  per repetition (text, samelen, images, gateway, encode, preprocess) ms:")
         for k in range(a.reps):
             print("   ", ", ".join(f"{1e3 * x:.1f}" for x in
