@@ -72,6 +72,11 @@ class RawClient {
     s_.connect(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), port));
   }
   void send(const std::string& bytes) { boost::asio::write(s_, boost::asio::buffer(bytes)); }
+  // Ends the sending side only (the peer reads EOF; answers can still be read).
+  void shutdown_send() {
+    boost::system::error_code ec;
+    s_.shutdown(boost::asio::ip::tcp::socket::shutdown_send, ec);
+  }
   void close() {
     boost::system::error_code ec;
     s_.close(ec);
