@@ -55,7 +55,7 @@ std::vector<MediaItem> collect_media_items(const nlohmann::ordered_json& message
       if (!url) media_fail("messages[{}].content[{}]: {} part has no url", m, i, type);
       MediaItem it;
       it.video = is_vid;
-      it.url = url->get<std::string>();
+      it.url_ref = &url->get_ref<const std::string&>();
       if (is_vid) {
         for (const auto* holder : {&part, part.contains("video_url") ? &part["video_url"] : nullptr}) {
           if (holder && holder->is_object() && holder->contains("fps")) {
@@ -118,7 +118,7 @@ std::shared_ptr<const PreparedItem> MediaGateway::prepare_item(const MediaItem& 
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   auto t = Clock::now();
-  std::vector<uint8_t> bytes = load_media_bytes(item.url, opt_.source);
+  std::vector<uint8_t> bytes = load_media_bytes(item.source(), opt_.source);
   if (int64_t(bytes.size()) > opt_.source.max_bytes)
     media_fail("media item exceeds the size limit of {} bytes", opt_.source.max_bytes);
   if (timings) timings->load += since(t), t = Clock::now();

@@ -101,10 +101,14 @@ TEST(MediaGatewayParts, CollectsOpenAiAndTemplatePartsInOrder) {
   auto items = collect_media_items(msgs);
   ASSERT_EQ(items.size(), 3u);
   EXPECT_FALSE(items[0].video);
-  EXPECT_EQ(items[0].url, "data:a");
+  EXPECT_EQ(items[0].source(), "data:a");
   EXPECT_TRUE(items[1].video);
   EXPECT_EQ(items[1].fps, 2.0);
-  EXPECT_EQ(items[2].url, "data:c");
+  EXPECT_EQ(items[2].source(), "data:c");
+  // Borrowed, not copied: each item points at its part's string in the messages.
+  EXPECT_EQ(items[0].url_ref, &msgs[0]["content"][1]["image_url"]["url"].get_ref<const std::string&>());
+  EXPECT_EQ(items[2].url_ref, &msgs[1]["content"][0]["image"].get_ref<const std::string&>());
+  EXPECT_TRUE(items[0].url.empty());
   auto bad = nlohmann::ordered_json::parse(R"([{"role":"user","content":[{"type":"image_url"}]}])");
   EXPECT_THROW(collect_media_items(bad), MediaError);
 }
