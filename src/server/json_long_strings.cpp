@@ -6,6 +6,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <fmt/format.h>
 
 namespace m3::server {
@@ -25,6 +29,20 @@ bool plain_ascii(const char* p, size_t n) {
   constexpr uint64_t k01 = 0x0101010101010101ull, k80 = 0x8080808080808080ull;
   auto has_zero = [](uint64_t v) { return (v - k01) & ~v & k80; };
   size_t i = 0;
+#if defined(__SSE2__)
+  // 64 bytes per step with SSE2 (x86-64's baseline): as signed bytes, b < 0x20 also flags every b ≥ 0x80. A 16 MB
+  // body of data: URLs took ~4 ms in the word loop below on the dev VM.
+  const __m128i space = _mm_set1_epi8(0x20), del = _mm_set1_epi8(0x7f), backslash = _mm_set1_epi8('\\');
+  for (; i + 64 <= n; i += 64) {
+    __m128i bad = _mm_setzero_si128();
+    for (size_t k = 0; k < 64; k += 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i + k));
+      bad = _mm_or_si128(bad, _mm_or_si128(_mm_cmplt_epi8(v, space),
+                                           _mm_or_si128(_mm_cmpeq_epi8(v, del), _mm_cmpeq_epi8(v, backslash))));
+    }
+    if (_mm_movemask_epi8(bad) != 0) return false;
+  }
+#endif
   for (; i + 8 <= n; i += 8) {
     uint64_t w;
     std::memcpy(&w, p + i, 8);

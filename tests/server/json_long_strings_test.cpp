@@ -46,6 +46,42 @@ TEST(JsonLongStrings, LiftedStringsComeBackAsTheSameTree) {
   expect_same_tree("[\"" + b64ish(kLiftMinBytes - 1, 3) + "\"]", 0);
 }
 
+TEST(JsonLongStrings, ABytePlainAsciiRefusesAnywhereInALongStringKeepsItInTheLexer) {
+  // The plain-ASCII test runs 64 bytes per step (SSE2), then 8, then 1: one offending byte at every step's edges,
+  // in the 64-byte part, the 8-byte part and the last bytes must keep the string out of the lift (same tree, or the
+  // same parse error), and the printable edges 0x20 / 0x7e must not.
+  const size_t n = kLiftMinBytes + 64 + 8 + 3;  // all three loops run
+  const std::string base = b64ish(n, 6);
+  for (size_t at : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(63), size_t(64), size_t(65), n / 2,
+                    n - 75, n - 12, n - 11, n - 9, n - 4, n - 1}) {
+    for (const std::string& bad : {std::string("\x7f"), std::string("\xc3\xa9"), std::string("\\n"),
+                                   std::string("\\u0041"), std::string("\x80\x80")}) {
+      std::string s = base;
+      s.replace(at, bad.size(), bad);
+      s.resize(n);
+      const std::string body = "[\"" + s + "\"]";
+      SCOPED_TRACE(testing::Message() << "byte " << int(static_cast<unsigned char>(bad[0])) << " at " << at);
+      bool ref_throws = false;
+      try {
+        const OJson ref = OJson::parse(body);
+        (void)ref;
+      } catch (const nlohmann::json::parse_error&) {
+        ref_throws = true;
+      }
+      if (ref_throws)
+        EXPECT_THROW(parse_json_lifting_long_strings(body), nlohmann::json::parse_error);
+      else
+        expect_same_tree(body, 0);
+    }
+    std::string s = base;
+    s[at] = '\x1f';  // a raw control byte: invalid JSON either way
+    EXPECT_THROW(parse_json_lifting_long_strings("[\"" + s + "\"]"), nlohmann::json::parse_error);
+  }
+  std::string edges(n, ' ');
+  for (size_t i = 0; i < n; i += 3) edges[i] = '~';
+  expect_same_tree("[\"" + edges + "\"]", 1);
+}
+
 TEST(JsonLongStrings, AClientStringShapedLikeAPlaceholderIsKeptAsSent) {
   const std::string big = b64ish(kLiftMinBytes, 4);
   // The placeholder's shape without the per-call random key: never mistaken for a lifted string.
