@@ -213,20 +213,20 @@ GpuRun run_gpu(const Layer& L, const std::vector<float>& xn, const std::vector<f
 }
 
 // How the GPU rounds the expert MLP's activations (x and act): bf16 for bf16 experts, f16 for FP8 experts on the
-// mma.sync path (the W8A16 GEMMs multiply f16), e4m3 in 1×64 blocks for FP8 experts on the wgmma path (x from its f16
-// copy; moe_grouped_wgmma.cuh), or not at all (the fp32 reference whose error is only printed).
-enum class ActRound { None, Bf16, F16, E4m3x64 };
+// mma.sync path (the W8A16 GEMMs multiply f16), e4m3 for FP8 experts on the wgmma path (x from its f16 copy in 1×128
+// blocks, act in 1×64; moe_grouped_wgmma.cuh), or not at all (the fp32 reference whose error is only printed).
+enum class ActRound { None, Bf16, F16, E4m3 };
 float round_act(float v, ActRound r) {
   return r == ActRound::Bf16 ? round_to_bf16(v) : r == ActRound::F16 ? f16_to_f32(f32_to_f16(v)) : v;
 }
-// The wgmma FP8 path's activation quantisation, per 64-element block: scale = amax / 448 (1 when all zero), value =
-// e4m3(rne(v / scale)) · scale.
-void quantise_1x64(std::vector<float>& v) {
-  for (size_t b = 0; b + 64 <= v.size(); b += 64) {
+// The wgmma FP8 path's activation quantisation, per `block`-element block: scale = amax / 448 (1 when all zero),
+// value = e4m3(rne(v / scale)) · scale.
+void quantise_blocks(std::vector<float>& v, size_t block) {
+  for (size_t b = 0; b + block <= v.size(); b += block) {
     float amax = 0.f;
-    for (size_t i = b; i < b + 64; ++i) amax = std::max(amax, std::abs(v[i]));
+    for (size_t i = b; i < b + block; ++i) amax = std::max(amax, std::abs(v[i]));
     const float sc = amax > 0.f ? amax / 448.0f : 1.0f;
-    for (size_t i = b; i < b + 64; ++i) v[i] = e4m3_to_f32(cpu::e4m3_rne(v[i] / sc)) * sc;
+    for (size_t i = b; i < b + block; ++i) v[i] = e4m3_to_f32(cpu::e4m3_rne(v[i] / sc)) * sc;
   }
 }
 
@@ -234,8 +234,8 @@ void quantise_1x64(std::vector<float>& v) {
 void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<float>& dn, int64_t H, int64_t I,
              ActRound round, std::vector<double>& y) {
   std::vector<float> xr(x, x + H), act(static_cast<size_t>(I));
-  for (float& v : xr) v = round_act(v, round == ActRound::E4m3x64 ? ActRound::F16 : round);
-  if (round == ActRound::E4m3x64) quantise_1x64(xr);
+  for (float& v : xr) v = round_act(v, round == ActRound::E4m3 ? ActRound::F16 : round);
+  if (round == ActRound::E4m3) quantise_blocks(xr, 128);
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
     for (int64_t h = 0; h < H; ++h) g += double(xr[h]) * gu[i * H + h], u += double(xr[h]) * gu[(I + i) * H + h];
@@ -243,7 +243,7 @@ void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<flo
     cpu::swiglu_oai(std::array<float, 2>{float(g), float(u)}.data(), 1, 1, 1.702f, 7.f, &a);
     act[i] = round_act(a, round);
   }
-  if (round == ActRound::E4m3x64) quantise_1x64(act);
+  if (round == ActRound::E4m3) quantise_blocks(act, 64);
   y.assign(size_t(H), 0.0);
   for (int64_t h = 0; h < H; ++h) {
     double s = 0;
@@ -262,8 +262,9 @@ struct RefResult {
 // way. An act element whose fp32 sum lands on the other side of an e4m3 rounding boundary (accumulation order; 3
 // mantissa bits, so 1/16 of that element), or a block amax that does and so moves the block's scale, moves its row's
 // outputs: seeded runs measured max|err| / max|ref| 2.4e-3 … 1.18e-2 at these widths, so the max is held to 2.5e-2
-// and the bulk is what proves the mirroring — the RMS error against this reference must stay under 0.3× the RMS
-// error against the fp32-activation one (flips are sparse; a wrong scale, K step or code moves every output).
+// and the bulk is what proves the mirroring — the RMS error against this reference must stay under 0.5× the RMS
+// error against the fp32-activation one (flips are sparse: ≤ 0.25× seen, at one row; a wrong scale, K step or code
+// moves every output).
 RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
                             const GpuRun& g, const std::string& what, bool e4m3 = false) {
   const int64_t H = L.sh.H, E = L.sh.E, K = L.sh.K, I = L.sh.I, Is = L.sh.Is;
@@ -286,7 +287,7 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
   for (size_t i = 0; i < wts.size(); ++i) werr = std::max(werr, double(std::abs(wts[i] - g.weights[i])));
   EXPECT_LE(werr, 2e-6) << what << ": routing weights";
   // 3. the experts, one at a time (only the chosen ones are downloaded).
-  const ActRound mirror = e4m3 ? ActRound::E4m3x64 : L.fp8 ? ActRound::F16 : ActRound::Bf16;
+  const ActRound mirror = e4m3 ? ActRound::E4m3 : L.fp8 ? ActRound::F16 : ActRound::Bf16;
   std::vector<double> ref(x0.begin(), x0.end()), refu(x0.begin(), x0.end());
   std::vector<double> y;
   for (int64_t e = 0; e < E; ++e) {
@@ -332,7 +333,7 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
               L.fp8 ? (e4m3 ? " fp8-experts e4m3-act" : " fp8-experts") : "", what.c_str(), rr.err / rr.ref_max,
               rr.err_unrounded / rr.ref_max, rr.rms, rr.rms_unrounded, lerr / lmax, werr, g.tiles, g.active);
   EXPECT_LE(rr.err, (e4m3 ? 2.5e-2 : 1e-3) * rr.ref_max) << what;
-  if (e4m3) EXPECT_LE(rr.rms, 0.3 * rr.rms_unrounded) << what << ": the GPU does not round as the reference mirrors";
+  if (e4m3) EXPECT_LE(rr.rms, 0.5 * rr.rms_unrounded) << what << ": the GPU does not round as the reference mirrors";
   return rr;
 }
 

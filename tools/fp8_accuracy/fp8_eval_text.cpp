@@ -5,8 +5,9 @@
 //   - the bf16 model with e4m3 K/V and index-K caches (scales 1, and calibrated amax / 448) against the bf16 cache;
 //   - the MXFP8 checkpoint dequantised exactly; requantised to 128×128 blocks (what the executor stores) with bf16
 //     activations (the decode rows: W8A16 / e4m3 GEMV, f16 in the MoE — bf16 is the coarser of the two); with e4m3
-//     activations per 1×128 into the dense projections and MLPs (cuBLASLt FP8×FP8 prefill) and per 1×64 into the
-//     experts' two GEMMs (the e4m3 wgmma MoE, backend/cuda/moe_grouped_wgmma.cuh), or with the experts on bf16
+//     activations per 1×128 into the dense projections and MLPs (cuBLASLt FP8×FP8 prefill) and into the experts'
+//     gate/up GEMM, per 1×64 into their down GEMM (the e4m3 wgmma MoE, backend/cuda/moe_grouped_wgmma.cuh), or with
+//     the experts on bf16
 //     activations (`--fp8-prefill-gemm` MoE off: M3_MOE_FP8_E4M3=0).
 // Text is read as bytes (ids 0–255: tools/fp8_accuracy/train_tiny_m3.py trains a byte-level tiny M3) and cut into
 // sequences of --seq-len; every position's next byte is scored.
@@ -200,21 +201,28 @@ int main(int argc, char** argv) {
     }
     // The hook rules must point at the model's own vectors: build them on the copy that run() moves in (a moved
     // std::vector keeps its buffer).
-    auto variant = [&](const char* name, Act dense, int dense_block, Act expert, int expert_block) {
+    // expert_gu_block / expert_down_block: the activation blocks into the experts' gate/up (x) and down (act) GEMMs.
+    auto variant = [&](const char* name, Act dense, int dense_block, Act expert, int expert_gu_block,
+                       int expert_down_block) {
       M3Weights w = wq;
       Hook h;
       for (const WeightSlot& s : plan) {
         if (!s.matrix || s.kind == SlotKind::Embed) continue;
         const bool ex = is_expert(s.kind);
+        const bool down = s.kind == SlotKind::ExpertDown || s.kind == SlotKind::SharedDown;
         const bool fp8 = fp8_tools::slot_pieces_mxfp8(st8, s);  // else bf16 in the checkpoint (the LM head)
         h.rules.push_back({host_slot(w, s).data(), fp8 ? (ex ? expert : dense) : Act::Bf16,
-                           ex ? expert_block : dense_block});
+                           ex ? (down ? expert_down_block : expert_gu_block) : dense_block});
       }
       print(name, score(run(c, std::move(w), seqs, &h), ref, seqs, V), s_ref);
     };
-    variant("FP8 128×128; bf16 (decode: W8A16 / GEMV)", Act::Bf16, 0, Act::Bf16, 0);
-    variant("FP8 128×128; e4m3 1×128 dense, bf16 experts (prefill, M3_MOE_FP8_E4M3=0)", Act::E4m3, 128, Act::Bf16, 0);
-    variant("FP8 128×128; e4m3 1×128 dense, 1×64 experts (prefill, default)", Act::E4m3, 128, Act::E4m3, 64);
+    variant("FP8 128×128; bf16 (decode: W8A16 / GEMV)", Act::Bf16, 0, Act::Bf16, 0, 0);
+    variant("FP8 128×128; e4m3 1×128 dense, bf16 experts (prefill, M3_MOE_FP8_E4M3=0)", Act::E4m3, 128, Act::Bf16, 0,
+            0);
+    variant("FP8 128×128; e4m3 1×128 dense, 1×64 experts (prefill until 2026-12-03e)", Act::E4m3, 128, Act::E4m3, 64,
+            64);
+    variant("FP8 128×128; e4m3 1×128 dense and expert x, 1×64 expert act (prefill, default)", Act::E4m3, 128,
+            Act::E4m3, 128, 64);
 
     // FP8 K/V and index-K caches (`--kv-cache-dtype fp8`) on the bf16 model, against the bf16 cache: per-tensor
     // scales 1 (no calibration) and amax / 448 from a warm-up pass over the first sequence (kvacc::calibrate_e4m3).

@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
       active += __popc(__ballot_sync(0xffffffffu, g < E && n > 0));
       run += __shfl_sync(0xffffffffu, sn, 31), ntl += __shfl_sync(0xffffffffu, st, 31);
     }
-    if (lane == 0) offsets[E + 1] = run, counters[0] = ntl, counters[1] = active;
+    if (lane == 0) offsets[E + 1] = run, counters[0] = ntl, counters[1] = active, counters[2] = 0, counters[3] = 0;
   }
   __syncthreads();
 
@@ -642,7 +642,7 @@ Sizes sizes_for(int64_t T, int64_t H, int64_t E, int64_t K, int64_t I, int64_t I
 bool fits(const MoeGroupedScratch& s, const Sizes& z) {
   return s.logits.size() >= z.logits && s.ids.size() >= z.tk && s.weights.size() >= z.tk && s.xb.size() >= z.xb &&
          s.offsets.size() >= z.offsets && s.row_tok.size() >= z.rows && s.row_slot.size() >= z.rows &&
-         s.tiles.size() >= z.tiles && s.counters.size() >= 2 && s.act.size() >= z.act && s.y.size() >= z.y &&
+         s.tiles.size() >= z.tiles && s.counters.size() >= 4 && s.act.size() >= z.act && s.y.size() >= z.y &&
          s.counts.size() >= z.counts;
 }
 
@@ -668,7 +668,7 @@ void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int6
   ensure_attributes();
   const Sizes z = sizes_for(std::max<int64_t>(T_max, 1), H, E, top_k, I, Is);
   s.logits.grow(z.logits), s.ids.grow(z.tk), s.weights.grow(z.tk), s.xb.grow(z.xb), s.offsets.grow(z.offsets);
-  s.row_tok.grow(z.rows), s.row_slot.grow(z.rows), s.tiles.grow(z.tiles), s.counters.grow(2), s.act.grow(z.act);
+  s.row_tok.grow(z.rows), s.row_slot.grow(z.rows), s.tiles.grow(z.tiles), s.counters.grow(4), s.act.grow(z.act);
   s.y.grow(z.y), s.counts.grow(z.counts);
   s.cap_T = std::max(s.cap_T, T_max), s.cap_H = H, s.cap_E = E, s.cap_K = top_k, s.cap_I = std::max(I, Is);
 }
@@ -771,8 +771,8 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
     rt.cap_rows = TK + (shared ? T : 0);
     rt.cap_tiles = max_tiles(T, E, K, kMoeWgmmaRows, shared);
     if (fp8) {
-      // FP8 experts: xg as e4m3 + 1x64 scales (from the router's f16 xn) in y's bytes, act likewise in act's
-      // ([rows, ld] codes, then [rows, ld / 64] scales: 1.0625 bytes per element where y holds 4 and act 2).
+      // FP8 experts: xg as e4m3 + 1x128 scales (from the router's f16 xn) in y's bytes, act with 1x64 scales in
+      // act's ([rows, ld] codes, then [rows, ld / 64] scales: 1.0625 bytes per element where y holds 4 and act 2).
       uint8_t* xq = reinterpret_cast<uint8_t*>(scr.y.get());
       float* xs = reinterpret_cast<float*>(xq + rt.cap_rows * H);
       uint8_t* aq = reinterpret_cast<uint8_t*>(scr.act.get());

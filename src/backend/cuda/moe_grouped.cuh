@@ -63,7 +63,8 @@ struct MoeGroupedScratch {
   DeviceBuffer<int32_t> row_tok;        // [T·K + T] grouped row → token
   DeviceBuffer<int32_t> row_slot;       // [T·K + T] grouped row → output slot
   DeviceBuffer<int32_t> tiles;          // [2 · max tiles]: (group, first grouped row)
-  DeviceBuffer<int32_t> counters;       // [2]: tile count, routed experts with ≥ 1 row (for the bench floor)
+  DeviceBuffer<int32_t> counters;       // [4]: tile count, routed experts with ≥ 1 row (for the bench floor),
+                                        // the wgmma kernels' work queues (gate/up, down; moe_wgmma_tiles.cuh)
   DeviceBuffer<int32_t> counts;         // [E]: routed rows per expert (route_kernel → group_kernel)
   DeviceBuffer<__nv_bfloat16> act;      // [T·K + T, max(I, Is)]
   DeviceBuffer<float> y;                // [T·K + T, H]
@@ -94,8 +95,8 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
 // experts) and the step routes at least kMoeWgmmaMinRowsPerExpert (FP8: kMoeWgmmaFp8MinRowsPerExpert) rows per expert
 // on average, else mma.sync. bf16, measured at M3's widths on the H200 (bench/results/2026-12-02c-moe-wgmma-h200.md):
 // wgmma was faster from 512 rows (16 per expert: 1.26x) up; below that it is not measured. The two bf16 paths give
-// the same bits, so the choice changes only the speed. FP8 experts: the wgmma path multiplies e4m3 activations (1x64
-// blocks) where mma.sync multiplies f16 ones, so prefill-sized steps only, like the dense projections' cuBLASLt FP8
+// the same bits, so the choice changes only the speed. FP8 experts: the wgmma path multiplies e4m3 activations (x in
+// 1x128 blocks, act in 1x64) where mma.sync multiplies f16 ones, so prefill-sized steps only, like the dense projections' cuBLASLt FP8
 // path (docs/FP8.md section 9).
 constexpr int64_t kMoeWgmmaMinRowsPerExpert = 16;
 constexpr int64_t kMoeWgmmaFp8MinRowsPerExpert = 16;

@@ -12,6 +12,8 @@
 #include "backend/cuda/moe_grouped_wgmma.cuh"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
@@ -36,6 +38,7 @@ struct KernelParams {
   const int32_t* row_slot;
   const int32_t* tiles;
   const int32_t* counters;
+  int* queue;  // the dynamic order's item counter (moe_wgmma::work_counter), or null
   int E, H, I, Is;
   int NN;  // column tiles per row tile
   __nv_bfloat16* act;
@@ -59,6 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* tiles_b = smem + kStages * kTileA;  // [kStages][256][64]
   uint64_t* full = reinterpret_cast<uint64_t*>(tiles_b + kStages * kTileB);
   uint64_t* empty = full + kStages;
+  auto* queue = reinterpret_cast<moe_wgmma::WorkQueue*>(empty + kStages);
 
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
@@ -69,6 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 8);  // lane 0 of each of the 8 consumer warps
     }
+    moe_wgmma::queue_init(queue);
     fence_barrier_init();
   }
   __syncthreads();
@@ -79,7 +84,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       PipeState<kStages> ps;
-      for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+      for (int i = 0;; ++i) {
+        const int w = moe_wgmma::queue_push(queue, i, p.queue);
+        if (w >= num_work) break;
         const moe_wgmma::WorkTile wt = work_tile(p, w);
         const int g = wt.g, r0 = wt.r0, n = wt.n;
         const bool shared = g == p.E;
@@ -112,7 +119,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     float d[128];
     PipeState<kStages> ps;
-    for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+    for (int i = 0;; ++i) {
+      const int w = moe_wgmma::queue_pop(queue, i, lane);
+      if (w >= num_work) break;
       const moe_wgmma::WorkTile wt = work_tile(p, w);
       const int g = wt.g, r0 = wt.r0, n = wt.n;
       const int Ig = g == p.E ? p.Is : p.I;
@@ -195,6 +204,16 @@ KernelParams params_of(const MoeWgmmaRouting& rt, int64_t H, int64_t I, int64_t 
 
 }  // namespace
 
+namespace moe_wgmma {
+int* work_counter(const int32_t* counters, int which) {
+  static const bool static_order = [] {
+    const char* e = std::getenv("M3_MOE_STATIC_ORDER");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return static_order ? nullptr : const_cast<int*>(counters) + 2 + which;
+}
+}  // namespace moe_wgmma
+
 bool moe_wgmma_supported(int64_t H, int64_t I, int64_t Is) {
   return H > 0 && H % kBN == 0 && I > 0 && I % (kBN / 2) == 0 && Is >= 0 && Is % (kBN / 2) == 0 &&
          H < (int64_t(1) << 20) && I < (int64_t(1) << 20) && Is < (int64_t(1) << 20);
@@ -228,6 +247,7 @@ void moe_gate_up_wgmma(const __nv_bfloat16* xg, int64_t H, const WT* gate_up, co
                                  : mw;
   const int64_t Imax = std::max(I, shared ? Is : 0);
   KernelParams p = params_of(rt, H, I, shared ? Is : 0, int(Imax / (kBN / 2)));
+  p.queue = moe_wgmma::work_counter(rt.counters, 0);
   p.act = act, p.ld_act = ld_act, p.alpha = alpha, p.limit = limit;
   launch<true>(ma, mw, mws, p, rt.cap_tiles, s);
 }
@@ -250,6 +270,7 @@ void moe_down_wgmma(const __nv_bfloat16* act, int64_t ld_act, const WT* down, co
                                                    uint64_t(Is), kBN, kBK, TmaSwizzle::B128)
                                  : mw;
   KernelParams p = params_of(rt, H, I, shared ? Is : 0, int(H / kBN));
+  p.queue = moe_wgmma::work_counter(rt.counters, 1);
   p.y = y;
   launch<false>(ma, mw, mws, p, rt.cap_tiles, s);
 }

@@ -14,7 +14,7 @@
 //   - Rows of a tile past its group's end (the next expert's rows, or zero-filled past R) are computed and dropped; a
 //     consumer whose 64 rows are all past the end issues no MMA.
 // WT is the weights' element type (bf16). FP8 experts (e4m3 + 128×128 block scales, docs/FP8.md §9) have their own
-// kernels below (moe_grouped_wgmma_fp8.cu): e4m3 × e4m3 on m64n128k32 with the activations quantised per 1×64.
+// kernels below (moe_grouped_wgmma_fp8.cu): e4m3 × e4m3 on m64n128k32 with x quantised per 1×128, act per 1×64.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,7 +30,8 @@ struct MoeWgmmaRouting {
   const int32_t* row_tok = nullptr;   // [R] grouped row → token
   const int32_t* row_slot = nullptr;  // [R] grouped row → output slot of y
   const int32_t* tiles = nullptr;     // [2 · tiles]: (group, first grouped row), 128-row tiles (kMoeWgmmaRows)
-  const int32_t* counters = nullptr;  // [0]: tile count
+  const int32_t* counters = nullptr;  // [0]: tile count; [2], [3]: the gate/up and down work queues (zeroed by the
+                                      // group kernel, taken by the dynamic order: moe_wgmma_tiles.cuh)
   int64_t cap_rows = 0;               // rows the scratch holds (R ≤ cap_rows)
   int64_t cap_tiles = 0;              // tiles the grid is sized for (host bound; the device count is ≤ it)
   int E = 0;
@@ -76,7 +77,7 @@ struct MoeWgmmaFp8Weights {
 // True when the FP8 wgmma path takes these widths: H, I and Is multiples of 128.
 bool moe_wgmma_fp8_supported(int64_t H, int64_t I, int64_t Is);
 
-// xq[r] = quantise_1x64(xb[row_tok[r]]) with scales xs [rows, H / 64], for r < offsets[E + 1]. xb_f16: [·, H] f16
+// xq[r] = quantise_1x128(xb[row_tok[r]]) with scales xs [rows, H / 128], for r < offsets[E + 1]. xb_f16: [·, H] f16
 // (the router's copy of xn for FP8 experts).
 void moe_gather_quant_rows(const void* xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
                            cudaStream_t s);

@@ -3,15 +3,18 @@
 //   - CTA = 3 warpgroups (384 threads, one CTA per SM, persistent): warpgroup 0 the TMA producer, 1 and 2 consumers of
 //     rows 0–63 / 64–127 of a 128-row tile. Ring of kStages stages, each A [128 rows, 128 K] and B [128 rows, 128 K]
 //     e4m3 (16 KB each; 128-byte swizzled rows, the same byte layout as bf16's 64-wide K steps).
-//   - Tile N = 128 (m64n128k32): with 1×64 activation scales and 128×128 weight scales the tensor cores may sum only
-//     64 K at a time; each 64-K partial lands in a second register tile and is added to the accumulator times its
-//     scales ("promotion"). 64 + 64 fp32 registers per thread — an N = 256 tile would need 256.
+//   - Tile N = 128 (m64n128k32): the tensor cores may sum only as far along K as one activation scale block reaches
+//     (x: 1×128, so gate/up promotes once per 128-K stage; act: 1×64, so down promotes per 64-K half); each partial
+//     lands in a second register tile and is added to the accumulator times its scales ("promotion"). 64 + 64 fp32
+//     registers per thread — an N = 256 tile would need 256.
 //   - gate/up: B = 64 gate rows of expert g then the matching 64 up rows (two TMA boxes), so column c < 64 is gate and
 //     c + 64 its up; SwiGLU-OAI in registers, then the 64 act values of a row (one quad of lanes) are quantised to
 //     e4m3 with one scale: act's 1×64 blocks are exactly the column tiles.
 //   - down: B = 128 rows of expert g's [H, I]; fp32 y rows scattered by row_slot.
-// Per K stage a consumer issues 2 × 2 wgmma (two 64-K halves), waiting for each half before promoting it; the other
-// consumer warpgroup's MMAs fill the tensor cores meanwhile.
+// Per K stage a consumer issues 4 wgmma: gate/up as one chain and one promotion, down as two 64-K halves, waiting
+// for each before promoting it; the other consumer warpgroup's MMAs fill the tensor cores meanwhile. (With x also in
+// 1×64 blocks gate/up promoted twice per stage: tensor pipe 41 % in ncu at 8192 rows, bench/results/
+// 2026-12-03d-fp8-moe-wgmma-h200.md; 1×128 is the dense projections' rule, docs/FP8.md §3.)
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -32,7 +35,8 @@ namespace {
 using namespace hopper;
 
 constexpr int kBM = kMoeWgmmaRows, kBN = 128, kBK = 128, kStages = 6, kThreads = 384;
-constexpr int kQ = 64;  // activation scale block (and promotion interval) along K
+constexpr int kQ = 64;    // act's scale block along K (the down GEMM's promotion interval): one gate/up column tile
+constexpr int kQx = 128;  // x's scale block along K (the gate/up GEMM's promotion interval): one K stage
 constexpr uint32_t kTileA = kBM * kBK, kTileB = kBN * kBK, kHalfB = kTileB / 2;  // bytes per stage
 constexpr size_t kSmem = size_t(kStages) * (kTileA + kTileB) + 1024 /*alignment*/ + 256 /*barriers*/;
 
@@ -41,11 +45,12 @@ struct Fp8Params {
   const int32_t* row_slot;
   const int32_t* tiles;
   const int32_t* counters;
+  int* queue;  // the dynamic order's item counter (moe_wgmma::work_counter), or null
   int E, H, I, Is;
   int NN;        // column tiles per row tile
   int cap_rows;  // rows of the A operand and its scales
-  const float* a_scales;  // [cap_rows, K / 64] of the A operand (K = H for gate/up, ld_act for down)
-  int a_scale_ld;         // K / 64 of the A buffer
+  const float* a_scales;  // [cap_rows, K / block] of the A operand (gate/up: x, K = H, block kQx; down: act, ld_act, kQ)
+  int a_scale_ld;         // K / block of the A buffer
   const float* w_scales;  // routed experts' Blk128 scales, [E][w_scale_stride]
   const float* ws_scales; // the shared expert's
   int64_t w_scale_stride;
@@ -56,12 +61,13 @@ struct Fp8Params {
   float alpha, limit;
 };
 
-// The MMAs of one 64-K half h of a stage into part (overwritten): two m64n128k32, one commit group.
-__device__ __forceinline__ void issue_half(float (&part)[64], uint64_t da, uint64_t db, int h) {
+// The MMAs of promotion block h (kP K wide) of a stage into part (overwritten): kP / 32 m64n128k32, one commit group.
+template <int kP>
+__device__ __forceinline__ void issue_block(float (&part)[64], uint64_t da, uint64_t db, int h) {
   wgmma_fence();
 #pragma unroll
-  for (int k = 0; k < kQ / 32; ++k) {
-    const uint32_t off = uint32_t(h * kQ + k * 32);  // bytes = e4m3 elements along the 128-byte row
+  for (int k = 0; k < kP / 32; ++k) {
+    const uint32_t off = uint32_t(h * kP + k * 32);  // bytes = e4m3 elements along the 128-byte row
     Wgmma<e4m3_t, 128>::mma_ss(part, desc_advance(da, off), desc_advance(db, off), k != 0);
   }
   wgmma_commit();
@@ -94,8 +100,8 @@ __device__ __forceinline__ void store_act_row(const Fp8Params& p, int64_t row, i
   if (quad_lead) p.act_s[row * (p.ld_act / kQ) + col / kQ] = sc;
 }
 
-// Each 64-K half is waited for and promoted in turn. (A pipelined loop — a half's promotion under the next half's
-// MMAs, two partial tiles, 192 accumulator registers — measured 5–11 % slower:
+// Each promotion block is waited for and promoted in turn. (A pipelined loop — a half's promotion under the next
+// half's MMAs, two partial tiles, 192 accumulator registers — measured 5–11 % slower:
 // bench/results/2026-12-03d-fp8-moe-wgmma-h200.md.)
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -107,7 +113,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* tiles_b = smem + kStages * kTileA;  // [kStages][128][128]
   uint64_t* full = reinterpret_cast<uint64_t*>(tiles_b + kStages * kTileB);
   uint64_t* empty = full + kStages;
+  auto* queue = reinterpret_cast<moe_wgmma::WorkQueue*>(empty + kStages);
 
+  constexpr int kP = kGateUp ? kQx : kQ;  // promotion interval along K: the A operand's scale block
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     tma_prefetch_map(&map_a);
@@ -117,6 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 8);  // lane 0 of each of the 8 consumer warps
     }
+    moe_wgmma::queue_init(queue);
     fence_barrier_init();
   }
   __syncthreads();
@@ -127,7 +136,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       PipeState<kStages> ps;
-      for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+      for (int i = 0;; ++i) {
+        const int w = moe_wgmma::queue_push(queue, i, p.queue);
+        if (w >= num_work) break;
         const moe_wgmma::WorkTile wt = moe_wgmma::work_tile(p.tiles, p.offsets, p.NN, w);
         const int g = wt.g, r0 = wt.r0, n = wt.n;
         const bool shared = g == p.E;
@@ -162,7 +173,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int row_a = half * 64 + warp * 16 + lane / 4, row_b = row_a + 8;
     float acc[64], part[64];
     PipeState<kStages> ps;
-    for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+    for (int i = 0;; ++i) {
+      const int w = moe_wgmma::queue_pop(queue, i, lane);
+      if (w >= num_work) break;
       const moe_wgmma::WorkTile wt = moe_wgmma::work_tile(p.tiles, p.offsets, p.NN, w);
       const int g = wt.g, r0 = wt.r0, n = wt.n;
       const bool shared = g == p.E;
@@ -179,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         continue;
       }
-      // Scales: A per (row, 64 K) from global (rows past the call's rows read row cap − 1: their results are
+      // Scales: A per (row, kP K) from global (rows past the call's rows read row cap − 1: their results are
       // dropped); B per 128×128 block of expert g: gate/up rows n·64 and Ig + n·64, or down rows n·128.
       const float* sa_a = p.a_scales + int64_t(min(r0 + row_a, p.cap_rows - 1)) * p.a_scale_ld;
       const float* sa_b = p.a_scales + int64_t(min(r0 + row_b, p.cap_rows - 1)) * p.a_scale_ld;
@@ -190,25 +203,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* sw_hi = kGateUp ? sw + int64_t((Ig + n * (kBN / 2)) / 128) * w_ld : sw_lo;  // 64–127 (up)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-      float2 na = *reinterpret_cast<const float2*>(sa_a), nb = *reinterpret_cast<const float2*>(sa_b);
+      // A scales of one stage: kBK / kP per row (down: a float2, gate/up: one float, .y unused).
+      auto stage_scales = [&](const float* sa, int kb) {
+        if constexpr (kP == kBK) return make_float2(sa[kb], 0.f);
+        else return *reinterpret_cast<const float2*>(sa + 2 * kb);
+      };
+      float2 na = stage_scales(sa_a, 0), nb = stage_scales(sa_b, 0);
       float nlo = __ldg(sw_lo), nhi = __ldg(sw_hi);
       for (int kb = 0; kb < num_k; ++kb) {
         const float2 ca = na, cb = nb;
         const float clo = nlo, chi = nhi;
         if (kb + 1 < num_k) {  // the next stage's scales, in flight during this stage's MMAs
-          na = *reinterpret_cast<const float2*>(sa_a + 2 * (kb + 1));
-          nb = *reinterpret_cast<const float2*>(sa_b + 2 * (kb + 1));
+          na = stage_scales(sa_a, kb + 1), nb = stage_scales(sa_b, kb + 1);
           nlo = __ldg(sw_lo + kb + 1), nhi = __ldg(sw_hi + kb + 1);
         }
         mbar_wait(&full[ps.stage], ps.phase);
         const uint64_t da = smem_desc_sw128(tiles_a + ps.stage * kTileA + half * (64 * 128));
         const uint64_t db = smem_desc_sw128(tiles_b + ps.stage * kTileB);
 #pragma unroll
-        for (int h = 0; h < kBK / kQ; ++h) {
-          issue_half(part, da, db, h);
+        for (int h = 0; h < kBK / kP; ++h) {
+          issue_block<kP>(part, da, db, h);
           wgmma_wait<0>();
           fence_regs(part);
-          if (h == kBK / kQ - 1 && lane == 0) mbar_arrive(&empty[ps.stage]);
+          if (h == kBK / kP - 1 && lane == 0) mbar_arrive(&empty[ps.stage]);
           promote(acc, part, h == 0 ? ca.x : ca.y, h == 0 ? cb.x : cb.y, clo, chi);
         }
         ps.advance();
@@ -250,8 +267,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// One warp per grouped row of f16 x; lane l converts 8 values (16 bytes) per 256-wide step, a 64-block is 8 lanes: its
-// amax is three shuffles away. Codes as e4m3_quantize (the CPU twin's rne_e4m3(v / scale)).
+// One warp per grouped row of f16 x; lane l converts 8 values (16 bytes) per 256-wide step, a 128-block is 16 lanes:
+// its amax is four shuffles away. Codes as e4m3_quantize (the CPU twin's rne_e4m3(v / scale)).
 __global__ void __launch_bounds__(256) gather_quant_rows_kernel(const uint16_t* __restrict__ xb, int H,
                                                                 const int32_t* __restrict__ row_tok,
                                                                 const int32_t* __restrict__ offsets, int E,
@@ -262,7 +279,7 @@ __global__ void __launch_bounds__(256) gather_quant_rows_kernel(const uint16_t* 
   const uint16_t* src = xb + int64_t(row_tok[r]) * H;
   for (int c0 = 0; c0 < H; c0 += 256) {  // every lane takes every step (the shuffles need the whole warp)
     const int c = c0 + lane * 8;
-    const bool in = c < H;  // H % 64 == 0: a 64-block's 8 lanes are all in or all out
+    const bool in = c < H;  // H % 128 == 0: a 128-block's 16 lanes are all in or all out
     const uint4 raw = in ? *reinterpret_cast<const uint4*>(src + c) : make_uint4(0, 0, 0, 0);
     const uint32_t wds[4] = {raw.x, raw.y, raw.z, raw.w};
     float v[8];
@@ -274,7 +291,7 @@ __global__ void __launch_bounds__(256) gather_quant_rows_kernel(const uint16_t* 
       m = fmaxf(m, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
     }
 #pragma unroll
-    for (int o = 1; o <= 4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int o = 1; o <= 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     const float sc = act_scale(m);
     uint32_t lo = 0, hi = 0;
 #pragma unroll
@@ -284,7 +301,7 @@ __global__ void __launch_bounds__(256) gather_quant_rows_kernel(const uint16_t* 
     }
     if (!in) continue;
     *reinterpret_cast<uint2*>(xq + r * H + c) = make_uint2(lo, hi);
-    if (lane % 8 == 0) xs[r * (H / kQ) + c / kQ] = sc;
+    if (lane % 16 == 0) xs[r * (H / kQx) + c / kQx] = sc;
   }
 }
 
@@ -319,7 +336,7 @@ bool moe_wgmma_fp8_supported(int64_t H, int64_t I, int64_t Is) {
 
 void moe_gather_quant_rows(const void* xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
                            cudaStream_t s) {
-  M3_CUDA_REQUIRE(H > 0 && H % kQ == 0, "moe_gather_quant_rows: H %lld is not a multiple of %d", (long long)H, kQ);
+  M3_CUDA_REQUIRE(H > 0 && H % kQx == 0, "moe_gather_quant_rows: H %lld is not a multiple of %d", (long long)H, kQx);
   if (rt.cap_rows <= 0) return;
   gather_quant_rows_kernel<<<unsigned((rt.cap_rows + 7) / 8), 256, 0, s>>>(
       static_cast<const uint16_t*>(xb_f16), int(H), rt.row_tok, rt.offsets, rt.E, xq, xs);
@@ -344,7 +361,8 @@ void moe_gate_up_wgmma_fp8(const uint8_t* xq, const float* xs, int64_t H, const 
                                  : mw;
   const int64_t Imax = std::max(I, shared ? Is : 0);
   Fp8Params p = params_of(rt, H, I, shared ? Is : 0, int(Imax / (kBN / 2)));
-  p.a_scales = xs, p.a_scale_ld = int(H / kQ);
+  p.queue = moe_wgmma::work_counter(rt.counters, 0);
+  p.a_scales = xs, p.a_scale_ld = int(H / kQx);
   p.w_scales = gate_up.scales, p.ws_scales = shared ? gate_up.shared_scales : gate_up.scales;
   p.w_scale_stride = fp8_scale_count(Fp8Scale::Blk128, 2 * I, H);
   p.act_q = act_q, p.act_s = act_s, p.ld_act = ld_act, p.alpha = alpha, p.limit = limit;
@@ -367,6 +385,7 @@ void moe_down_wgmma_fp8(const uint8_t* act_q, const float* act_s, int64_t ld_act
                                                    kBN, kBK, TmaSwizzle::B128)
                                  : mw;
   Fp8Params p = params_of(rt, H, I, shared ? Is : 0, int(H / kBN));
+  p.queue = moe_wgmma::work_counter(rt.counters, 1);
   p.a_scales = act_s, p.a_scale_ld = int(ld_act / kQ);
   p.w_scales = down.scales, p.ws_scales = shared ? down.shared_scales : down.scales;
   p.w_scale_stride = fp8_scale_count(Fp8Scale::Blk128, H, I);
