@@ -89,8 +89,7 @@ __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint3
         ldmatrix_x4(ks + swz64(warp * 16 + 8 * j + (lane & 7), 4 * h + (lane >> 3)), w[0], w[1], w[2], w[3]);
 #pragma unroll
         for (int m = 0; m < 4; ++m)
-          mma_bf16_16816(sc[j], qf[4 * h + m], e4m3x2_to_bf16x2<kE4m3Bytes01>(w[m]),
-                         e4m3x2_to_bf16x2<kE4m3Bytes23>(w[m]));
+          mma_f16_16816(sc[j], qf[4 * h + m], e4m3x2_to_f16x2<false>(w[m]), e4m3x2_to_f16x2<true>(w[m]));
       }
   } else {
 #pragma unroll
@@ -103,8 +102,10 @@ __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint3
     }
   }
   online_softmax_step(sc, warp * 16 + 2 * (lane & 3), valid, sl2, m0, m1, l0, l1, o);
-  const uint32_t pa[4] = {pack_bf16x2(sc[0][0], sc[0][1]), pack_bf16x2(sc[0][2], sc[0][3]),
-                          pack_bf16x2(sc[1][0], sc[1][1]), pack_bf16x2(sc[1][2], sc[1][3])};
+  // P as the A operand: f16 on the e4m3 route (its B operand, V, is f16), bf16 otherwise.
+  const auto pack = [](float lo, float hi) { return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi); };
+  const uint32_t pa[4] = {pack(sc[0][0], sc[0][1]), pack(sc[0][2], sc[0][3]), pack(sc[1][0], sc[1][1]),
+                          pack(sc[1][2], sc[1][3])};
   if constexpr (kFp8) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // chunks 2i, 2i + 1; matrices (tokens 0–7 | 8–15) × chunk
@@ -114,10 +115,10 @@ __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint3
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const int ch = 2 * i + q;
-        mma_bf16_16816(o[2 * ch], pa, e4m3x2_to_bf16x2<kE4m3Bytes02>(w[2 * q]),
-                       e4m3x2_to_bf16x2<kE4m3Bytes02>(w[2 * q + 1]));
-        mma_bf16_16816(o[2 * ch + 1], pa, e4m3x2_to_bf16x2<kE4m3Bytes13>(w[2 * q]),
-                       e4m3x2_to_bf16x2<kE4m3Bytes13>(w[2 * q + 1]));
+        // Bytes (0, 2) | (1, 3) of each word into the two halves, then one cvt per pair.
+        const uint32_t x = __byte_perm(w[2 * q], 0, 0x3120), y = __byte_perm(w[2 * q + 1], 0, 0x3120);
+        mma_f16_16816(o[2 * ch], pa, e4m3x2_to_f16x2<false>(x), e4m3x2_to_f16x2<false>(y));
+        mma_f16_16816(o[2 * ch + 1], pa, e4m3x2_to_f16x2<true>(x), e4m3x2_to_f16x2<true>(y));
       }
     }
   } else {
@@ -204,8 +205,11 @@ __device__ __forceinline__ void merge_warps(float* area, float (&o)[16][4], floa
 // ldmatrix.trans). Each warp keeps its own (m, l, O[16, 128]); the warps are merged through shared memory at the end.
 // Split `split` owns chunks [split·per, split·per + per) of the request's token range; rows past the last valid
 // token are zero-filled by cp.async and masked to −inf.
-// e4m3 K/V (kFp8): the chunk lands as e4m3 (half the bytes) in 128-byte rows (swz64); the codes become exact bf16
-// in registers after ldmatrix (kv_fp8.cuh), so the mma.sync path is the bf16 one. The mma's k order is free, so
+// e4m3 K/V (kFp8): the chunk lands as e4m3 (half the bytes) in 128-byte rows (swz64); the codes become exact f16
+// in registers after ldmatrix (one cvt.rn.f16x2.e4m3x2 per pair, kv_fp8.cuh) and the mma.sync multiplies f16: q is
+// rounded bf16 → f16 once (exact in f16's normal range, saturating beyond ±65504) and P is packed as f16 (finer than
+// bf16 in [2^-14, 1]). (Until 2026-12-03e the codes became bf16 — four to five instructions a pair — and the e4m3
+// kernel was issue-bound: 49 µs at B = 64 against a 32 µs read floor.) The mma's k order is free, so
 //  - S: ldmatrix of K rows gives each lane 4 consecutive dims 16·kk + 4·(lane%4) .. +3 of one token (= the b0, b1
 //    pair of k-step kk), and Q's A fragment is read from shared memory in that same dim order;
 //  - O += P·V: ldmatrix.trans of V (16-bit words = dim pairs) gives each lane tokens (2·(lane%4), +1) × dims
@@ -281,10 +285,10 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
       const uint32_t in_chunk = (c & 1) * 8;
       const uint8_t* q0 = smem + kQOff + swz128(g, 2 * kk + (c >> 1)) + in_chunk;
       const uint8_t* q1 = smem + kQOff + swz128(g + 8, 2 * kk + (c >> 1)) + in_chunk;
-      qf[kk][0] = *reinterpret_cast<const uint32_t*>(q0);
-      qf[kk][1] = *reinterpret_cast<const uint32_t*>(q1);
-      qf[kk][2] = *reinterpret_cast<const uint32_t*>(q0 + 4);
-      qf[kk][3] = *reinterpret_cast<const uint32_t*>(q1 + 4);
+      qf[kk][0] = bf16x2_to_f16x2<true>(*reinterpret_cast<const uint32_t*>(q0));
+      qf[kk][1] = bf16x2_to_f16x2<true>(*reinterpret_cast<const uint32_t*>(q1));
+      qf[kk][2] = bf16x2_to_f16x2<true>(*reinterpret_cast<const uint32_t*>(q0 + 4));
+      qf[kk][3] = bf16x2_to_f16x2<true>(*reinterpret_cast<const uint32_t*>(q1 + 4));
     }
   } else {
 #pragma unroll
@@ -431,6 +435,10 @@ __device__ __forceinline__ void load_q_frag(const __nv_bfloat16* q, int G, int l
     qf[kk][1] = r1 ? q1[w0] : 0u;
     qf[kk][2] = r0 ? q0[w2] : 0u;
     qf[kk][3] = r1 ? q1[w2] : 0u;
+    if constexpr (kFp8) {  // the e4m3 route multiplies f16 (fold_chunk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qf[kk][i] = bf16x2_to_f16x2<true>(qf[kk][i]);
+    }
   }
 }
 
