@@ -48,6 +48,9 @@ if [ -n "$B" ] && [ -x "$S" ]; then
     --template tests/chat_template/m3_format_synthetic.jinja --jpegs /tmp/m3-jpegs --images 8 --reps 5 \
     --device cuda --serve-arg=--media-threads --serve-arg=8 >"$out/media_ttft.txt" 2>&1
   echo "== media_ttft (cuda, 8 × 1080p): rc $?"
-  tail -15 "$out/media_ttft.txt"
+  # The whole report: TTFTs, then the images request stage by stage (request_stage_seconds: body receive, dispatch,
+  # parse, template, media collect / queue / load / hash / process with its user and system CPU time / expand,
+  # tokenise, submit), the serial sum with the engine's own TTFT, and client TTFT − engine TTFT per request kind.
+  cat "$out/media_ttft.txt"
 fi
 echo "total $(( $(date +%s) - t0 )) s; record the results in bench/results/ (date, GPU, commit, command)"
