@@ -637,7 +637,9 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
                               : (!any_sparse || (tc_prefill && tc_prefill_index)) && (!any_dense || tc_dense_prefill)),
            "CUDA executor: an FP8 KV step without its tensor-core kernels (check_fp8_kv missed a shape)");
   if (tc_dense_prefill) msa_union.plan(T, int(Hkv), int(G), int(D), int(B), 16);
-  if (tc_prefill) msa_sparse.plan(T, int(Hkv), int(G), int(D), int(B), int(K), int64_t(pool->capacity()));
+  if (tc_prefill)  // steps whose rows all have fixed selections and narrow unions skip the router (union_only)
+    msa_sparse.plan(T, int(Hkv), int(G), int(D), int(B), int(K), int64_t(pool->capacity()),
+                    cuda::MsaPrefillSparse::Mode::Auto, &pos, &row_seq);
   // graph: only device-side plans with capacity launch shapes (graph_eligible guarantees the tensor-core decode).
   M3_CHECK(!graph || (tc_decode && (!any_sparse || tc_index) && !trace), "CUDA executor: step cannot run as a graph");
   if (any_dense && !tc_dense_prefill) {

@@ -257,6 +257,46 @@ TEST(GpuMsaPrefillTc, RouterSendsWideUnionTilesToKvBlockMajorAndNarrowOnesToUnio
   run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16}, -1, Variant::Auto);  // ragged tiles across sequences
 }
 
+// Host side of the router shortcut (MsaPrefillSparse::union_only): only steps whose every row has a fixed
+// selection (local + 1 ≤ top_k) and whose tiles' union bound passes the route rule skip the router.
+TEST(GpuMsaPrefillTc, StepsOfShortRowsWithNarrowUnionsSkipTheRouter) {
+  using S = cuda::MsaPrefillSparse;
+  auto iota_pos = [](int from, int n) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    std::iota(p.begin(), p.end(), from);
+    return p;
+  };
+  // One sequence, positions 0 … 2047: every row's 1 … 16 blocks are all selected, a tile's rows share them.
+  EXPECT_TRUE(S::union_only(iota_pos(0, 2048), std::vector<int32_t>(2048, 0), kB, 16, 26));
+  // Position 2048 has 17 blocks: the indexer chooses 16 of them, so only the device can route that tile.
+  EXPECT_FALSE(S::union_only(iota_pos(0, 2049), std::vector<int32_t>(2049, 0), kB, 16, 26));
+  EXPECT_FALSE(S::union_only(iota_pos(1000, 20), std::vector<int32_t>(20, 0), kB, 4, 26));  // top_k 4 < 8 blocks
+  // Eight one-row sequences at position 0 in one tile: 8 distinct pages for 8 entries (100 % > 26 %).
+  EXPECT_FALSE(S::union_only(std::vector<int32_t>(8, 0), iota_pos(0, 8), kB, 16, 26));
+  // Two sequences of 4 rows at local 7: union ≤ 16 pages for 64 entries (25 % ≤ 26 %); at threshold 24 not.
+  const std::vector<int32_t> two_pos = {1000, 1001, 1002, 1003, 1000, 1001, 1002, 1003};
+  const std::vector<int32_t> two_seq = {0, 0, 0, 0, 1, 1, 1, 1};
+  EXPECT_TRUE(S::union_only(two_pos, two_seq, kB, 16, 26));
+  EXPECT_FALSE(S::union_only(two_pos, two_seq, kB, 16, 24));
+  EXPECT_FALSE(S::union_only({5, -1}, {0, 0}, kB, 16, 26));  // a bad position is the device's to report
+  EXPECT_TRUE(S::union_only({}, {}, kB, 16, 26));
+}
+
+// The executor's plan with the step's rows: a short step runs the union kernel alone (no route), long ones keep Auto;
+// the output is what the routed run gives.
+TEST(GpuMsaPrefillTc, ShortStepPlannedWithItsRowsRunsTheUnionKernelAlone) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::MsaPrefillSparse sp;
+  const std::vector<int32_t> short_pos = {0, 1, 2, 130, 131, 1500, 1501, 1502}, seq(8, 0);
+  sp.plan(8, 4, kG, kD, kB, 16, 64, cuda::MsaPrefillSparse::Mode::Auto, &short_pos, &seq);
+  EXPECT_EQ(sp.step_mode(), cuda::MsaPrefillSparse::Mode::Union);
+  const std::vector<int32_t> long_pos = {0, 1, 2, 130, 131, 1500, 1501, 5000};
+  sp.plan(8, 4, kG, kD, kB, 16, 64, cuda::MsaPrefillSparse::Mode::Auto, &long_pos, &seq);
+  EXPECT_EQ(sp.step_mode(), cuda::MsaPrefillSparse::Mode::Auto);
+  sp.plan(8, 4, kG, kD, kB, 16, 64);  // no rows given: the device routes
+  EXPECT_EQ(sp.step_mode(), cuda::MsaPrefillSparse::Mode::Auto);
+}
+
 TEST(GpuMsaPrefillTc, RoutedPrefillReportsABlockAfterTheLocalBlock) {
   M3_SKIP_WITHOUT_GPU();
   run_case({{{1000, 20}}, 1, 16}, /*bad_row=*/5, Variant::Auto);

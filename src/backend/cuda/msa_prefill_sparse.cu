@@ -1,6 +1,7 @@
 // Per-tile choice between the union-tile and the KV-block-major MSA prefill kernels (msa_prefill_sparse.cuh).
 #include "backend/cuda/msa_prefill_sparse.cuh"
 
+#include <algorithm>
 #include <vector>
 
 namespace m3::cuda {
@@ -55,8 +56,35 @@ __global__ void msa_route_kernel(const int32_t* selection, const int32_t* pos, c
 
 }  // namespace
 
+bool MsaPrefillSparse::union_only(const std::vector<int32_t>& pos, const std::vector<int32_t>& row_seq,
+                                  int block_size, int top_k, int threshold_pct) {
+  const size_t T = pos.size();
+  if (row_seq.size() != T || block_size <= 0) return false;
+  for (size_t t0 = 0; t0 < T; t0 += kTok) {
+    const size_t t1 = std::min(T, t0 + kTok);
+    int64_t entries = 0, union_bound = 0;
+    for (size_t t = t0; t < t1;) {  // rows of one sequence are consecutive
+      int32_t widest = 0;
+      const int32_t sq = row_seq[t];
+      for (; t < t1 && row_seq[t] == sq; ++t) {
+        const int32_t local = pos[t] / block_size;
+        if (pos[t] < 0 || local + 1 > top_k) return false;  // an indexer-chosen selection: only the device knows
+        entries += local + 1;
+        widest = std::max(widest, local + 1);
+      }
+      union_bound += widest;
+    }
+    if (union_bound * 100 > entries * threshold_pct) return false;
+  }
+  return true;
+}
+
 void MsaPrefillSparse::plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k,
-                            int64_t num_pages, Mode mode) {
+                            int64_t num_pages, Mode mode, const std::vector<int32_t>* pos,
+                            const std::vector<int32_t>* row_seq) {
+  if (mode == Mode::Auto && pos != nullptr && row_seq != nullptr && int64_t(pos->size()) == T &&
+      union_only(*pos, *row_seq, block_size, top_k, threshold_pct_))
+    mode = Mode::Union;
   union_.plan(T, num_kv_heads, group, head_dim, block_size, top_k);
   if (mode != Mode::Union) kvmajor_.plan(T, num_kv_heads, group, head_dim, block_size, top_k, num_pages);
   mode_ = mode;

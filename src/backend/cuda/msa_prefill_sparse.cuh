@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/msa_prefill_kvmajor.cuh"
@@ -23,8 +24,21 @@ class MsaPrefillSparse {
  public:
   enum class Mode { Auto, Union, KvMajor };
   // As MsaPrefillKvMajor::plan (the same limits); the KV-block-major workspace is sized unless mode is Union.
+  // pos / row_seq (optional, the step's rows on the host): with Mode::Auto, a step that union_only() proves goes
+  // whole to the union kernel runs it alone — no route kernel, no KV-block-major chain (their 8 launches cost
+  // 10–35 µs per sparse layer of a step whose tiles all go to the union kernel: docs/KERNELS.md §8.1).
   void plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k, int64_t num_pages,
-            Mode mode = Mode::Auto);
+            Mode mode = Mode::Auto, const std::vector<int32_t>* pos = nullptr,
+            const std::vector<int32_t>* row_seq = nullptr);
+  // True when the route kernel would send every tile of the step to the union kernel whatever the indexer chose:
+  // every row's selection is fixed (local + 1 ≤ top_k: all of its blocks), and per tile of 8 rows the union is at
+  // most Σ over the tile's sequences of (their rows' largest local + 1) — an upper bound of |U| (shared prefix pages
+  // only lower it) — while E = Σ (local + 1); so |U| · 100 ≤ E · threshold_pct holds for the real |U|. Speed only:
+  // either kernel gives the same result.
+  static bool union_only(const std::vector<int32_t>& pos, const std::vector<int32_t>& row_seq, int block_size,
+                         int top_k, int threshold_pct);
+  // The mode the last plan() chose for its step (Union when union_only() held under Auto).
+  Mode step_mode() const { return mode_; }
   // q: [T, Hq, D] bf16; selection [Hkv, T, top_k]; out [T, Hq, D] fp32, or bf16 into out_bf16 when given.
   // Capture-safe apart from the TMA maps, which are rebuilt per call (as in both kernels).
   void run(const uint16_t* q, const int32_t* selection, const DevStepRows& rows, const DevPagedKVBf16& kv,
