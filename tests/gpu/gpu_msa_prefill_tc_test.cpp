@@ -280,6 +280,7 @@ TEST(GpuMsaPrefillTc, StepsOfShortRowsWithNarrowUnionsSkipTheRouter) {
   EXPECT_FALSE(S::union_only(two_pos, two_seq, kB, 16, 24));
   EXPECT_FALSE(S::union_only({5, -1}, {0, 0}, kB, 16, 26));  // a bad position is the device's to report
   EXPECT_TRUE(S::union_only({}, {}, kB, 16, 26));
+  EXPECT_FALSE(S::union_only({0, 1, 2, 130, 131, 1500, 1501, 1502}, std::vector<int32_t>(8, 0), kB, 16, 26));
 }
 
 // The executor's plan with the step's rows: a short step runs the union kernel alone (no route), long ones keep Auto;
@@ -287,10 +288,12 @@ TEST(GpuMsaPrefillTc, StepsOfShortRowsWithNarrowUnionsSkipTheRouter) {
 TEST(GpuMsaPrefillTc, ShortStepPlannedWithItsRowsRunsTheUnionKernelAlone) {
   M3_SKIP_WITHOUT_GPU();
   cuda::MsaPrefillSparse sp;
-  const std::vector<int32_t> short_pos = {0, 1, 2, 130, 131, 1500, 1501, 1502}, seq(8, 0);
+  // Rows at local 11: 12 pages for 96 entries (12.5 %). (Rows at 0, 130 and 1500 in one tile would not pass: 12 pages
+  // for 43 entries.)
+  const std::vector<int32_t> short_pos = {1500, 1501, 1502, 1503, 1504, 1505, 1506, 1507}, seq(8, 0);
   sp.plan(8, 4, kG, kD, kB, 16, 64, cuda::MsaPrefillSparse::Mode::Auto, &short_pos, &seq);
   EXPECT_EQ(sp.step_mode(), cuda::MsaPrefillSparse::Mode::Union);
-  const std::vector<int32_t> long_pos = {0, 1, 2, 130, 131, 1500, 1501, 5000};
+  const std::vector<int32_t> long_pos = {1500, 1501, 1502, 1503, 1504, 1505, 1506, 5000};
   sp.plan(8, 4, kG, kD, kB, 16, 64, cuda::MsaPrefillSparse::Mode::Auto, &long_pos, &seq);
   EXPECT_EQ(sp.step_mode(), cuda::MsaPrefillSparse::Mode::Auto);
   sp.plan(8, 4, kG, kD, kB, 16, 64);  // no rows given: the device routes

@@ -15,6 +15,6 @@ echo "$out"
 same='\| 100\.00 % \| 100\.00 % \| 0\.00e\+00 / 0\.00e\+00 \|$'  # agreement with itself: all rows, decisive rows, error
 grep -qE "^\| bf16; fp32 \(the reference\) \|.*$same" <<<"$out"
 grep -qE "^\| bf16 K / V / index-K \|.*$same" <<<"$out"
-[ "$(grep -c '^| ' <<<"$out")" -eq 11 ]  # two header rows, 6 model rows, 3 KV-cache rows
+[ "$(grep -c '^| ' <<<"$out")" -eq 12 ]  # two header rows, 7 model rows, 3 KV-cache rows
 ! grep -qiE '\b(nan|inf)\b' <<<"$out"
 echo "fp8_eval_text smoke: ok"
