@@ -9,6 +9,11 @@
 //     gate/up GEMM, per 1×64 into their down GEMM (the e4m3 wgmma MoE, backend/cuda/moe_grouped_wgmma.cuh), or with
 //     the experts on bf16
 //     activations (`--fp8-prefill-gemm` MoE off: M3_MOE_FP8_E4M3=0).
+//   - index-K alone in e4m3 (K/V bf16; scale 1 as MSA stores it, and calibrated amax / 448) against the bf16 cache:
+//     the MSA block selections compared with bf16 index-K's (kvacc::compare_selections: the fp32 run's queries and
+//     K/V, only the index-K rounding differs — sets identical, history blocks shared, the attention output of the
+//     heads whose set differs), and the whole model's rows split by whether any sparse layer's selection differs
+//     from the bf16 cache run's (perplexity, top-1 agreement and logit error on each part).
 // Text is read as bytes (ids 0–255: tools/fp8_accuracy/train_tiny_m3.py trains a byte-level tiny M3) and cut into
 // sequences of --seq-len; every position's next byte is scored.
 //   fp8_eval_text --reference BF16_DIR --checkpoint MXFP8_DIR --text FILE [--seq-len 256] [--seqs N]
@@ -75,8 +80,10 @@ bool is_expert(SlotKind k) {
 }
 
 // All-position logits of each sequence (one-shot prefill each).
+// sel (optional): per sequence, every sparse layer's selection [Hidx, T, top_k] concatenated in layer order.
 std::vector<std::vector<float>> run(const M3Config& c, M3Weights w, const std::vector<std::vector<int32_t>>& seqs,
-                                    Hook* hook, const KvStorage& kv = {}) {
+                                    Hook* hook, const KvStorage& kv = {},
+                                    std::vector<std::vector<int32_t>>* sel = nullptr) {
   M3Model model(c, std::move(w));
   if (hook) cpu::set_matmul_input_hook(hook_fn, hook);
   std::vector<std::vector<float>> out;
@@ -87,7 +94,14 @@ std::vector<std::vector<float>> run(const M3Config& c, M3Weights w, const std::v
     SequenceKV seq(cache);
     seq.reserve(T);
     SeqInput in{std::span<const int32_t>(ids), 0, seq.pages(), true};
-    out.push_back(model.forward(std::span<const SeqInput>(&in, 1), cache)[0]);
+    ForwardTrace trace;
+    trace.capture_selection = sel != nullptr;
+    out.push_back(model.forward(std::span<const SeqInput>(&in, 1), cache, sel ? &trace : nullptr)[0]);
+    if (sel) {
+      sel->emplace_back();
+      for (const auto& layer : trace.selection)
+        for (const auto& v : layer) sel->back().insert(sel->back().end(), v.begin(), v.end());
+    }
   }
   cpu::set_matmul_input_hook(nullptr, nullptr);
   return out;
@@ -102,13 +116,16 @@ struct Score {
 constexpr double kDecisiveGap = 0.5;
 // Mean next-token NLL (nats), top-1 accuracy, top-1 agreement with `ref` (all rows and decisive rows) and the
 // row-relative logit error max|a − b| / max|b| (median and max over rows).
+// keep (optional): per sequence and position, whether the row counts.
 Score score(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& ref,
-            const std::vector<std::vector<int32_t>>& seqs, int64_t V) {
+            const std::vector<std::vector<int32_t>>& seqs, int64_t V,
+            const std::vector<std::vector<char>>* keep = nullptr) {
   Score s;
   std::vector<double> errs;
   for (size_t q = 0; q < seqs.size(); ++q) {
     const auto& ids = seqs[q];
     for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      if (keep && !(*keep)[q][t]) continue;
       const float* a = &got[q][t * size_t(V)];
       const float* b = &ref[q][t * size_t(V)];
       const float mx = *std::max_element(a, a + V);
@@ -129,6 +146,7 @@ Score score(const std::vector<std::vector<float>>& got, const std::vector<std::v
       ++s.n;
     }
   }
+  if (s.n == 0) return s;
   s.nll /= double(s.n), s.top1 /= double(s.n), s.agree /= double(s.n);
   std::sort(errs.begin(), errs.end());
   s.err_p50 = errs[errs.size() / 2], s.err_max = errs.back();
@@ -136,10 +154,56 @@ Score score(const std::vector<std::vector<float>>& got, const std::vector<std::v
 }
 
 void print(const char* name, const Score& s, const Score& ref) {
+  if (s.n == 0) return (void)std::printf("| %s | — | — | — | — | — | — | — |\n", name);
   std::printf("| %s | %.4f | %.4f | %+.2f %% | %.2f %% | %.2f %% | %.2f %% | %.2e / %.2e |\n", name, std::exp(s.nll),
               s.nll / std::log(2.0), 100.0 * (std::exp(s.nll) / std::exp(ref.nll) - 1.0), 100.0 * s.top1,
               100.0 * s.agree, 100.0 * double(s.decisive_agree) / double(std::max<int64_t>(s.decisive, 1)),
               s.err_p50, s.err_max);
+}
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(q * double(v.size() - 1) + 0.5))];
+}
+
+// Selections of index-K stored as `dt` (scale per layer, empty = 1) against bf16 index-K, summed over the sequences.
+kvacc::SelectionStats selections(const M3Config& c, const M3Weights& w, const std::vector<std::vector<int32_t>>& seqs,
+                                 KvDtype dt, const std::vector<float>& scale) {
+  const M3Model model(c, w);
+  kvacc::SelectionStats all;
+  for (const auto& ids : seqs) {
+    const kvacc::ScriptedRun r = kvacc::run_scripted(model, ids, int64_t(ids.size()), KvStorage{}, true);
+    const kvacc::SelectionStats s = kvacc::compare_selections(model, r, dt, scale, KvDtype::BF16, {});
+    all.rows += s.rows, all.identical += s.identical, all.ranked_rows += s.ranked_rows;
+    all.ranked_identical += s.ranked_identical, all.blocks += s.blocks, all.blocks_shared += s.blocks_shared;
+    all.out_err.insert(all.out_err.end(), s.out_err.begin(), s.out_err.end());
+  }
+  return all;
+}
+
+void print_selections(const char* name, const kvacc::SelectionStats& s) {
+  auto pct = [](int64_t a, int64_t b) { return b ? 100.0 * double(a) / double(b) : 100.0; };
+  std::printf("| %s | %.2f %% | %.2f %% (%lld) | %.2f %% | %zu | %.2e / %.2e / %.2e |\n", name,
+              pct(s.identical, s.rows), pct(s.ranked_identical, s.ranked_rows), (long long)s.ranked_rows,
+              pct(s.blocks_shared, s.blocks), s.out_err.size(), quantile(s.out_err, 0.5), quantile(s.out_err, 0.9),
+              s.out_err.empty() ? 0.0 : *std::max_element(s.out_err.begin(), s.out_err.end()));
+}
+
+// Per sequence and position: whether any sparse layer's selection (any index head) differs between a and b.
+std::vector<std::vector<char>> differing_rows(const M3Config& c, const std::vector<std::vector<int32_t>>& a,
+                                              const std::vector<std::vector<int32_t>>& b,
+                                              const std::vector<std::vector<int32_t>>& seqs) {
+  const int64_t K = c.sparse_topk_blocks;
+  std::vector<std::vector<char>> d(seqs.size());
+  for (size_t q = 0; q < seqs.size(); ++q) {
+    const int64_t T = int64_t(seqs[q].size());
+    d[q].assign(size_t(T), 0);
+    M3_CHECK(a[q].size() == b[q].size() && a[q].size() % size_t(T * K) == 0, "selection shapes differ");
+    for (size_t r = 0; r < a[q].size() / size_t(K); ++r)  // row r = (layer, head, t) with t = r % T
+      if (!std::equal(&a[q][r * K], &a[q][r * K] + K, &b[q][r * K])) d[q][r % size_t(T)] = 1;
+  }
+  return d;
 }
 
 }  // namespace
@@ -226,7 +290,8 @@ int main(int argc, char** argv) {
 
     // FP8 K/V and index-K caches (`--kv-cache-dtype fp8`) on the bf16 model, against the bf16 cache: per-tensor
     // scales 1 (no calibration) and amax / 448 from a warm-up pass over the first sequence (kvacc::calibrate_e4m3).
-    const auto kv16 = run(c, w16, seqs, nullptr, KvStorage::all(KvDtype::BF16));
+    std::vector<std::vector<int32_t>> sel16;  // the bf16 cache run's MSA selections
+    const auto kv16 = run(c, w16, seqs, nullptr, KvStorage::all(KvDtype::BF16), &sel16);
     const Score s_kv16 = score(kv16, kv16, seqs, V);
     std::printf("\n| KV cache (bf16 weights, fp32 activations) | perplexity | bits / byte | vs bf16 KV | top-1 acc. | "
                 "top-1 = bf16 KV | on decisive rows | logit err. vs bf16 KV p50 / max |\n"
@@ -235,6 +300,42 @@ int main(int argc, char** argv) {
     print("e4m3, scales 1", score(run(c, w16, seqs, nullptr, KvStorage::all(KvDtype::E4M3)), kv16, seqs, V), s_kv16);
     const KvStorage cal = kvacc::calibrate_e4m3(M3Model(c, w16), seqs[0], true);
     print("e4m3, scales amax / 448 (calibrated)", score(run(c, w16, seqs, nullptr, cal), kv16, seqs, V), s_kv16);
+
+    // FP8 index-K alone (K/V bf16): MSA stores index-K e4m3 unscaled; a calibrated per-layer scale for comparison.
+    const KvStorage ik1{KvDtype::BF16, KvDtype::E4M3, {}, {}, {}};
+    const KvStorage ikc{KvDtype::BF16, KvDtype::E4M3, {}, {}, cal.ik_scale};
+    std::vector<std::vector<int32_t>> sel1, selc;
+    const auto kv1 = run(c, w16, seqs, nullptr, ik1, &sel1), kvc = run(c, w16, seqs, nullptr, ikc, &selc);
+    print("bf16 K / V, e4m3 index-K (scale 1, MSA's format)", score(kv1, kv16, seqs, V), s_kv16);
+    print("bf16 K / V, e4m3 index-K (amax / 448)", score(kvc, kv16, seqs, V), s_kv16);
+
+    std::printf("\n| index-K vs bf16 index-K (MSA selections; the fp32 run's queries and K/V) | (token, index head) "
+                "sets identical | ranked rows identical (rows) | history blocks shared | rows differing × query "
+                "heads | attention-output err. where they differ p50 / p90 / max |\n|---|---|---|---|---|---|\n");
+    print_selections("fp32 (reference noise)", selections(c, w16, seqs, KvDtype::F32, {}));
+    print_selections("e4m3, scale 1 (MSA's format)", selections(c, w16, seqs, KvDtype::E4M3, {}));
+    print_selections("e4m3, amax / 448", selections(c, w16, seqs, KvDtype::E4M3, cal.ik_scale));
+
+    // The whole model with e4m3 index-K, its rows split by whether any sparse layer's selection (any head) differs
+    // from the bf16 cache run's.
+    std::printf("\n| e4m3 index-K vs bf16 cache, rows by selection | perplexity | bits / byte | vs bf16 KV (same rows) | "
+                "top-1 acc. | top-1 = bf16 KV | on decisive rows | logit err. vs bf16 KV p50 / max |\n"
+                "|---|---|---|---|---|---|---|---|\n");
+    for (int v = 0; v < 2; ++v) {
+      const auto d = differing_rows(c, v ? selc : sel1, sel16, seqs);
+      auto same = d;
+      for (auto& r : same)
+        for (char& x : r) x = !x;
+      const auto& got = v ? kvc : kv1;
+      const Score sd = score(got, kv16, seqs, V, &d), ss = score(got, kv16, seqs, V, &same);
+      char name[160];
+      std::snprintf(name, sizeof name, "%s: selection differs (%lld rows)", v ? "amax / 448" : "scale 1",
+                    (long long)sd.n);
+      print(name, sd, score(kv16, kv16, seqs, V, &d));
+      std::snprintf(name, sizeof name, "%s: selections identical (%lld rows)", v ? "amax / 448" : "scale 1",
+                    (long long)ss.n);
+      print(name, ss, score(kv16, kv16, seqs, V, &same));
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fp8_eval_text: %s\n", e.what());
     return 1;
