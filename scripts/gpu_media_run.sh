@@ -3,7 +3,8 @@
 # out): the media gateway built on the GPU machine from the carried image codecs (scripts/gpu_deps.sh; no FFmpeg, so
 # videos get an error there), its CPU tests, bench_media's per-core throughput on the same host as HF's processor
 # (the same-machine ratio the issue asks for), and the 8-image TTFT through `serve --device cuda` on the demo VL model
-# (vision tower on CUDA, --media-threads 8).
+# (vision tower on CUDA, --media-threads 8), and the text streams' inter-token latency while such requests are
+# preprocessed (media_concurrency.py).
 #   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_media_run.sh $OUT`   (≈ 5–7 minutes)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -52,5 +53,12 @@ if [ -n "$B" ] && [ -x "$S" ]; then
   # parse, template, media collect / queue / load / hash / process with its user and system CPU time / expand,
   # tokenise, submit), the serial sum with the engine's own TTFT, and client TTFT − engine TTFT per request kind.
   cat "$out/media_ttft.txt"
+  # Does the engine wait for preprocessing? Text streams' inter-token latency while 8-image requests are decoded
+  # (media_concurrency.py) against the same streams alone.
+  timeout 180 python3 tools/bench_media/media_concurrency.py --m3serve "$S" --model "$vl" \
+    --template tests/chat_template/m3_format_synthetic.jinja --jpegs /tmp/m3-jpegs --images 8 --requests 3 \
+    --streams 4 --tokens 256 --device cuda --serve-arg=--media-threads --serve-arg=8 >"$out/media_conc.txt" 2>&1
+  echo "== media_concurrency (cuda, 4 streams, 3 × 8 × 1080p): rc $?"
+  cat "$out/media_conc.txt"
 fi
 echo "total $(( $(date +%s) - t0 )) s; record the results in bench/results/ (date, GPU, commit, command)"
