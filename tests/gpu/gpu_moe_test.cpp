@@ -214,8 +214,9 @@ GpuRun run_gpu(const Layer& L, const std::vector<float>& xn, const std::vector<f
 
 // How the GPU rounds the expert MLP's activations (x and act): bf16 for bf16 experts, f16 for FP8 experts on the
 // mma.sync path (the W8A16 GEMMs multiply f16), e4m3 for FP8 experts on the wgmma path (x from its f16 copy in 1×128
-// blocks, act in 1×64; moe_grouped_wgmma.cuh), or not at all (the fp32 reference whose error is only printed).
-enum class ActRound { None, Bf16, F16, E4m3 };
+// blocks, act in 1×64 — 1×128 on the N = 256 kernels, E4m3Wide; moe_grouped_wgmma.cuh), or not at all (the fp32
+// reference whose error is only printed).
+enum class ActRound { None, Bf16, F16, E4m3, E4m3Wide };
 float round_act(float v, ActRound r) {
   return r == ActRound::Bf16 ? round_to_bf16(v) : r == ActRound::F16 ? f16_to_f32(f32_to_f16(v)) : v;
 }
@@ -234,8 +235,9 @@ void quantise_blocks(std::vector<float>& v, size_t block) {
 void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<float>& dn, int64_t H, int64_t I,
              ActRound round, std::vector<double>& y) {
   std::vector<float> xr(x, x + H), act(static_cast<size_t>(I));
-  for (float& v : xr) v = round_act(v, round == ActRound::E4m3 ? ActRound::F16 : round);
-  if (round == ActRound::E4m3) quantise_blocks(xr, 128);
+  const bool e4m3 = round == ActRound::E4m3 || round == ActRound::E4m3Wide;
+  for (float& v : xr) v = round_act(v, e4m3 ? ActRound::F16 : round);
+  if (e4m3) quantise_blocks(xr, 128);
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
     for (int64_t h = 0; h < H; ++h) g += double(xr[h]) * gu[i * H + h], u += double(xr[h]) * gu[(I + i) * H + h];
@@ -243,7 +245,7 @@ void cpu_mlp(const float* x, const std::vector<float>& gu, const std::vector<flo
     cpu::swiglu_oai(std::array<float, 2>{float(g), float(u)}.data(), 1, 1, 1.702f, 7.f, &a);
     act[i] = round_act(a, round);
   }
-  if (round == ActRound::E4m3) quantise_blocks(act, 64);
+  if (e4m3) quantise_blocks(act, round == ActRound::E4m3Wide ? 128 : 64);
   y.assign(size_t(H), 0.0);
   for (int64_t h = 0; h < H; ++h) {
     double s = 0;
@@ -266,7 +268,7 @@ struct RefResult {
 // error against the fp32-activation one (flips are sparse: ≤ 0.25× seen, at one row; a wrong scale, K step or code
 // moves every output).
 RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const std::vector<float>& x0, int64_t T,
-                            const GpuRun& g, const std::string& what, bool e4m3 = false) {
+                            const GpuRun& g, const std::string& what, bool e4m3 = false, bool wide = false) {
   const int64_t H = L.sh.H, E = L.sh.E, K = L.sh.K, I = L.sh.I, Is = L.sh.Is;
   // 1. logits: fp32 on the GPU vs fp64 here.
   double lerr = 0, lmax = 0;
@@ -287,7 +289,7 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
   for (size_t i = 0; i < wts.size(); ++i) werr = std::max(werr, double(std::abs(wts[i] - g.weights[i])));
   EXPECT_LE(werr, 2e-6) << what << ": routing weights";
   // 3. the experts, one at a time (only the chosen ones are downloaded).
-  const ActRound mirror = e4m3 ? ActRound::E4m3 : L.fp8 ? ActRound::F16 : ActRound::Bf16;
+  const ActRound mirror = e4m3 ? (wide ? ActRound::E4m3Wide : ActRound::E4m3) : L.fp8 ? ActRound::F16 : ActRound::Bf16;
   std::vector<double> ref(x0.begin(), x0.end()), refu(x0.begin(), x0.end());
   std::vector<double> y;
   for (int64_t e = 0; e < E; ++e) {
@@ -333,7 +335,9 @@ RefResult check_against_cpu(const Layer& L, const std::vector<float>& xn, const 
               L.fp8 ? (e4m3 ? " fp8-experts e4m3-act" : " fp8-experts") : "", what.c_str(), rr.err / rr.ref_max,
               rr.err_unrounded / rr.ref_max, rr.rms, rr.rms_unrounded, lerr / lmax, werr, g.tiles, g.active);
   EXPECT_LE(rr.err, (e4m3 ? 2.5e-2 : 1e-3) * rr.ref_max) << what;
-  if (e4m3) EXPECT_LE(rr.rms, 0.5 * rr.rms_unrounded) << what << ": the GPU does not round as the reference mirrors";
+  if (e4m3) {
+    EXPECT_LE(rr.rms, 0.5 * rr.rms_unrounded) << what << ": the GPU does not round as the reference mirrors";
+  }
   return rr;
 }
 
@@ -350,7 +354,9 @@ cuda::MoeGemmPath resolved(const Shape& s, int64_t T, cuda::MoeGemmPath path, bo
 
 std::string path_name(const Shape& s, int64_t T, cuda::MoeGemmPath path, bool fp8 = false) {
   path = resolved(s, T, path, fp8);
-  if (path == cuda::MoeGemmPath::Wgmma) return fp8 ? " wgmma e4m3 BM128" : " wgmma BM128";
+  if (path == cuda::MoeGemmPath::Wgmma256 && fp8) return " wgmma e4m3 N256 BM128";
+  if (path == cuda::MoeGemmPath::Wgmma || path == cuda::MoeGemmPath::Wgmma256)
+    return fp8 ? " wgmma e4m3 BM128" : " wgmma BM128";
   return cuda::moe_tile_rows(T, s.E, s.K) == 16 ? " BM16" : " BM64";
 }
 
@@ -360,8 +366,10 @@ void check_case(const Shape& s, int64_t T, uint64_t seed, cuda::MoeGemmPath path
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;
   const GpuRun g = run_gpu(L, xn, x0, T, scr, path);
+  const cuda::MoeGemmPath r = resolved(s, T, path, fp8);
   check_against_cpu(L, xn, x0, T, g, name_of(s, T) + path_name(s, T, path, fp8),
-                    fp8 && resolved(s, T, path, fp8) == cuda::MoeGemmPath::Wgmma);
+                    fp8 && (r == cuda::MoeGemmPath::Wgmma || r == cuda::MoeGemmPath::Wgmma256),
+                    fp8 && r == cuda::MoeGemmPath::Wgmma256);
 }
 
 TEST(GpuMoe, GroupedMoeMatchesCpuReferenceAtSmallWidths) {
@@ -568,7 +576,8 @@ TEST(GpuMoe, Fp8ExpertsMatchCpuReferenceAtM3Widths) {
     const auto xn = gpu_test::rand_vec(size_t(T * m3.H)), x0 = gpu_test::rand_vec(size_t(T * m3.H));
     const GpuRun g = run_gpu(L, xn, x0, T, scr);
     check_against_cpu(L, xn, x0, T, g, name_of(m3, T) + path_name(m3, T, cuda::MoeGemmPath::Auto, true),
-                      resolved(m3, T, cuda::MoeGemmPath::Auto, true) == cuda::MoeGemmPath::Wgmma);
+                      resolved(m3, T, cuda::MoeGemmPath::Auto, true) != cuda::MoeGemmPath::MmaSync,
+                      resolved(m3, T, cuda::MoeGemmPath::Auto, true) == cuda::MoeGemmPath::Wgmma256);
   }
 }
 
@@ -612,6 +621,51 @@ TEST(GpuMoe, Fp8WgmmaGemmsMatchCpuReferenceWithE4m3Activations) {
   check_case(Shape{6144, 128, 4, 3072, 3072}, 3, 326, wg, true);  // M3 widths
 }
 
+// The N = 256 FP8 kernels (MoeGemmPath::Wgmma256: two 128-column halves per tile, act in 1×128 blocks) against the
+// same CPU check with act quantised per 128: ragged tiles, idle halves, shared expert wider / narrower / absent, one
+// row, M3 widths; H must be a multiple of 256 (H = 384 is refused).
+TEST(GpuMoe, Fp8WideWgmmaGemmsMatchCpuReferenceWithE4m3Activations) {
+  M3_SKIP_WITHOUT_GPU();
+  const auto wide = cuda::MoeGemmPath::Wgmma256;
+  check_case(Shape{512, 16, 4, 128, 256}, 300, 331, wide, true);  // shared wider than the experts
+  check_case(Shape{512, 16, 4, 256, 128}, 150, 332, wide, true);  // shared narrower
+  check_case(Shape{256, 8, 2, 128, 0}, 100, 333, wide, true);     // no shared expert
+  check_case(Shape{256, 8, 2, 128, 128}, 1, 334, wide, true);     // one row
+  check_case(Shape{6144, 128, 4, 3072, 3072}, 3, 336, wide, true);  // M3 widths
+  EXPECT_FALSE(cuda::moe_wgmma_fp8_supported(384, 128, 128, true));
+  EXPECT_TRUE(cuda::moe_wgmma_fp8_supported(384, 128, 128, false));
+  Layer L(Shape{384, 8, 2, 128, 128}, 335, 0.f, 0.f, true);
+  const std::vector<float> xn(size_t(4 * 384), 0.5f), x0(size_t(4 * 384), 0.f);
+  cuda::MoeGroupedScratch scr;
+  EXPECT_THROW(run_gpu(L, xn, x0, 4, scr, wide), Error);
+}
+
+// At M3 widths the two FP8 wgmma tile widths differ only in act's scale blocks (1×64 vs 1×128): norm ratio.
+TEST(GpuMoe, Fp8WideAndNarrowWgmmaAgreeToActRoundingAtM3Widths) {
+  M3_SKIP_WITHOUT_GPU();
+  const Shape s{6144, 128, 4, 3072, 3072};
+  const int64_t T = 2500;
+  Layer L(s, 337, 0.f, 0.f, true);
+  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
+  cuda::MoeGroupedScratch scr;
+  const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Wgmma);
+  const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Wgmma256);
+  EXPECT_EQ(a.ids, b.ids);
+  const auto [bad, diff, delta] = diff_runs(a, b, x0);
+  EXPECT_EQ(bad, 0u);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.x.size(); ++i) {
+    num += (double(a.x[i]) - b.x[i]) * (double(a.x[i]) - b.x[i]);
+    den += (double(a.x[i]) - x0[i]) * (double(a.x[i]) - x0[i]);
+  }
+  const double rel = std::sqrt(num / den);
+  EXPECT_GT(den, 0.0);
+  EXPECT_LE(rel, 0.06);
+  std::printf("[gpu-op] moe_grouped fp8 experts T %lld at M3 widths: N=256 vs N=128 wgmma ||diff|| / ||moe out|| %.3g, "
+              "max|diff| %.3g of max|moe out| %.3g\n",
+              (long long)T, rel, diff, delta);
+}
+
 // A prefill-sized step at M3 widths (Auto takes the e4m3 wgmma path): against the W8A16 mma.sync path on the same
 // FP8 weights (f16 activations) the outputs differ by the e4m3 activation rounding (3 mantissa bits, ≈ 2–4 % per
 // element, averaging over K): asserted as a norm ratio; the rows whose experts run on several tiles are included.
@@ -645,6 +699,7 @@ TEST(GpuMoe, Fp8ExpertsCudaGraphReplayIsBitwiseEqualToEager) {
   M3_SKIP_WITHOUT_GPU();
   check_graph_replay(cuda::MoeGemmPath::Auto, true);
   check_graph_replay(cuda::MoeGemmPath::Wgmma, true);
+  check_graph_replay(cuda::MoeGemmPath::Wgmma256, true);
 }
 
 TEST(GpuMoe, Fp8ExpertsResultsDoNotDependOnOtherRowsInTheBatch) {

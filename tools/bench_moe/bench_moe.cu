@@ -31,6 +31,7 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/mlp_moe.cuh"
 #include "backend/cuda/moe_grouped.cuh"
+#include "backend/cuda/moe_grouped_wgmma.cuh"
 #include "bench_common/event_timer.h"
 
 namespace {
@@ -300,13 +301,19 @@ int main(int argc, char** argv) {
         if (fp8) {  // the FP8 experts' two paths: W8A16 mma.sync (f16 activations) and e4m3 wgmma
           const Timing fm = time_path(m3::cuda::MoeGemmPath::MmaSync, w8);
           const Timing fw = time_path(m3::cuda::MoeGemmPath::Wgmma, w8);
+          // The N = 256 kernels (act in 1 × 128 blocks) where H takes them.
+          const bool wide_ok = m3::cuda::moe_wgmma_fp8_supported(H, I, Is, true);
+          const Timing fx = wide_ok ? time_path(m3::cuda::MoeGemmPath::Wgmma256, w8) : Timing{};
           const double best16 = std::min(tm.median_us, tw.median_us);
-          char c[320];
-          std::snprintf(c, sizeof c, "| %lld | %.1f | %.1f | %.1f (%.1f %%) | %.1f | %.2f | %.2f | %s |", (long long)T,
-                        best16, fm.median_us, fw.median_us, 100.0 * fw.cv, flops / (fw.median_us * 1e6),
-                        fm.median_us / fw.median_us, best16 / fw.median_us,
-                        m3::cuda::moe_gemm_path(T, H, E, K, I, Is, true) == m3::cuda::MoeGemmPath::Wgmma ? "wgmma"
-                                                                                                       : "mma.sync");
+          const auto auto_path = m3::cuda::moe_gemm_path(T, H, E, K, I, Is, true);
+          char c[384];
+          std::snprintf(c, sizeof c, "| %lld | %.1f | %.1f | %.1f (%.1f %%) | %.1f | %.2f | %.2f | %.1f | %.2f | %s |",
+                        (long long)T, best16, fm.median_us, fw.median_us, 100.0 * fw.cv,
+                        flops / (fw.median_us * 1e6), fm.median_us / fw.median_us, best16 / fw.median_us,
+                        wide_ok ? fx.median_us : 0.0, wide_ok ? best16 / fx.median_us : 0.0,
+                        auto_path == m3::cuda::MoeGemmPath::Wgmma256 ? "wgmma N=256"
+                        : auto_path == m3::cuda::MoeGemmPath::Wgmma  ? "wgmma"
+                                                                     : "mma.sync");
           fp8_paths.push_back(c);
         }
       }
@@ -351,8 +358,8 @@ int main(int argc, char** argv) {
     if (fp8) {
       std::printf("\nFP8 experts at prefill sizes, both GEMM paths forced (graph of rotated calls, median µs per call; "
                   "TFLOP/s on the routed + shared FLOPs):\n\n| T | bf16 best µs | fp8 mma.sync (W8A16, f16 act) µs | "
-                  "fp8 wgmma (e4m3 act) µs (CV) | wgmma TFLOP/s | mma.sync / wgmma | bf16 best / fp8 wgmma | Auto |\n"
-                  "|---|---|---|---|---|---|---|---|\n");
+                  "fp8 wgmma (e4m3 act) µs (CV) | wgmma TFLOP/s | mma.sync / wgmma | bf16 best / fp8 wgmma | "
+                  "fp8 wgmma N=256 µs | bf16 best / N=256 | Auto |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
       for (const auto& l : fp8_paths) std::printf("%s\n", l.c_str());
       std::printf("\nbf16 vs FP8 experts (each on its Auto path: moe_gemm_path; graph of rotated calls, median "
                   "µs per call). GB/s = (unique expert bytes read + router + activations) / time; copy ceiling %.0f "

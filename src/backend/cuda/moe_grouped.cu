@@ -8,6 +8,8 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <type_traits>
 
@@ -658,7 +660,13 @@ int moe_tile_rows(int64_t T, int64_t E, int64_t top_k) { return T * top_k <= 24 
 MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is, bool fp8) {
   const bool fits = fp8 ? moe_wgmma_fp8_supported(H, I, Is) : moe_wgmma_supported(H, I, Is);
   const int64_t min_rows = fp8 ? kMoeWgmmaFp8MinRowsPerExpert : kMoeWgmmaMinRowsPerExpert;
-  return fits && T * top_k >= min_rows * E ? MoeGemmPath::Wgmma : MoeGemmPath::MmaSync;
+  if (!(fits && T * top_k >= min_rows * E)) return MoeGemmPath::MmaSync;
+  // M3_MOE_FP8_WIDE=1 (A/B until measured): FP8 experts on the N = 256 kernels where the widths take them.
+  static const bool wide = [] {
+    const char* e = std::getenv("M3_MOE_FP8_WIDE");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return fp8 && wide && moe_wgmma_fp8_supported(H, I, Is, true) ? MoeGemmPath::Wgmma256 : MoeGemmPath::Wgmma;
 }
 
 void moe_reserve(MoeGroupedScratch& s, int64_t T_max, int64_t H, int64_t E, int64_t top_k, int64_t I, int64_t Is) {
@@ -723,11 +731,13 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
   M3_CUDA_LAUNCH_CHECK();
   mark(1);
   if (path == MoeGemmPath::Auto) path = moe_gemm_path(T, H, E, K, I, Is, fp8);
-  M3_CUDA_REQUIRE(path != MoeGemmPath::Wgmma ||
-                      (fp8 ? moe_wgmma_fp8_supported(H, I, Is) : moe_wgmma_supported(H, I, Is)),
+  if (path == MoeGemmPath::Wgmma256 && !fp8) path = MoeGemmPath::Wgmma;  // bf16 tiles are N = 256 already
+  const bool wide = path == MoeGemmPath::Wgmma256;
+  M3_CUDA_REQUIRE(path == MoeGemmPath::MmaSync ||
+                      (fp8 ? moe_wgmma_fp8_supported(H, I, Is, wide) : moe_wgmma_supported(H, I, Is)),
                   "moe_grouped_forward: the wgmma GEMMs do not take H %lld, I %lld, shared I %lld%s", (long long)H,
-                  (long long)I, (long long)Is, fp8 ? " (FP8 experts)" : "");
-  const bool wgmma = path == MoeGemmPath::Wgmma;
+                  (long long)I, (long long)Is, fp8 ? (wide ? " (FP8 experts, N = 256 tiles)" : " (FP8 experts)") : "");
+  const bool wgmma = path == MoeGemmPath::Wgmma || wide;
   const int BM = wgmma ? kMoeWgmmaRows : moe_tile_rows(T, E, K);
   route_kernel<<<unsigned((T + 7) / 8), 256, 0, s>>>(scr.logits.get(), int(T), int(E), int(K), w.router_bias,
                                                      w.routed_scale, scr.ids.get(), scr.weights.get(),
@@ -771,8 +781,9 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
     rt.cap_rows = TK + (shared ? T : 0);
     rt.cap_tiles = max_tiles(T, E, K, kMoeWgmmaRows, shared);
     if (fp8) {
-      // FP8 experts: xg as e4m3 + 1x128 scales (from the router's f16 xn) in y's bytes, act with 1x64 scales in
-      // act's ([rows, ld] codes, then [rows, ld / 64] scales: 1.0625 bytes per element where y holds 4 and act 2).
+      // FP8 experts: xg as e4m3 + 1x128 scales (from the router's f16 xn) in y's bytes, act with 1x64 (wide: 1x128)
+      // scales in act's ([rows, ld] codes, then [rows, ld / 64] scales at most: 1.0625 bytes per element where y
+      // holds 4 and act 2).
       uint8_t* xq = reinterpret_cast<uint8_t*>(scr.y.get());
       float* xs = reinterpret_cast<float*>(xq + rt.cap_rows * H);
       uint8_t* aq = reinterpret_cast<uint8_t*>(scr.act.get());
@@ -782,9 +793,9 @@ void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T,
       const MoeWgmmaFp8Weights dn{w.down8, w.down8_scales, shared ? w.shared_down8 : nullptr,
                                   shared ? w.shared_down8_scales : nullptr};
       moe_gather_quant_rows(scr.xb.get(), H, rt, xq, xs, s);
-      moe_gate_up_wgmma_fp8(xq, xs, H, gu, I, Is, w.alpha, w.limit, rt, aq, as, p.ld_act, s);
+      moe_gate_up_wgmma_fp8(xq, xs, H, gu, I, Is, w.alpha, w.limit, rt, aq, as, p.ld_act, s, wide);
       mark(3);
-      moe_down_wgmma_fp8(aq, as, p.ld_act, dn, H, I, Is, rt, scr.y.get(), s);
+      moe_down_wgmma_fp8(aq, as, p.ld_act, dn, H, I, Is, rt, scr.y.get(), s, wide);
     } else {
       __nv_bfloat16* xg = reinterpret_cast<__nv_bfloat16*>(scr.y.get());
       moe_gather_rows(scr.xb.get(), H, rt, xg, s);

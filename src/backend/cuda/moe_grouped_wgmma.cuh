@@ -74,22 +74,25 @@ struct MoeWgmmaFp8Weights {
   const float* shared_scales = nullptr;
 };
 
-// True when the FP8 wgmma path takes these widths: H, I and Is multiples of 128.
-bool moe_wgmma_fp8_supported(int64_t H, int64_t I, int64_t Is);
+// True when the FP8 wgmma path takes these widths: H, I and Is multiples of 128 (wide: H a multiple of 256).
+bool moe_wgmma_fp8_supported(int64_t H, int64_t I, int64_t Is, bool wide = false);
 
 // xq[r] = quantise_1x128(xb[row_tok[r]]) with scales xs [rows, H / 128], for r < offsets[E + 1]. xb_f16: [·, H] f16
 // (the router's copy of xn for FP8 experts).
 void moe_gather_quant_rows(const void* xb_f16, int64_t H, const MoeWgmmaRouting& rt, uint8_t* xq, float* xs,
                            cudaStream_t s);
 
-// act = quantise_1x64(SwiGLU-OAI(xg · gate_gᵀ, xg · up_gᵀ)) for every grouped row; act_q [rows, ld_act] e4m3,
-// act_s [rows, ld_act / 64].
+// act = quantise_1xB(SwiGLU-OAI(xg · gate_gᵀ, xg · up_gᵀ)) for every grouped row; act_q [rows, ld_act] e4m3,
+// act_s [rows, ld_act / B]. B = 64 with N = 128 tiles; wide (N = 256 tiles, H % 256): B = 128, and the down GEMM
+// must then be the wide one too (it reads act's scales per 128). Wide: opt-in (MoeGemmPath::Wgmma256) — written
+// 2026-12-03e, compiled, not yet run on a GPU.
 void moe_gate_up_wgmma_fp8(const uint8_t* xq, const float* xs, int64_t H, const MoeWgmmaFp8Weights& gate_up, int64_t I,
                            int64_t Is, float alpha, float limit, const MoeWgmmaRouting& rt, uint8_t* act_q,
-                           float* act_s, int64_t ld_act, cudaStream_t s);
+                           float* act_s, int64_t ld_act, cudaStream_t s, bool wide = false);
 
 // y[row_slot[r]] = dequant(act[r, :I_g]) · down_gᵀ for every grouped row r.
 void moe_down_wgmma_fp8(const uint8_t* act_q, const float* act_s, int64_t ld_act, const MoeWgmmaFp8Weights& down,
-                        int64_t H, int64_t I, int64_t Is, const MoeWgmmaRouting& rt, float* y, cudaStream_t s);
+                        int64_t H, int64_t I, int64_t Is, const MoeWgmmaRouting& rt, float* y, cudaStream_t s,
+                        bool wide = false);
 
 }  // namespace m3::cuda
