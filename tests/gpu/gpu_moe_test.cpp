@@ -640,59 +640,49 @@ TEST(GpuMoe, Fp8WideWgmmaGemmsMatchCpuReferenceWithE4m3Activations) {
   EXPECT_THROW(run_gpu(L, xn, x0, 4, scr, wide), Error);
 }
 
-// At M3 widths the two FP8 wgmma tile widths differ only in act's scale blocks (1×64 vs 1×128): norm ratio.
-TEST(GpuMoe, Fp8WideAndNarrowWgmmaAgreeToActRoundingAtM3Widths) {
-  M3_SKIP_WITHOUT_GPU();
+// T = 2500 rows at M3 widths with FP8 experts through two GEMM paths: same routing, finite outputs, and the MoE
+// outputs within `tol` of each other as a norm ratio ‖a − b‖ / ‖a − x0‖ (what the two paths' activation rounding
+// allows; printed with the max difference).
+void check_paths_agree_at_m3_widths(uint64_t seed, cuda::MoeGemmPath pa, cuda::MoeGemmPath pb, const char* what,
+                                    double tol) {
   const Shape s{6144, 128, 4, 3072, 3072};
   const int64_t T = 2500;
-  Layer L(s, 337, 0.f, 0.f, true);
+  Layer L(s, seed, 0.f, 0.f, true);
   const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
   cuda::MoeGroupedScratch scr;
-  const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Wgmma);
-  const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Wgmma256);
-  EXPECT_EQ(a.ids, b.ids);
+  const GpuRun a = run_gpu(L, xn, x0, T, scr, pa);
+  const GpuRun b = run_gpu(L, xn, x0, T, scr, pb);
+  EXPECT_EQ(a.ids, b.ids) << what;
   const auto [bad, diff, delta] = diff_runs(a, b, x0);
-  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(bad, 0u) << what;
   double num = 0, den = 0;
   for (size_t i = 0; i < a.x.size(); ++i) {
     num += (double(a.x[i]) - b.x[i]) * (double(a.x[i]) - b.x[i]);
     den += (double(a.x[i]) - x0[i]) * (double(a.x[i]) - x0[i]);
   }
   const double rel = std::sqrt(num / den);
-  EXPECT_GT(den, 0.0);
-  EXPECT_LE(rel, 0.06);
-  std::printf("[gpu-op] moe_grouped fp8 experts T %lld at M3 widths: N=256 vs N=128 wgmma ||diff|| / ||moe out|| %.3g, "
-              "max|diff| %.3g of max|moe out| %.3g\n",
-              (long long)T, rel, diff, delta);
+  EXPECT_GT(den, 0.0) << what;
+  EXPECT_LE(rel, tol) << what;
+  std::printf("[gpu-op] moe_grouped fp8 experts T %lld at M3 widths: %s ||diff|| / ||moe out|| %.3g, max|diff| %.3g "
+              "of max|moe out| %.3g, tiles %d\n",
+              (long long)T, what, rel, diff, delta, b.tiles);
+}
+
+// At M3 widths the two FP8 wgmma tile widths differ only in act's scale blocks (1×64 vs 1×128).
+TEST(GpuMoe, Fp8WideAndNarrowWgmmaAgreeToActRoundingAtM3Widths) {
+  M3_SKIP_WITHOUT_GPU();
+  check_paths_agree_at_m3_widths(337, cuda::MoeGemmPath::Wgmma, cuda::MoeGemmPath::Wgmma256,
+                                 "N=256 vs N=128 wgmma", 0.06);
 }
 
 // A prefill-sized step at M3 widths (Auto takes the e4m3 wgmma path): against the W8A16 mma.sync path on the same
 // FP8 weights (f16 activations) the outputs differ by the e4m3 activation rounding (3 mantissa bits, ≈ 2–4 % per
-// element, averaging over K): asserted as a norm ratio; the rows whose experts run on several tiles are included.
+// element, averaging over K); the rows whose experts run on several tiles are included.
 TEST(GpuMoe, Fp8WgmmaAndMmaSyncPathsAgreeToE4m3RoundingAtM3Widths) {
   M3_SKIP_WITHOUT_GPU();
-  const Shape s{6144, 128, 4, 3072, 3072};
-  const int64_t T = 2500;
-  Layer L(s, 327, 0.f, 0.f, true);
-  ASSERT_EQ(cuda::moe_gemm_path(T, s.H, s.E, s.K, s.I, s.Is, true), cuda::MoeGemmPath::Wgmma);
-  const auto xn = gpu_test::rand_vec(size_t(T * s.H)), x0 = gpu_test::rand_vec(size_t(T * s.H));
-  cuda::MoeGroupedScratch scr;
-  const GpuRun a = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::MmaSync);
-  const GpuRun b = run_gpu(L, xn, x0, T, scr, cuda::MoeGemmPath::Auto);
-  EXPECT_EQ(a.ids, b.ids);
-  const auto [bad, diff, delta] = diff_runs(a, b, x0);
-  EXPECT_EQ(bad, 0u);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.x.size(); ++i) {
-    num += (double(a.x[i]) - b.x[i]) * (double(a.x[i]) - b.x[i]);
-    den += (double(a.x[i]) - x0[i]) * (double(a.x[i]) - x0[i]);
-  }
-  const double rel = std::sqrt(num / den);
-  EXPECT_GT(den, 0.0);
-  EXPECT_LE(rel, 0.06);
-  std::printf("[gpu-op] moe_grouped fp8 experts T %lld at M3 widths: e4m3 wgmma vs f16 mma.sync ||diff|| / ||moe out|| "
-              "%.3g, max|diff| %.3g of max|moe out| %.3g, tiles %d\n",
-              (long long)T, rel, diff, delta, b.tiles);
+  ASSERT_EQ(cuda::moe_gemm_path(2500, 6144, 128, 4, 3072, 3072, true), cuda::MoeGemmPath::Wgmma);
+  check_paths_agree_at_m3_widths(327, cuda::MoeGemmPath::MmaSync, cuda::MoeGemmPath::Auto,
+                                 "e4m3 wgmma vs f16 mma.sync", 0.06);
 }
 
 TEST(GpuMoe, Fp8ExpertsCudaGraphReplayIsBitwiseEqualToEager) {

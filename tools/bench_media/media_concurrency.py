@@ -20,18 +20,14 @@ Usage: media_concurrency.py --m3serve BIN --model DIR --template JINJA --jpegs D
 Python 3 standard library only.
 """
 import argparse
-import base64
 import http.client
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
-from media_ttft import metric_sums, post
+from media_ttft import jpeg_urls, metric_sums, post, start_server
 
 
 def stream(port, prompt, tokens, stamps):
@@ -93,26 +89,9 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--serve-arg", action="append", default=[])
     a = ap.parse_args()
-    files = sorted((os.path.join(a.jpegs, f) for f in os.listdir(a.jpegs) if f.endswith(".jpg")),
-                   key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
-    need = a.images * (a.requests + 1)
-    if len(files) < need:
-        raise SystemExit(f"need {need} JPEGs in {a.jpegs}, found {len(files)}")
-    urls = ["data:image/jpeg;base64," + base64.b64encode(open(f, "rb").read()).decode() for f in files[:need]]
-    proc = subprocess.Popen([a.m3serve, "serve", "--model", a.model, "--device", a.device, "--chat-template",
-                             a.template, "--served-model-name", "m3", "--host", "127.0.0.1", "--port", "0",
-                             "--max-model-len", "16384", "--no-enable-prefix-caching", "--max-body-bytes", "256MiB"]
-                            + a.serve_arg, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    urls = jpeg_urls(a, a.images * (a.requests + 1))
+    proc, port = start_server(a)
     try:
-        port = None
-        for line in proc.stdout:
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        if port is None:
-            raise SystemExit("server did not start")
-
         def image_request(r):
             parts = [{"type": "text", "text": f"What do these show? Request {r}-{time.time_ns()}."}]
             parts += [{"type": "image_url", "image_url": {"url": u}} for u in urls[r * a.images:(r + 1) * a.images]]

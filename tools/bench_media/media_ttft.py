@@ -63,6 +63,31 @@ def metric_sums(port):
     return out
 
 
+def start_server(a):
+    """`m3serve serve` on a free port with prefix caching off (a.m3serve, a.model, a.device, a.template,
+    a.serve_arg); returns (process, port)."""
+    proc = subprocess.Popen([a.m3serve, "serve", "--model", a.model, "--device", a.device, "--chat-template",
+                             a.template, "--served-model-name", "m3", "--host", "127.0.0.1", "--port", "0",
+                             "--max-model-len", "16384", "--no-enable-prefix-caching", "--max-body-bytes", "256MiB"]
+                            + a.serve_arg,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in proc.stdout:
+        m = re.search(r"listening on http://[^:]+:(\d+)", line)
+        if m:
+            return proc, int(m.group(1))
+    proc.terminate()
+    raise SystemExit("server did not start")
+
+
+def jpeg_urls(a, need):
+    """The first `need` JPEGs of a.jpegs (numbered img1.jpg, img2.jpg, …) as base64 data: URLs."""
+    files = sorted((os.path.join(a.jpegs, f) for f in os.listdir(a.jpegs) if f.endswith(".jpg")),
+                   key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
+    if len(files) < need:
+        raise SystemExit(f"need {need} JPEGs in {a.jpegs}, found {len(files)}")
+    return ["data:image/jpeg;base64," + base64.b64encode(open(f, "rb").read()).decode() for f in files[:need]]
+
+
 def delta(after, before, key):
     return after.get(key, 0.0) - before.get(key, 0.0)
 
@@ -79,27 +104,10 @@ def main():
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra `serve` argument, repeatable (e.g. --serve-arg=--media-threads --serve-arg=8)")
     a = ap.parse_args()
-    files = sorted((os.path.join(a.jpegs, f) for f in os.listdir(a.jpegs) if f.endswith(".jpg")),
-                   key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
-    need = a.images * (a.reps + 1)
-    if len(files) < need:
-        raise SystemExit(f"need {need} JPEGs in {a.jpegs}, found {len(files)}")
-    urls = ["data:image/jpeg;base64," + base64.b64encode(open(f, "rb").read()).decode() for f in files[:need]]
+    urls = jpeg_urls(a, a.images * (a.reps + 1))
 
-    proc = subprocess.Popen([a.m3serve, "serve", "--model", a.model, "--device", a.device, "--chat-template",
-                             a.template, "--served-model-name", "m3", "--host", "127.0.0.1", "--port", "0",
-                             "--max-model-len", "16384", "--no-enable-prefix-caching", "--max-body-bytes", "256MiB"]
-                            + a.serve_arg,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc, port = start_server(a)
     try:
-        port = None
-        for line in proc.stdout:
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        if port is None:
-            raise SystemExit("server did not start")
 
         def chat(parts):
             return post(port, "/v1/chat/completions",
