@@ -111,6 +111,42 @@ __device__ __forceinline__ void store_act_row(const Fp8Params& p, int64_t row, i
   if (quad_lead) p.act_s[row * (p.ld_act / kBlock) + col / kBlock] = sc;
 }
 
+// The gate/up epilogue: SwiGLU-OAI of kPairs column pairs per row (gate g[4j + e], up u[4j + e]; e < 2 row a, else
+// row b), each row's 2·kPairs values of this lane and its quad's others (kBlock act columns from col) quantised with
+// one scale (amax over the quad: two shuffles) and stored.
+template <int kPairs, int kBlock>
+__device__ __forceinline__ void act_epilogue(const Fp8Params& p, const float* g, const float* u, int r0, int row_a,
+                                             int row_b, int nrows, int col, int c0, int lane) {
+  float va[2 * kPairs], vb[2 * kPairs];
+  float ma = 0.f, mb = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    va[2 * j] = moe_wgmma::swiglu_oai(g[4 * j], u[4 * j], p.alpha, p.limit);
+    va[2 * j + 1] = moe_wgmma::swiglu_oai(g[4 * j + 1], u[4 * j + 1], p.alpha, p.limit);
+    vb[2 * j] = moe_wgmma::swiglu_oai(g[4 * j + 2], u[4 * j + 2], p.alpha, p.limit);
+    vb[2 * j + 1] = moe_wgmma::swiglu_oai(g[4 * j + 3], u[4 * j + 3], p.alpha, p.limit);
+    ma = fmaxf(ma, fmaxf(fabsf(va[2 * j]), fabsf(va[2 * j + 1])));
+    mb = fmaxf(mb, fmaxf(fabsf(vb[2 * j]), fabsf(vb[2 * j + 1])));
+  }
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, o));
+    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+  }
+  if (row_a < nrows) store_act_row<kPairs, kBlock>(p, r0 + row_a, col, c0, va, act_scale(ma), lane % 4 == 0);
+  if (row_b < nrows) store_act_row<kPairs, kBlock>(p, r0 + row_b, col, c0, vb, act_scale(mb), lane % 4 == 0);
+}
+
+// One 128-column half of a down tile's two rows (y0, y1: the rows' first columns of the half; null past the group's
+// end) from its accumulator d.
+__device__ __forceinline__ void store_y_half(float* y0, float* y1, const float* d) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if (y0) *reinterpret_cast<float2*>(y0 + 8 * j) = make_float2(d[4 * j], d[4 * j + 1]);
+    if (y1) *reinterpret_cast<float2*>(y1 + 8 * j) = make_float2(d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+
 // Each promotion block is waited for and promoted in turn. (A pipelined loop — a half's promotion under the next
 // half's MMAs, two partial tiles, 192 accumulator registers — measured 5–11 % slower:
 // bench/results/2026-12-03d-fp8-moe-wgmma-h200.md.)
@@ -274,72 +310,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
       const int c0 = 2 * (lane % 4);
-      if constexpr (kGateUp && kWide) {
-        // acc holds gate columns, acc1 the matching up columns: a row's 128 act values sit in one quad of lanes (32
-        // each), one 1 × 128 scale block.
-        float va[32], vb[32];
-        float ma = 0.f, mb = 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          va[2 * j] = moe_wgmma::swiglu_oai(acc[4 * j], acc1[4 * j], p.alpha, p.limit);
-          va[2 * j + 1] = moe_wgmma::swiglu_oai(acc[4 * j + 1], acc1[4 * j + 1], p.alpha, p.limit);
-          vb[2 * j] = moe_wgmma::swiglu_oai(acc[4 * j + 2], acc1[4 * j + 2], p.alpha, p.limit);
-          vb[2 * j + 1] = moe_wgmma::swiglu_oai(acc[4 * j + 3], acc1[4 * j + 3], p.alpha, p.limit);
-          ma = fmaxf(ma, fmaxf(fabsf(va[2 * j]), fabsf(va[2 * j + 1])));
-          mb = fmaxf(mb, fmaxf(fabsf(vb[2 * j]), fabsf(vb[2 * j + 1])));
-        }
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1) {
-          ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, o));
-          mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
-        }
-        const int col = n * 128;  // act column of this tile's first value
-        if (row_a < nrows) store_act_row<16, 128>(p, r0 + row_a, col, c0, va, act_scale(ma), lane % 4 == 0);
-        if (row_b < nrows) store_act_row<16, 128>(p, r0 + row_b, col, c0, vb, act_scale(mb), lane % 4 == 0);
-      } else if constexpr (kWide) {
-        float* y0 = row_a < nrows ? p.y + int64_t(p.row_slot[r0 + row_a]) * p.H + n * kBN + c0 : nullptr;
-        float* y1 = row_b < nrows ? p.y + int64_t(p.row_slot[r0 + row_b]) * p.H + n * kBN + c0 : nullptr;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          if (y0) {
-            *reinterpret_cast<float2*>(y0 + 8 * j) = make_float2(acc[4 * j], acc[4 * j + 1]);
-            *reinterpret_cast<float2*>(y0 + 128 + 8 * j) = make_float2(acc1[4 * j], acc1[4 * j + 1]);
-          }
-          if (y1) {
-            *reinterpret_cast<float2*>(y1 + 8 * j) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-            *reinterpret_cast<float2*>(y1 + 128 + 8 * j) = make_float2(acc1[4 * j + 2], acc1[4 * j + 3]);
-          }
-        }
-      } else if constexpr (kGateUp) {
-        // Columns 0–63 are gate, 64–127 the matching up: acc[4j + e] pairs with acc[4(j + 8) + e]. A row's 64 act
-        // values sit in one quad of lanes (16 each): its amax is two shuffles away.
-        float va[16], vb[16];
-        float ma = 0.f, mb = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          va[2 * j] = moe_wgmma::swiglu_oai(acc[4 * j], acc[4 * (j + 8)], p.alpha, p.limit);
-          va[2 * j + 1] = moe_wgmma::swiglu_oai(acc[4 * j + 1], acc[4 * (j + 8) + 1], p.alpha, p.limit);
-          vb[2 * j] = moe_wgmma::swiglu_oai(acc[4 * j + 2], acc[4 * (j + 8) + 2], p.alpha, p.limit);
-          vb[2 * j + 1] = moe_wgmma::swiglu_oai(acc[4 * j + 3], acc[4 * (j + 8) + 3], p.alpha, p.limit);
-          ma = fmaxf(ma, fmaxf(fabsf(va[2 * j]), fabsf(va[2 * j + 1])));
-          mb = fmaxf(mb, fmaxf(fabsf(vb[2 * j]), fabsf(vb[2 * j + 1])));
-        }
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1) {
-          ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, o));
-          mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
-        }
-        const int col = n * (kBN / 2);  // act column of this tile's first value
-        if (row_a < nrows) store_act_row<8, kQ>(p, r0 + row_a, col, c0, va, act_scale(ma), lane % 4 == 0);
-        if (row_b < nrows) store_act_row<8, kQ>(p, r0 + row_b, col, c0, vb, act_scale(mb), lane % 4 == 0);
+      if constexpr (kGateUp) {
+        // Wide: acc holds the gate columns and acc1 the matching up columns, a row's 128 act values in one quad of
+        // lanes (32 each), one 1 × 128 scale block. N = 128: columns 0–63 are gate, 64–127 the matching up
+        // (acc[4j + e] pairs with acc[4(j + 8) + e]), a row's 64 act values in one quad (16 each).
+        if constexpr (kWide)
+          act_epilogue<16, 128>(p, acc, acc1, r0, row_a, row_b, nrows, n * 128, c0, lane);
+        else
+          act_epilogue<8, kQ>(p, acc, acc + 32, r0, row_a, row_b, nrows, n * (kBN / 2), c0, lane);
       } else {
         float* y0 = row_a < nrows ? p.y + int64_t(p.row_slot[r0 + row_a]) * p.H + n * kBN + c0 : nullptr;
         float* y1 = row_b < nrows ? p.y + int64_t(p.row_slot[r0 + row_b]) * p.H + n * kBN + c0 : nullptr;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          if (y0) *reinterpret_cast<float2*>(y0 + 8 * j) = make_float2(acc[4 * j], acc[4 * j + 1]);
-          if (y1) *reinterpret_cast<float2*>(y1 + 8 * j) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-        }
+        store_y_half(y0, y1, acc);
+        if constexpr (kWide) store_y_half(y0 ? y0 + 128 : nullptr, y1 ? y1 + 128 : nullptr, acc1);
       }
     }
   }
