@@ -6,8 +6,10 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/msa_route.h"
 
 namespace m3::cpu {
 namespace {
@@ -253,6 +255,75 @@ TEST(AttentionDense, EqualsSparseWithEveryVisibleBlockSelected) {
   attention_sparse(q.data(), int64_t(pos.size()), Hq, pos.data(), c.kv(), c.table.data(), sel.data(), K, 0.3f,
                    b.data());
   EXPECT_EQ(a, b);
+}
+
+
+// The sparse prefill route (twin of the CUDA route kernel): a tile of 8 rows whose selections share their pages goes
+// to the union-tile kernel, one whose rows picked disjoint pages to the KV-block-major kernel; padding and blocks past
+// a row's local block do not count.
+TEST(MsaPrefillRoute, NarrowUnionsGoToTheUnionTileKernelAndWideOnesToKvBlockMajor) {
+  const int B = 128, K = 4, T = 16;
+  std::vector<int32_t> pos(T), seq(T, 0), pti = {0, 64}, pages(64);
+  for (int t = 0; t < T; ++t) pos[t] = 40 * B + t;  // local block 40
+  for (int b = 0; b < 64; ++b) pages[size_t(b)] = 1000 + b;
+  std::vector<int32_t> sel(size_t(T * K));
+  for (int t = 0; t < T; ++t) {
+    int32_t* r = &sel[size_t(t * K)];
+    if (t < 8) {  // tile 0: every row picks blocks 1, 2, 3 + its local 40 → 4 pages for 32 entries
+      r[0] = 1, r[1] = 2, r[2] = 3, r[3] = 40;
+    } else {  // tile 1: disjoint history blocks per row, one −1 and one block past local (not counted)
+      r[0] = 3 * (t - 8), r[1] = 3 * (t - 8) + 1, r[2] = t == 9 ? -1 : 3 * (t - 8) + 2, r[3] = t == 10 ? 41 : 40;
+    }
+  }
+  const auto route = msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages.data(), T, 1, K, B, 26);
+  ASSERT_EQ(route.size(), 2u);
+  EXPECT_EQ(route[0], 0);  // 4 · 100 ≤ 32 · 26
+  EXPECT_EQ(route[1], 1);  // ≈ 23 distinct pages for 30 entries
+  // Threshold 0 sends every non-empty tile to KV-block-major, a huge one none.
+  const auto all = msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages.data(), T, 1, K, B, 0);
+  EXPECT_EQ(all, (std::vector<uint8_t>{1, 1}));
+  const auto none = msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages.data(), T, 1, K, B, 1 << 20);
+  EXPECT_EQ(none, (std::vector<uint8_t>{0, 0}));
+}
+
+// The host's shortcut agrees with the route twin: on random steps of short sequences (fixed selections: every block of
+// each row, −1 padding) union_only() true means every tile routes to the union kernel; and it says true often enough
+// to matter and false on the steps it must (a row past top_k blocks).
+TEST(MsaPrefillRoute, UnionOnlyStepsRouteEveryTileToTheUnionKernel) {
+  std::mt19937 g(5);
+  const int B = 128, K = 16, Hkv = 2;
+  int said_true = 0, said_false = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int nseq = 1 + int(g() % 4);
+    std::vector<int32_t> pos, seq, pti = {0}, pages;
+    const bool long_row = trial % 7 == 0;  // one row with 17 blocks: only the device knows its selection
+    for (int s = 0; s < nseq; ++s) {
+      const int len = 1 + int(g() % 40), start = int(g() % (K * B - len));
+      const int npages = (start + len - 1) / B + 1 + (long_row ? 2 : 0);
+      for (int b = 0; b < npages; ++b) pages.push_back(int32_t(pages.size()) * 7 + 3);
+      pti.push_back(int32_t(pages.size()));
+      for (int i = 0; i < len; ++i) pos.push_back(start + i), seq.push_back(s);
+    }
+    if (long_row) pos.back() = K * B + 5;
+    const int64_t T = int64_t(pos.size());
+    std::vector<int32_t> sel(size_t(Hkv * T * K), -1);
+    for (int h = 0; h < Hkv; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        for (int b = 0; b <= std::min(pos[size_t(t)] / B, K - 1); ++b) sel[size_t((h * T + t) * K + b)] = b;
+    const bool only = msa_prefill_union_only(pos.data(), seq.data(), T, B, K, 26);
+    if (long_row) {
+      EXPECT_FALSE(only) << "trial " << trial;
+    }
+    const auto route = msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages.data(), T, Hkv, K, B, 26);
+    if (only) {
+      ++said_true;
+      for (size_t i = 0; i < route.size(); ++i) EXPECT_EQ(route[i], 0) << "trial " << trial << " tile " << i;
+    } else {
+      ++said_false;
+    }
+  }
+  EXPECT_GT(said_true, 50);
+  EXPECT_GT(said_false, 40);
 }
 
 }  // namespace

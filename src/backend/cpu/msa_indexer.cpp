@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/msa_route.h"
 #include "base/thread_pool.h"
 
 namespace m3::cpu {
@@ -64,6 +65,28 @@ void msa_topk(const float* scores, int64_t Tq, int Hidx, const int32_t* position
       for (int s = 0; s < top_k - 1; ++s) sel[s] = order[s];
       sel[top_k - 1] = local;
     }
+}
+
+std::vector<uint8_t> msa_prefill_route(const int32_t* selection, const int32_t* pos, const int32_t* row_seq,
+                                       const int32_t* pt_indptr, const int32_t* pt_pages, int64_t T, int Hkv,
+                                       int top_k, int block_size, int threshold_pct) {
+  const int64_t tiles = (T + kMsaRouteTileRows - 1) / kMsaRouteTileRows;
+  std::vector<uint8_t> route(size_t(tiles * Hkv), 0);
+  std::vector<int32_t> pages;
+  for (int64_t tile = 0; tile < tiles; ++tile)
+    for (int h = 0; h < Hkv; ++h) {
+      pages.clear();
+      for (int64_t t = tile * kMsaRouteTileRows; t < std::min<int64_t>(T, (tile + 1) * kMsaRouteTileRows); ++t)
+        for (int s = 0; s < top_k; ++s) {
+          const int32_t b = selection[(int64_t(h) * T + t) * top_k + s];
+          if (b >= 0 && b <= pos[t] / block_size) pages.push_back(pt_pages[pt_indptr[row_seq[t]] + b]);
+        }
+      const int64_t entries = int64_t(pages.size());
+      std::sort(pages.begin(), pages.end());
+      const int64_t distinct = std::unique(pages.begin(), pages.end()) - pages.begin();
+      route[size_t(tile * Hkv + h)] = uint8_t(distinct * 100 > entries * threshold_pct);
+    }
+  return route;
 }
 
 }  // namespace m3::cpu

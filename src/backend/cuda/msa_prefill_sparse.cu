@@ -4,15 +4,18 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cpu/msa_route.h"
+
 namespace m3::cuda {
 namespace {
 
 constexpr int kTok = 8, kB = 128;
+static_assert(kTok == cpu::kMsaRouteTileRows, "the route twin's tiles are the union kernel's");
 
-// One CTA of 128 threads per (tile of 8 rows, KV head); thread i = entry (row i / top_k, slot i % top_k) of the
-// tile's selections. E = valid entries; |U| = distinct physical pages among them, counted by inserting each page into
-// a 256-slot open-addressing set in shared memory (the inserting thread of a new key counts it): O(1) per entry
-// instead of comparing with every earlier entry.
+// CPU twin: cpu::msa_prefill_route (backend/cpu/msa_route.h). One CTA of 128 threads per (tile of 8 rows, KV head);
+// thread i = entry (row i / top_k, slot i % top_k) of the tile's selections. E = valid entries; |U| = distinct
+// physical pages among them, counted by inserting each page into a 256-slot open-addressing set in shared memory (the
+// inserting thread of a new key counts it): O(1) per entry instead of comparing with every earlier entry.
 __global__ void msa_route_kernel(const int32_t* selection, const int32_t* pos, const int32_t* row_seq,
                                  const int32_t* pt_indptr, const int32_t* pt_pages, int T, int Hkv, int top_k,
                                  int threshold_pct, uint8_t* route, int* routed) {
@@ -58,25 +61,8 @@ __global__ void msa_route_kernel(const int32_t* selection, const int32_t* pos, c
 
 bool MsaPrefillSparse::union_only(const std::vector<int32_t>& pos, const std::vector<int32_t>& row_seq,
                                   int block_size, int top_k, int threshold_pct) {
-  const size_t T = pos.size();
-  if (row_seq.size() != T || block_size <= 0) return false;
-  for (size_t t0 = 0; t0 < T; t0 += kTok) {
-    const size_t t1 = std::min(T, t0 + kTok);
-    int64_t entries = 0, union_bound = 0;
-    for (size_t t = t0; t < t1;) {  // rows of one sequence are consecutive
-      int32_t widest = 0;
-      const int32_t sq = row_seq[t];
-      for (; t < t1 && row_seq[t] == sq; ++t) {
-        const int32_t local = pos[t] / block_size;
-        if (pos[t] < 0 || local + 1 > top_k) return false;  // an indexer-chosen selection: only the device knows
-        entries += local + 1;
-        widest = std::max(widest, local + 1);
-      }
-      union_bound += widest;
-    }
-    if (union_bound * 100 > entries * threshold_pct) return false;
-  }
-  return true;
+  return pos.size() == row_seq.size() &&
+         cpu::msa_prefill_union_only(pos.data(), row_seq.data(), int64_t(pos.size()), block_size, top_k, threshold_pct);
 }
 
 void MsaPrefillSparse::plan(int64_t T, int num_kv_heads, int group, int head_dim, int block_size, int top_k,
