@@ -35,7 +35,8 @@ namespace {
 using namespace hopper;
 
 constexpr int kBM = kMoeWgmmaRows, kBK = 128, kThreads = 384;
-constexpr int kQ = 64;    // act's scale block along K with N = 128 tiles (down's promotion interval): a gate/up tile's
+constexpr int kQ = 64;    // act's scale block with N = 128 tiles (down's promotion interval): a gate/up tile's 64 act
+                          // columns
 constexpr int kQx = 128;  // x's scale block along K (gate/up's promotion interval: one K stage); act's with N = 256
 constexpr uint32_t kTileA = kBM * kBK;  // bytes per stage
 // The two tile widths (moe_grouped_wgmma.cuh, `wide`). N = 128: 6 stages of A + B [128 rows, 128 K]. N = 256 (wide):
@@ -314,10 +315,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Wide: acc holds the gate columns and acc1 the matching up columns, a row's 128 act values in one quad of
         // lanes (32 each), one 1 × 128 scale block. N = 128: columns 0–63 are gate, 64–127 the matching up
         // (acc[4j + e] pairs with acc[4(j + 8) + e]), a row's 64 act values in one quad (16 each).
-        if constexpr (kWide)
-          act_epilogue<16, 128>(p, acc, acc1, r0, row_a, row_b, nrows, n * 128, c0, lane);
-        else
-          act_epilogue<8, kQ>(p, acc, acc + 32, r0, row_a, row_b, nrows, n * (kBN / 2), c0, lane);
+        act_epilogue<kBN / 16, S::kActBlock>(p, acc, kWide ? acc1 : acc + 32, r0, row_a, row_b, nrows, n * (kBN / 2),
+                                             c0, lane);
       } else {
         float* y0 = row_a < nrows ? p.y + int64_t(p.row_slot[r0 + row_a]) * p.H + n * kBN + c0 : nullptr;
         float* y1 = row_b < nrows ? p.y + int64_t(p.row_slot[r0 + row_b]) * p.H + n * kBN + c0 : nullptr;
