@@ -73,7 +73,7 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
-constexpr int kE4m3Bytes01 = 0x1404, kE4m3Bytes23 = 0x3424, kE4m3Bytes02 = 0x2404, kE4m3Bytes13 = 0x3414;
+constexpr int kE4m3Bytes01 = 0x1404, kE4m3Bytes23 = 0x3424;
 
 // A [rows, 128] e4m3 tile in shared memory: a row is 128 bytes = 8 chunks of 16; chunk c of row r sits at chunk
 // c ^ (r & 7), so the 8 rows of one ldmatrix 8×8 (b16) matrix hit 8 distinct 16-byte bank groups.
