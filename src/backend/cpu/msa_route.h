@@ -32,8 +32,9 @@ inline bool msa_prefill_union_only(const int32_t* pos, const int32_t* row_seq, i
       int32_t widest = 0;
       const int32_t sq = row_seq[t];
       for (; t < t1 && row_seq[t] == sq; ++t) {
-        if (pos[t] < 0 || pos[t] / block_size + 1 > top_k) return false;
-        const int32_t n = pos[t] / block_size + 1;
+        if (pos[t] < 0) return false;
+        const int32_t n = pos[t] / block_size + 1;  // the row's blocks
+        if (n > top_k) return false;
         entries += n;
         widest = std::max(widest, n);
       }
