@@ -196,6 +196,31 @@ TEST(TokenizerErrors, UnsupportedComponentsAreNamed) {
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), Error);
 }
 
+// Token ids in tokenizer.json must be integers in [0, 2^24): a float (fuzz_tokenizer found 4.4e79, whose conversion
+// to an integer was undefined), a negative, a too-large or a string id is an Error naming the token.
+TEST(TokenizerErrors, TokenIdsMustBeIntegersInRange) {
+  auto expect_error = [](const json& j, const std::string& needle) {
+    try {
+      Tokenizer::from_json(j.dump());
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const auto base = test::byte_level_tokenizer({}, json::array());
+  const std::string key = base["model"]["vocab"].begin().key();
+  for (const json& bad : {json(4.4e79), json(1.5), json(-1), json(int64_t(1) << 24), json("7")}) {
+    auto j = base;
+    j["model"]["vocab"][key] = bad;
+    expect_error(j, "the vocab id of " + json(key).dump());
+  }
+  auto j = base;
+  j["added_tokens"] = json::array({{{"id", 2.0e30}, {"content", "<x>"}, {"special", true}}});
+  expect_error(j, "the id of added token \"<x>\"");
+  j["added_tokens"][0]["id"] = uint64_t(1) << 63;
+  expect_error(j, "the id of added token \"<x>\"");
+}
+
 TEST(TokenizerInput, InvalidUtf8IsReplacedNotCrashed) {
   auto t = load(test::byte_level_tokenizer({}, json::array()));
   auto ids = t.encode(std::string("a\xFF\xC3", 3));

@@ -160,7 +160,7 @@ void parse_post_processor(const json& j, const TokenizerImpl& t, PostProcessor& 
       std::string name = piece.at("SpecialToken").at("id").get<std::string>();
       std::vector<int32_t> ids;
       if (specials.contains(name)) {
-        for (auto& x : specials[name].at("ids")) ids.push_back(x.get<int32_t>());
+        for (auto& x : specials[name].at("ids")) ids.push_back(json_token_id(x, "the post_processor id of", name));
       } else {
         ids.push_back(id_of(name));
       }
@@ -170,8 +170,8 @@ void parse_post_processor(const json& j, const TokenizerImpl& t, PostProcessor& 
     return;
   }
   if (type == "BertProcessing" || type == "RobertaProcessing") {
-    post.prefix.push_back(j.at("cls").at(1).get<int32_t>());
-    post.suffix.push_back(j.at("sep").at(1).get<int32_t>());
+    post.prefix.push_back(json_token_id(j.at("cls").at(1), "post_processor.cls's id"));
+    post.suffix.push_back(json_token_id(j.at("sep").at(1), "post_processor.sep's id"));
     return;
   }
   fail("tokenizer: unsupported post_processor type \"{}\"", type);
@@ -576,14 +576,13 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
 
     for (auto& a : j.value("added_tokens", json::array())) {
       tok::AddedToken t;
-      t.id = a.at("id").get<int32_t>();
       t.content = a.at("content").get<std::string>();
+      t.id = tok::json_token_id(a.at("id"), "the id of added token", t.content);
       t.single_word = a.value("single_word", false);
       t.lstrip = a.value("lstrip", false);
       t.rstrip = a.value("rstrip", false);
       t.normalized = a.value("normalized", !a.value("special", false));
       t.special = a.value("special", false);
-      if (t.id < 0 || t.id >= (1 << 24)) fail("tokenizer: added token {:?} has an id out of range", t.content);
       if (t.content.empty()) continue;
       impl->added_by_id[t.id] = impl->added.size();
       impl->added_by_content.emplace(t.content, t.id);

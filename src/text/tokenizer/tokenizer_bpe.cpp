@@ -99,6 +99,15 @@ std::string opt_string(const json& j, const char* key) {
 
 }  // namespace
 
+int32_t json_token_id(const json& v, std::string_view what, std::string_view name) {
+  constexpr int64_t kMaxId = int64_t(1) << 24;
+  if (v.is_number_unsigned() ? v.get<uint64_t>() >= uint64_t(kMaxId)
+                             : !v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kMaxId)
+    fail("tokenizer: {}{}{} must be an integer token id in [0, {}), got {}", what, name.empty() ? "" : " ",
+         name.empty() ? std::string() : json(std::string(name)).dump(), kMaxId, v.dump());
+  return int32_t(v.get<int64_t>());
+}
+
 void FlatStrMap::build(const std::unordered_map<std::string, int32_t>& m) {
   size_t cap = 16;
   while (cap < m.size() * 2) cap <<= 1;
@@ -143,10 +152,9 @@ BpeModel::BpeModel(const json& m, bool byte_level) : byte_level_(byte_level), ca
   vocab_.reserve(vocab.size() * 2);
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id >= (1 << 24)) fail("tokenizer: vocab id {} out of range", id);
-    vocab_[it.key()] = int32_t(id);
-    max_id = std::max(max_id, int32_t(id));
+    const int32_t id = json_token_id(it.value(), "the vocab id of", it.key());
+    vocab_[it.key()] = id;
+    max_id = std::max(max_id, id);
   }
   id_to_token_.assign(size_t(max_id + 1), std::string());
   for (auto& [k, v] : vocab_) id_to_token_[size_t(v)] = k;

@@ -18,6 +18,11 @@ namespace m3::tok {
 
 using json = nlohmann::json;
 
+// A token id read from tokenizer.json: an integer in [0, 2^24). Anything else — a float, a string, a number out of
+// range — throws Error naming `what` (and the token `name`, when given; formatted only then); never a float-to-integer
+// conversion (undefined for values beyond the type, found by fuzz_tokenizer).
+int32_t json_token_id(const json& v, std::string_view what, std::string_view name = {});
+
 // ---------------------------------------------------------------- UTF-8
 // Length of the valid UTF-8 sequence starting at s[i] (1..4), or 0 when it is invalid/incomplete there.
 size_t utf8_valid_len(std::string_view s, size_t i);
