@@ -12,8 +12,10 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fp8.h"
@@ -675,14 +677,19 @@ TEST(GpuMoe, Fp8WideAndNarrowWgmmaAgreeToActRoundingAtM3Widths) {
                                  "N=256 vs N=128 wgmma", 0.06);
 }
 
-// A prefill-sized step at M3 widths (Auto takes the e4m3 wgmma path): against the W8A16 mma.sync path on the same
-// FP8 weights (f16 activations) the outputs differ by the e4m3 activation rounding (3 mantissa bits, ≈ 2–4 % per
-// element, averaging over K); the rows whose experts run on several tiles are included.
+// A prefill-sized step at M3 widths (Auto takes the e4m3 wgmma path, N = 256 unless M3_MOE_FP8_WIDE=0): against the
+// W8A16 mma.sync path on the same FP8 weights (f16 activations) the outputs differ by the e4m3 activation rounding
+// (3 mantissa bits, ≈ 2–4 % per element, averaging over K); the rows whose experts run on several tiles are included.
 TEST(GpuMoe, Fp8WgmmaAndMmaSyncPathsAgreeToE4m3RoundingAtM3Widths) {
   M3_SKIP_WITHOUT_GPU();
-  ASSERT_EQ(cuda::moe_gemm_path(2500, 6144, 128, 4, 3072, 3072, true), cuda::MoeGemmPath::Wgmma);
+  const char* wide_env = std::getenv("M3_MOE_FP8_WIDE");
+  const bool wide = !(wide_env && std::string(wide_env) == "0");
+  ASSERT_EQ(cuda::moe_gemm_path(2500, 6144, 128, 4, 3072, 3072, true),
+            wide ? cuda::MoeGemmPath::Wgmma256 : cuda::MoeGemmPath::Wgmma);
   check_paths_agree_at_m3_widths(327, cuda::MoeGemmPath::MmaSync, cuda::MoeGemmPath::Auto,
-                                 "e4m3 wgmma vs f16 mma.sync", 0.06);
+                                 "e4m3 wgmma (Auto) vs f16 mma.sync", 0.06);
+  check_paths_agree_at_m3_widths(328, cuda::MoeGemmPath::MmaSync, cuda::MoeGemmPath::Wgmma,
+                                 "e4m3 wgmma N=128 vs f16 mma.sync", 0.06);
 }
 
 TEST(GpuMoe, Fp8ExpertsCudaGraphReplayIsBitwiseEqualToEager) {

@@ -661,10 +661,11 @@ MoeGemmPath moe_gemm_path(int64_t T, int64_t H, int64_t E, int64_t top_k, int64_
   const bool fits = fp8 ? moe_wgmma_fp8_supported(H, I, Is) : moe_wgmma_supported(H, I, Is);
   const int64_t min_rows = fp8 ? kMoeWgmmaFp8MinRowsPerExpert : kMoeWgmmaMinRowsPerExpert;
   if (!(fits && T * top_k >= min_rows * E)) return MoeGemmPath::MmaSync;
-  // M3_MOE_FP8_WIDE=1 (A/B until measured): FP8 experts on the N = 256 kernels where the widths take them.
+  // FP8 experts take the N = 256 kernels where the widths allow: 1.06 / 1.13 / 1.18× the N = 128 ones at T = 512 /
+  // 2048 / 8192 at M3 widths (bench/results/2026-12-03f-h200.md). M3_MOE_FP8_WIDE=0 keeps N = 128 (A/B).
   static const bool wide = [] {
     const char* e = std::getenv("M3_MOE_FP8_WIDE");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
   }();
   return fp8 && wide && moe_wgmma_fp8_supported(H, I, Is, true) ? MoeGemmPath::Wgmma256 : MoeGemmPath::Wgmma;
 }

@@ -85,8 +85,8 @@ struct MoeStageEvents {
 };
 // Which kernels run the two grouped GEMMs: the mma.sync ones of this file (16- or 64-row tiles), or the wgmma ones
 // of moe_grouped_wgmma.cuh (128-row tiles, for long prefills). Auto: moe_gemm_path. Wgmma256: for FP8 experts the
-// wgmma kernels with N = 256 tiles and act in 1 × 128 blocks (moe_grouped_wgmma.cuh, `wide`; written 2026-12-03e and
-// not yet measured, so Auto picks it only with M3_MOE_FP8_WIDE=1); bf16 experts take it as Wgmma.
+// wgmma kernels with N = 256 tiles and act in 1 × 128 blocks (moe_grouped_wgmma.cuh, `wide`; Auto's FP8 choice where
+// H % 256 == 0, M3_MOE_FP8_WIDE=0 turns it off); bf16 experts take it as Wgmma.
 enum class MoeGemmPath : uint8_t { Auto, MmaSync, Wgmma, Wgmma256 };
 
 void moe_grouped_forward(const MoeGroupedWeights& w, const float* xn, int64_t T, int64_t H, float* x,

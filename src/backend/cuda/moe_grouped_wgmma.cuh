@@ -84,8 +84,8 @@ void moe_gather_quant_rows(const void* xb_f16, int64_t H, const MoeWgmmaRouting&
 
 // act = quantise_1xB(SwiGLU-OAI(xg · gate_gᵀ, xg · up_gᵀ)) for every grouped row; act_q [rows, ld_act] e4m3,
 // act_s [rows, ld_act / B]. B = 64 with N = 128 tiles; wide (N = 256 tiles, H % 256): B = 128, and the down GEMM
-// must then be the wide one too (it reads act's scales per 128). Wide: opt-in (MoeGemmPath::Wgmma256) — written
-// 2026-12-03e, compiled, not yet run on a GPU.
+// must then be the wide one too (it reads act's scales per 128). Wide: MoeGemmPath::Wgmma256, Auto's FP8 choice where
+// H % 256 == 0 (tested and measured on the H200 2026-12-03f).
 void moe_gate_up_wgmma_fp8(const uint8_t* xq, const float* xs, int64_t H, const MoeWgmmaFp8Weights& gate_up, int64_t I,
                            int64_t Is, float alpha, float limit, const MoeWgmmaRouting& rt, uint8_t* act_q,
                            float* act_s, int64_t ld_act, cudaStream_t s, bool wide = false);
