@@ -54,6 +54,7 @@ void GpuStepProfile::start_step(bool decode) {
   if ((steps_[0] + steps_[1]) > 0 && (steps_[0] + steps_[1]) % 500 == 0) spdlog::info("gpu step profile: {}", report());
   used_ = 0;
   cats_.clear();
+  host_s_.clear();
   pending_ = true;
   pending_decode_ = decode;
 }
@@ -71,6 +72,7 @@ void GpuStepProfile::record(Cat c, cudaStream_t s) {
   M3_CUDA_CHECK(cudaEventRecordWithFlags(events_[used_], s,
                                          cap == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0));
   cats_.push_back(int8_t(c));
+  if (cap != cudaStreamCaptureStatusActive) host_s_.push_back(now_s());
   ++used_;
 }
 
@@ -85,7 +87,8 @@ void GpuStepProfile::collect() {
     ++untimed_;
     return;
   }
-  std::array<double, kCount> step{};
+  std::array<double, kCount> step{}, host{}, wait{};
+  const bool eager = host_s_.size() == used_;
   double total = 0;
   for (size_t i = 1; i < used_; ++i) {
     float ms = 0.f;
@@ -95,6 +98,14 @@ void GpuStepProfile::collect() {
       return;
     }
     step[size_t(cats_[i])] += ms;
+    if (eager) {
+      // The interval's work was queued by host time host_s_[i]; the GPU reached its start at `total` ms after event
+      // 0, which it executed no earlier than it was queued (host_s_[0]). So the GPU can have waited in this interval
+      // for at most (queued − reached), clipped to the interval: an upper bound, exact when the GPU was idle at 0.
+      const double queued = 1e3 * (host_s_[i] - host_s_[0]);
+      host[size_t(cats_[i])] += 1e3 * (host_s_[i] - host_s_[i - 1]);
+      wait[size_t(cats_[i])] += std::clamp(queued - total, 0.0, double(ms));
+    }
     total += ms;
     if (intervals_ && pending_decode_) {
       if (i == 1 && interval_cats_ != cats_) interval_cats_ = cats_, interval_ms_.assign(used_, 0.0), interval_steps_ = 0;
@@ -104,6 +115,11 @@ void GpuStepProfile::collect() {
   if (intervals_ && pending_decode_) ++interval_steps_;
   auto& acc = ms_[pending_decode_ ? 1 : 0];
   for (int c = 0; c < kCount; ++c) acc[size_t(c)] += step[size_t(c)];
+  if (eager) {
+    const size_t d = pending_decode_ ? 1 : 0;
+    for (size_t c = 0; c < size_t(kCount); ++c) host_ms_[d][c] += host[c], wait_ms_[d][c] += wait[c];
+    ++host_steps_[d];
+  }
   ++steps_[pending_decode_ ? 1 : 0];
   pending_gpu_ms_ = total;
 }
@@ -135,6 +151,16 @@ std::string GpuStepProfile::report() const {
     for (int c = 0; c < kCount; ++c)
       out += fmt::format(" {} {:.3f} ms ({:.0f}%)", name(Cat(c)), ms_[size_t(d)][size_t(c)] / double(steps_[size_t(d)]),
                          total > 0 ? 100.0 * ms_[size_t(d)][size_t(c)] / total : 0.0);
+    // M3_STEP_PROFILE=2: per eager step, the host's time to queue each category and the GPU's wait for it (≤).
+    if (intervals_ && host_steps_[size_t(d)]) {
+      const double n = double(host_steps_[size_t(d)]);
+      out += fmt::format(" [eager {} steps, host queue / gpu wait ≤ ms per step:", host_steps_[size_t(d)]);
+      for (int c = 0; c < kCount; ++c)
+        if (host_ms_[size_t(d)][size_t(c)] > 0)
+          out += fmt::format(" {} {:.3f} / {:.3f}", name(Cat(c)), host_ms_[size_t(d)][size_t(c)] / n,
+                             wait_ms_[size_t(d)][size_t(c)] / n);
+      out += "]";
+    }
   }
   if (busy_wall_ms_ > 0)
     out += fmt::format(" | gpu idle between back-to-back decode steps {:.1f}% ({:.0f} of {:.0f} ms)",

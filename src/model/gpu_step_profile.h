@@ -53,10 +53,15 @@ class GpuStepProfile {
   bool on_ = false;
   std::vector<cudaEvent_t> events_;  // reused across steps
   std::vector<int8_t> cats_;         // category of the interval ending at event i (i ≥ 1)
+  // Host clock at each record() of an eager step (empty for graph replays): how long the host took to queue each
+  // category, and an upper bound on how long the GPU waited for it (docs/ENGINE_STEP.md, "host-bound intervals").
+  std::vector<double> host_s_;
   size_t used_ = 0;
   bool pending_ = false, pending_decode_ = false;
   std::array<std::array<double, kCount>, 2> ms_{};  // [prefill, decode][cat]
   std::array<int64_t, 2> steps_{};
+  std::array<std::array<double, kCount>, 2> host_ms_{}, wait_ms_{};  // [prefill, decode][cat], eager steps only
+  std::array<int64_t, 2> host_steps_{};
   // GPU idle between decode steps, from the host clock: the wall time from one decode step's begin to the next
   // (when the next follows within 100 ms, i.e. the engine had work) against the first step's GPU time.
   double last_begin_s_ = -1.0, pending_gpu_ms_ = 0.0;
