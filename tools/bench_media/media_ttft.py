@@ -31,8 +31,9 @@ import time
 
 
 def post(port, path, body):
+    """POST `body` (a JSON value, or bytes already encoded); returns (seconds from send to the whole answer, answer)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    data = json.dumps(body).encode()
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
     t0 = time.perf_counter()
     c.request("POST", path, data, {"Content-Type": "application/json"})
     r = c.getresponse()
