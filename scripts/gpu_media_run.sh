@@ -54,10 +54,11 @@ if [ -n "$B" ] && [ -x "$S" ]; then
   # tokenise, submit), the serial sum with the engine's own TTFT, and client TTFT − engine TTFT per request kind.
   cat "$out/media_ttft.txt"
   # Does the engine wait for preprocessing? Text streams' inter-token latency while 8-image requests are decoded
-  # (media_concurrency.py) against the same streams alone.
+  # (media_concurrency.py: one reader process per stream, bodies encoded up front; streams capped at --tokens and
+  # closed when the images phase ends) against the same streams alone for as long.
   timeout 180 python3 tools/bench_media/media_concurrency.py --m3serve "$S" --model "$vl" \
     --template tests/chat_template/m3_format_synthetic.jinja --jpegs /tmp/m3-jpegs --images 8 --requests 3 \
-    --streams 4 --tokens 256 --device cuda --serve-arg=--media-threads --serve-arg=8 >"$out/media_conc.txt" 2>&1
+    --streams 4 --tokens 4096 --device cuda --serve-arg=--media-threads --serve-arg=8 >"$out/media_conc.txt" 2>&1
   echo "== media_concurrency (cuda, 4 streams, 3 × 8 × 1080p): rc $?"
   cat "$out/media_conc.txt"
 fi
