@@ -162,6 +162,8 @@ struct CudaExecutor::Impl {
   DeviceBuffer<float> x, xn, qkv, q, attn, iqk, iq, scores, hsel, logits;
   DeviceBuffer<uint16_t> qb, iqb, attnb;  // bf16 copies for the tensor-core kernels: q, index q, attention output
   DeviceBuffer<uint16_t> xnb;             // the normalised hidden rows in bf16: the input of the bf16 GEMMs
+  DeviceBuffer<uint8_t> xq8;              // FP8 prefill: xnb quantised per 1×128 by the norm (fp8_in), and its scales
+  DeviceBuffer<float> xs8;
   cuda::FfnScratch ffn;
   cuda::DenseAttention dense;
   cuda::MsaPrefill msa_prefill;
@@ -202,19 +204,41 @@ struct CudaExecutor::Impl {
   // (M3 shapes): FP8 weights at T ≤ 4 (the tensor-core e4m3 GEMV beats the W8A16 mma on every shape up to T = 4,
   // 1.1–1.8×, not at T = 8; bench/results/2026-12-03c-fp8-decode-h200.md), bf16 at T = 1 (2–6 % over cuBLASLt; from
   // T = 2 on cuBLASLt wins, bench/results/2026-12-03-gemv-h200.md). M3_GEMV=0 never, =1 for every T it supports (≤ 8).
+  // xq: xb already quantised by its writer (fp8_in), used where the projection takes cuBLASLt FP8×FP8.
   void proj(const uint16_t* xb, int64_t T, int64_t K, const DevMat& W, int64_t N, float* y, bool accumulate,
-            cudaStream_t s) {
+            cudaStream_t s, const cuda::Fp8ActOut* xq = nullptr) {
     if (W.fp8) {
       M3_CHECK(W.K == K && W.N == N, "CUDA executor: FP8 matrix [{}, {}] used as [{}, {}]", W.N, W.K, N, K);
       if (T <= gemv_max_rows(true) && cuda::gemv_supported(T, K, true))
         cuda::gemv_e4m3(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, s);
       else
-        f8gemm->proj(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, opt.fp8_lt_min_rows, s);
+        f8gemm->proj(xb, T, W.f8(), y, cuda::GemmOut::F32, accumulate, opt.fp8_lt_min_rows, s, xq);
     } else if (T <= gemv_max_rows(false) && cuda::gemv_supported(T, K, false)) {
       cuda::gemv_bf16(xb, T, K, static_cast<const uint16_t*>(W.get()), N, y, cuda::GemmOut::F32, accumulate, s);
     } else {
       gemm->nt_bf16(xb, T, K, W.get(), N, y, accumulate, s);
     }
+  }
+  // Whether proj() of T rows of W quantises its input for cuBLASLt FP8×FP8 — then the writer of the input (the RMS
+  // norm here, the SwiGLU inside run_mlp) does it in its own pass, bit-identical (docs/FP8.md §3).
+  bool fp8_in(const DevMat& W, int64_t T) const {
+    const bool gemv = T <= gemv_max_rows(true) && cuda::gemv_supported(T, W.K, true);
+    return cuda::fp8_fused_quant() && W.fp8 && W.K % 128 == 0 && !gemv &&
+           cuda::Fp8Gemm::proj_quantises(T, W.f8(), opt.fp8_lt_min_rows);
+  }
+  // The norm of x into xnb (bf16) and, when `quant`, into xq8 / xs8 per 1×128 as well (returned; else null).
+  const cuda::Fp8ActOut* norm_bf16(const float* xs, int64_t T, int64_t H, const float* w, bool quant,
+                                   cuda::Fp8ActOut& q, cudaStream_t s) {
+    if (!quant) {
+      cuda::rms_norm_gemma_bf16(xs, T, H, w, c.rms_norm_eps, xnb.get(), nullptr, s);
+      return nullptr;
+    }
+    const int64_t Tp = (T + 3) / 4 * 4;
+    xq8.grow(size_t(Tp * H));
+    xs8.grow(size_t(Tp * (H / 128)));
+    q = cuda::Fp8ActOut{xq8.get(), xs8.get(), Tp, Tp};
+    cuda::rms_norm_gemma_bf16_e4m3(xs, T, H, w, c.rms_norm_eps, xnb.get(), q, s);
+    return &q;
   }
   const int gemv_mode = [] {  // -1: the measured policy; 0: off; 1: every supported T
     const char* e = std::getenv("M3_GEMV");
@@ -680,7 +704,15 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
   }
   if (tc_decode || tc_prefill || tc_dense_prefill) qb.grow(size_t(T * Hq * D));
   if (tc_decode || tc_prefill || tc_dense_prefill || f8gemm) attnb.grow(size_t(T * Hq * D));
-  if (f8gemm) f8gemm->reserve(T, std::max<int64_t>({H, Hq * D, c.dense_intermediate_size, c.shared_intermediate_size}));
+  if (f8gemm) {
+    f8gemm->reserve(T, std::max<int64_t>({H, Hq * D, c.dense_intermediate_size, c.shared_intermediate_size}));
+    const int64_t Tp = (T + 3) / 4 * 4;  // the fused quantisation's buffers (norm_bf16, run_mlp's SwiGLU)
+    xq8.grow(size_t(Tp * H));
+    xs8.grow(size_t(Tp * ((H + 127) / 128)));
+    const int64_t I = std::max<int64_t>(c.dense_intermediate_size, c.shared_intermediate_size);
+    ffn.act_q8.grow(size_t(Tp * I));
+    ffn.act_s8.grow(size_t(Tp * ((I + 127) / 128)));
+  }
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   x.grow(size_t(T * H));
   xn.grow(size_t(T * H));
@@ -722,10 +754,13 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     // rounding afterwards (docs/ENGINE_STEP.md).
     const bool sparse_layer = c.attn_kinds[l] == AttnKind::Sparse && !dense_only;
     const bool q_bf16 = sparse_layer ? (tc_index || tc_prefill) : (tc_decode || tc_dense_prefill);
+    cuda::Fp8ActOut xq_mem{};
+    const cuda::Fp8ActOut* xq = nullptr;  // xnb in e4m3 (FP8 prefill), shared by the qkv and index projections
     if (act_bf16) {
-      cuda::rms_norm_gemma_bf16(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
+      const bool q_index = sparse_layer && fp8_in(L.w_index_qk, T);
+      xq = norm_bf16(x.get(), T, H, L.input_norm.get(), fp8_in(L.wqkv, T) || q_index, xq_mem, s);
       prof.mark(GpuStepProfile::kEmbedNorm, s);
-      proj(xnb.get(), T, H, L.wqkv, qkv_w, qkv.get(), false, s);
+      proj(xnb.get(), T, H, L.wqkv, qkv_w, qkv.get(), false, s, xq);
     } else {
       cuda::rms_norm_gemma(x.get(), T, H, L.input_norm.get(), c.rms_norm_eps, xn.get(), s);
       prof.mark(GpuStepProfile::kEmbedNorm, s);
@@ -756,7 +791,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     if (sparse_layer) {
       const int64_t iw = (Hi + 1) * Di;
       if (act_bf16)
-        proj(xnb.get(), T, H, L.w_index_qk, iw, iqk.get(), false, s);
+        proj(xnb.get(), T, H, L.w_index_qk, iw, iqk.get(), false, s, xq);
       else
         gemm->nt(xn.get(), T, H, L.w_index_qk.get(), wt, iw, iqk.get(), false, s);
       cuda::HeadsNormRopeArgs b;
@@ -873,8 +908,9 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     const bool shared_in_group =
         L.shared.I > 0 && (experts_fp8 ? L.shared.gate_up.fp8 && L.shared.down.fp8 : !shared_fp8);
     const bool shared_alone = c.mlp_kinds[l] != MlpKind::Dense && L.shared.I > 0 && !shared_in_group;
+    xq = nullptr;
     if (mlp_bf16)
-      cuda::rms_norm_gemma_bf16(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xnb.get(), nullptr, s);
+      xq = norm_bf16(x.get(), T, H, L.post_attn_norm.get(), fp8_in(L.mlp.gate_up, T), xq_mem, s);
     else if (shared_fp8 && shared_alone)
       cuda::rms_norm_gemma_bf16(x.get(), T, H, L.post_attn_norm.get(), c.rms_norm_eps, xnb.get(), xn.get(), s);
     else
@@ -883,7 +919,7 @@ void CudaExecutor::Impl::enqueue_forward(const StepRows& plan_rows, ForwardTrace
     if (c.mlp_kinds[l] == MlpKind::Dense) {
       const cuda::MlpDev m{L.mlp.gate_up.get(), L.mlp.down.get(), wt, L.mlp.I, L.mlp.gate_up.f8(), L.mlp.down.f8()};
       cuda::run_mlp(*gemm, m, xn.get(), T, H, c.swiglu_alpha, c.swiglu_limit, x.get(), true, ffn, s,
-                    mlp_bf16 ? xnb.get() : nullptr, f8gemm.get(), opt.fp8_lt_min_rows, gemv_mlp_rows(m.fp8()));
+                    mlp_bf16 ? xnb.get() : nullptr, f8gemm.get(), opt.fp8_lt_min_rows, gemv_mlp_rows(m.fp8()), xq);
       prof.mark(GpuStepProfile::kMlp, s);
     } else {
       cuda::MoeArgs m;

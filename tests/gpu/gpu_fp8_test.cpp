@@ -4,14 +4,18 @@
 // the twin. Outputs poisoned before each run; every element checked written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/fp8.h"
 #include "backend/cuda/fp8_gemm.cuh"
+#include "backend/cuda/mlp_moe.cuh"
+#include "backend/cuda/norm_rope.cuh"
 #include "base/counter_hash.h"
 #include "base/dtype.h"
+#include "base/error.h"
 #include "gpu_test_util.h"
 
 namespace m3 {
@@ -340,6 +344,106 @@ TEST(GpuFp8, ProjectionPicksItsKernelByRowsAndMatchesThatKernelsTwin) {
         expect_close(what + " accumulate", shape_str(T, sh.N, sh.K), ya.get(), ref2,
                      path == Fp8Path::Lt ? 1e-3 : 1e-4);
       }
+}
+
+// The fused writers of FP8×FP8 GEMM inputs (docs/FP8.md §3): the RMS norm and the SwiGLU quantise their bf16 output
+// per 1×128 in their own pass. Each must equal its two-pass form (the bf16 kernel, then fp8_quantize_act_1x128) bit for
+// bit — codes, scales and the padding rows — for T not a multiple of 4, a zero block, widths on the register path
+// (256, 6144) and beyond it (12288: the norm's fallback).
+template <typename T>
+size_t count_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  size_t n = a.size() == b.size() ? 0 : std::max(a.size(), b.size());
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
+  return n;
+}
+
+TEST(GpuFp8, NormWithFusedQuantisationEqualsNormThenQuantisation) {
+  M3_SKIP_WITHOUT_GPU();
+  for (int64_t D : {256, 6144, 12288})
+    for (int64_t T : {1, 5, 37}) {
+      const int64_t Tp = (T + 3) / 4 * 4, L = D / 128;
+      std::vector<float> x = gpu_test::rand_vec(size_t(T * D)), w = gpu_test::rand_vec(size_t(D));
+      for (int64_t k = 0; k < D; ++k) x[size_t(k)] *= 40.f;  // a row far from unit scale
+      Dev<float> dx(x), dw(w);
+      Dev<uint16_t> yb_ref(size_t(T * D)), yb(size_t(T * D));
+      Dev<uint8_t> q_ref(size_t(Tp * D)), q(size_t(Tp * D));
+      Dev<float> s_ref(size_t(L * Tp)), sc(size_t(L * Tp));
+      q.poison(), sc.poison(), yb.poison();
+      cuda::rms_norm_gemma_bf16(dx.p(), T, D, dw.p(), 1e-6f, yb_ref.p(), nullptr, nullptr);
+      cuda::fp8_quantize_act_1x128(yb_ref.p(), true, T, Tp, D, q_ref.p(), s_ref.p(), Tp, nullptr);
+      cuda::rms_norm_gemma_bf16_e4m3(dx.p(), T, D, dw.p(), 1e-6f, yb.p(), cuda::Fp8ActOut{q.p(), sc.p(), Tp, Tp},
+                                     nullptr);
+      const std::string what = "D=" + std::to_string(D) + " T=" + std::to_string(T);
+      EXPECT_EQ(count_diff(yb.get(), yb_ref.get()), 0u) << what;
+      EXPECT_EQ(count_diff(q.get(), q_ref.get()), 0u) << what;
+      EXPECT_EQ(count_diff(sc.get(), s_ref.get()), 0u) << what;
+      if (D <= 8192) {  // the register path may skip the bf16 output
+        Dev<uint8_t> q2(size_t(Tp * D));
+        Dev<float> s2(size_t(L * Tp));
+        q2.poison(), s2.poison();
+        cuda::rms_norm_gemma_bf16_e4m3(dx.p(), T, D, dw.p(), 1e-6f, nullptr, cuda::Fp8ActOut{q2.p(), s2.p(), Tp, Tp},
+                                       nullptr);
+        EXPECT_EQ(count_diff(q2.get(), q_ref.get()), 0u) << what << " without bf16";
+        EXPECT_EQ(count_diff(s2.get(), s_ref.get()), 0u) << what << " without bf16";
+      }
+      std::printf("[gpu-op] rms_norm_gemma_bf16_e4m3 %s: codes, scales, padding equal to norm + quantise\n",
+                  what.c_str());
+    }
+}
+
+TEST(GpuFp8, SwiGluWithFusedQuantisationEqualsSwiGluThenQuantisation) {
+  M3_SKIP_WITHOUT_GPU();
+  const float alpha = 1.702f, limit = 7.0f;
+  for (int64_t I : {128, 3072})
+    for (int64_t T : {1, 6, 37}) {
+      const int64_t Tp = (T + 3) / 4 * 4, L = I / 128;
+      std::vector<float> gu = gpu_test::rand_vec(size_t(T * 2 * I));
+      for (size_t i = 0; i < gu.size(); i += 7) gu[i] *= 12.f;  // beyond the clamp on both sides
+      for (int64_t k = 0; k < 128; ++k) gu[size_t(k)] = -1e4f;  // row 0's first block: gate far negative → act 0
+      Dev<float> dgu(gu);
+      // The two-pass form: the SwiGLU in fp32 rounded to bf16 (what run_mlp's bf16 SwiGLU writes), then quantised.
+      Dev<float> act32(size_t(T * I));
+      cuda::swiglu_oai(dgu.p(), T, I, alpha, limit, act32.p(), nullptr);
+      std::vector<float> a32 = act32.get();
+      std::vector<uint16_t> ab(a32.size());
+      for (size_t i = 0; i < a32.size(); ++i) ab[i] = f32_to_bf16(a32[i]);
+      Dev<uint16_t> dab(ab);
+      Dev<uint8_t> q_ref(size_t(Tp * I)), q(size_t(Tp * I));
+      Dev<float> s_ref(size_t(L * Tp)), sc(size_t(L * Tp));
+      q.poison(), sc.poison();
+      cuda::fp8_quantize_act_1x128(dab.p(), true, T, Tp, I, q_ref.p(), s_ref.p(), Tp, nullptr);
+      cuda::swiglu_oai_e4m3(dgu.p(), T, I, alpha, limit, cuda::Fp8ActOut{q.p(), sc.p(), Tp, Tp}, nullptr);
+      const std::string what = "I=" + std::to_string(I) + " T=" + std::to_string(T);
+      EXPECT_EQ(count_diff(q.get(), q_ref.get()), 0u) << what;
+      EXPECT_EQ(count_diff(sc.get(), s_ref.get()), 0u) << what;
+      std::printf("[gpu-op] swiglu_oai_e4m3 %s: codes, scales, padding equal to SwiGLU + quantise\n", what.c_str());
+    }
+}
+
+// Fp8Gemm::proj on a pre-quantised input (the fused writers' output) equals proj quantising xb itself, bit for bit;
+// a path other than cuBLASLt FP8 ignores xq, and no bf16 input for such a path is an error.
+TEST(GpuFp8, ProjectionOnPreQuantisedInputEqualsItsOwnQuantisation) {
+  M3_SKIP_WITHOUT_GPU();
+  cuda::Fp8Gemm g;
+  const int64_t N = 640, K = 1024, T = 150, Tp = 152;
+  const HostW h = convert(make_mx(N, K), Fp8Scale::Blk128);
+  Dev<uint8_t> dq(h.q), ds(h.s_bytes);
+  const cuda::Fp8Weight W{dq.p(), ds.p(), Fp8Scale::Blk128, N, K};
+  std::vector<float> xf;
+  Dev<uint16_t> dx(rand_bf16(size_t(T * K), &xf));
+  Dev<uint8_t> xq(size_t(Tp * K));
+  Dev<float> xs(size_t(K / 128 * Tp));
+  cuda::fp8_quantize_act_1x128(dx.p(), true, T, Tp, K, xq.p(), xs.p(), Tp, nullptr);
+  const cuda::Fp8ActOut pre{xq.p(), xs.p(), Tp, Tp};
+  ASSERT_TRUE(cuda::Fp8Gemm::proj_quantises(T, W, 16));
+  Dev<float> y1(size_t(T * N)), y2(size_t(T * N));
+  g.proj(dx.p(), T, W, y1.p(), GemmOut::F32, false, 16, nullptr);
+  g.proj(nullptr, T, W, y2.p(), GemmOut::F32, false, 16, nullptr, &pre);
+  EXPECT_EQ(count_diff(y1.get(), y2.get()), 0u);
+  const cuda::Fp8ActOut bad{xq.p(), xs.p(), Tp + 4, Tp + 4};
+  EXPECT_THROW(g.proj(nullptr, T, W, y2.p(), GemmOut::F32, false, 16, nullptr, &bad), Error);
+  EXPECT_FALSE(cuda::Fp8Gemm::proj_quantises(T, W, 0));
+  EXPECT_THROW(g.proj(nullptr, T, W, y2.p(), GemmOut::F32, false, 0, nullptr, &pre), Error);  // W8A16 needs xb
 }
 
 // FP8 dummy weights: every value is the bf16 dummy fill's uniform value quantised to e4m3 with the tensor's one

@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/e4m3_bf16.cuh"
 #include "backend/cuda/warp_mma.cuh"
 #include "base/counter_hash.h"
@@ -53,11 +55,6 @@ __device__ __forceinline__ int pow2_exponent_for_dev(float amax) {
   int S = ilogbf(amax) - 8;
   if (amax > __fmul_rn(448.0f, pow2_dev(S))) ++S;
   return S;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 // ---- W8A16 ------------------------------------------------------------------------------------------------------
@@ -592,13 +589,8 @@ __global__ void quant_act_kernel(const void* __restrict__ x, int64_t T, int64_t 
     const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + off);
     v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
   }
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  amax = warp_max(amax);
-  const float sc = amax > 0.f ? __fdiv_rn(amax, 448.0f) : 1.0f;
-  uint32_t packed = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) packed |= uint32_t(e4m3_rne_dev(__fdiv_rn(v[i], sc))) << (8 * i);
-  *qo = packed;
+  float sc;
+  *qo = quant_block128_warp(v, sc);
   if (lane == 0) s[kb * ld_s + t] = sc;
 }
 
@@ -875,12 +867,28 @@ void Fp8Gemm::blockscaled(const void* x, bool x_bf16, int64_t T, const Fp8Weight
   blockscaled_q(xq_.get(), xs_.get(), T, W, y, out, accumulate, s);
 }
 
+bool fp8_fused_quant() {
+  static const bool on = [] {
+    const char* e = std::getenv("M3_FP8_FUSED_QUANT");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 void Fp8Gemm::proj(const uint16_t* xb, int64_t T, const Fp8Weight& W, void* y, GemmOut out, bool accumulate,
-                   int64_t lt_min_rows, cudaStream_t s) {
-  switch (fp8_pick_path(T, W.N, W.K, lt_min_rows)) {
+                   int64_t lt_min_rows, cudaStream_t s, const Fp8ActOut* xq) {
+  const Fp8Path path = fp8_pick_path(T, W.N, W.K, lt_min_rows);
+  M3_CUDA_REQUIRE(xb || (xq && path == Fp8Path::Lt), "Fp8Gemm::proj: no bf16 input for the %s path",
+                  fp8_path_name(path));
+  switch (path) {
     case Fp8Path::W8Lines: return w8a16(xb, T, W, y, out, accumulate, s, 0, W8Kernel::Lines128);
     case Fp8Path::W8Chunk: return w8a16(xb, T, W, y, out, accumulate, s, 0, W8Kernel::Chunk64);
-    case Fp8Path::Lt: return blockscaled(xb, true, T, W, y, out, accumulate, s);
+    case Fp8Path::Lt:
+      if (!xq) return blockscaled(xb, true, T, W, y, out, accumulate, s);
+      M3_CUDA_REQUIRE(xq->q && xq->s && xq->T_pad == round_up(T, 4) && xq->ld_s == xq->T_pad,
+                      "Fp8Gemm::proj: the pre-quantised input must have T_pad = ld_s = %lld",
+                      (long long)round_up(T, 4));
+      return blockscaled_q(xq->q, xq->s, T, W, y, out, accumulate, s);
   }
 }
 

@@ -19,6 +19,7 @@
 #include <memory>
 #include <tuple>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm_wgmma.cuh"  // GemmOut
 #include "base/fp8_format.h"
@@ -52,6 +53,11 @@ void fp8_quantize_act_1x128(const void* x, bool x_bf16, int64_t T, int64_t T_pad
 void fp8_fill_counter_uniform(uint8_t* q, void* scales, Fp8Scale fmt, int64_t N, int64_t K, uint64_t key, float scale,
                               cudaStream_t s);
 
+// Whether the writers of FP8×FP8 GEMM inputs quantise them in their own pass (rms_norm_gemma_bf16_e4m3,
+// swiglu_oai_e4m3) instead of Fp8Gemm::proj's separate pass; bit-identical either way. M3_FP8_FUSED_QUANT=0 turns it
+// off (A/B timing).
+bool fp8_fused_quant();
+
 // W8A16 kernel variants (Fp8Gemm::w8a16).
 enum class W8Kernel : uint8_t { Auto, Chunk64, Lines128 };
 
@@ -80,8 +86,15 @@ class Fp8Gemm {
   // One projection of the executor's `--dtype fp8` (bf16 activations xb [T, K]): the kernel fp8_pick_path chooses
   // for T rows (W8A16 below lt_min_rows, cuBLASLt FP8×FP8 from there; lt_min_rows ≤ 0: W8A16 only). W in Blk128 or
   // Row128. No allocation once the buffers have grown for the largest T (reserve), so it can be captured.
+  // xq (optional): xb already quantised per 1×128 by its writer (rms_norm_gemma_bf16_e4m3, swiglu_oai_e4m3) with
+  // T_pad = ld_s = round_up(T, 4); used when the path is cuBLASLt FP8 (proj_quantises()), which then skips its own
+  // quantisation pass. xb may be null only when that path is taken with xq.
   void proj(const uint16_t* xb, int64_t T, const Fp8Weight& W, void* y, GemmOut out, bool accumulate,
-            int64_t lt_min_rows, cudaStream_t s);
+            int64_t lt_min_rows, cudaStream_t s, const Fp8ActOut* xq = nullptr);
+  // Whether proj() quantises its input for T rows of W (the cuBLASLt FP8×FP8 path): where a writer can do it instead.
+  static bool proj_quantises(int64_t T, const Fp8Weight& W, int64_t lt_min_rows) {
+    return fp8_pick_path(T, W.N, W.K, lt_min_rows) == Fp8Path::Lt;
+  }
   // Grows the activation-quantisation buffers for T rows of K (the largest projection input), so a graph capture
   // never allocates there.
   void reserve(int64_t T, int64_t K);

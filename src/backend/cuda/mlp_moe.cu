@@ -29,6 +29,38 @@ __global__ void swiglu_kernel(const float* __restrict__ gu, int64_t T, int64_t I
   }
 }
 
+// SwiGLU-OAI rounded to bf16 and quantised per 1×128 for the down GEMM in one pass (act_q [T_pad, I], act_s
+// [I/128][T_pad]): one warp per (row, 128-block), lane i on act columns 4i..4i+3 of the block; the values are those
+// swiglu_kernel<bf16> writes, so the codes equal fp8_quantize_act_1x128 on its output. Rows ≥ T: padding.
+__global__ void swiglu_e4m3_kernel(const float* __restrict__ gu, int64_t T, int64_t T_pad, int64_t I, float alpha,
+                                   float limit, uint8_t* __restrict__ q, float* __restrict__ sc_out) {
+  const int64_t L = I / 128;
+  const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (wid >= T_pad * L) return;
+  const int64_t t = wid / L, kb = wid % L, i0 = kb * 128 + lane * 4;
+  uint32_t* qo = reinterpret_cast<uint32_t*>(q + t * I + i0);
+  if (t >= T) {
+    *qo = 0;
+    if (lane == 0) sc_out[kb * T_pad + t] = 1.0f;
+    return;
+  }
+  const float4 g4 = *reinterpret_cast<const float4*>(gu + t * 2 * I + i0);
+  const float4 u4 = *reinterpret_cast<const float4*>(gu + t * 2 * I + I + i0);
+  const float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w};
+  float v[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // the arithmetic of swiglu_kernel, term for term
+    const float gc = fminf(g[k], limit);
+    const float uc = fminf(fmaxf(u[k], -limit), limit);
+    const float sig = 1.0f / (1.0f + expf(-alpha * gc));
+    v[k] = bf16_round(gc * sig * (uc + 1.0f));
+  }
+  float sc;
+  *qo = quant_block128_warp(v, sc);
+  if (lane == 0) sc_out[kb * T_pad + t] = sc;
+}
+
 // True when (ka, a) ranks strictly before (kb, b): higher key, then lower id.
 __device__ __forceinline__ bool ranks_before(float ka, int a, float kb, int b) {
   return ka > kb || (ka == kb && a < b);
@@ -103,6 +135,16 @@ void swiglu_oai(const float* gate_up, int64_t T, int64_t I, float alpha, float l
   M3_CUDA_LAUNCH_CHECK();
 }
 
+void swiglu_oai_e4m3(const float* gate_up, int64_t T, int64_t I, float alpha, float limit, const Fp8ActOut& q,
+                     cudaStream_t s) {
+  M3_CUDA_REQUIRE(I % 128 == 0 && q.q && q.s && q.T_pad >= T && q.ld_s == q.T_pad,
+                  "swiglu_oai_e4m3: I %lld must be a multiple of 128 and ld_s = T_pad ≥ T", (long long)I);
+  if (q.T_pad <= 0) return;
+  swiglu_e4m3_kernel<<<unsigned((q.T_pad * (I / 128) + 7) / 8), 256, 0, s>>>(gate_up, T, q.T_pad, I, alpha, limit,
+                                                                                q.q, q.s);
+  M3_CUDA_LAUNCH_CHECK();
+}
+
 void moe_route(const float* logits, int64_t T, int64_t E, const float* bias, int top_k, float scale, int32_t* ids,
                float* weights, cudaStream_t s) {
   if (T <= 0) return;
@@ -119,7 +161,7 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t s) {
 
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
              bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb, Fp8Gemm* f8,
-             int64_t lt_min_rows, int64_t gemv_rows) {
+             int64_t lt_min_rows, int64_t gemv_rows, const Fp8ActOut* xq) {
   if (T <= 0) return;
   scr.gu.grow(size_t(T * 2 * m.I));
   if (m.fp8()) {  // either matrix may be FP8, the other bf16 (a K that no FP8 kernel takes stays bf16)
@@ -129,9 +171,19 @@ void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, flo
     if (m.gate_up8.q && gemv && gemv_supported(T, H, true))
       gemv_e4m3(xb, T, m.gate_up8, scr.gu.get(), GemmOut::F32, false, s);
     else if (m.gate_up8.q)
-      f8->proj(xb, T, m.gate_up8, scr.gu.get(), GemmOut::F32, false, lt_min_rows, s);
+      f8->proj(xb, T, m.gate_up8, scr.gu.get(), GemmOut::F32, false, lt_min_rows, s, xq);
     else
       g.nt_bf16(xb, T, H, m.gate_up, 2 * m.I, scr.gu.get(), false, s);
+    if (m.down8.q && !(gemv && gemv_supported(T, m.I, true)) && m.I % 128 == 0 && fp8_fused_quant() &&
+        Fp8Gemm::proj_quantises(T, m.down8, lt_min_rows)) {  // SwiGLU writes the down GEMM's e4m3 input directly
+      const int64_t Tp = (T + 3) / 4 * 4;  // cuBLASLt's row padding (Fp8Gemm::proj)
+      scr.act_q8.grow(size_t(Tp * m.I));
+      scr.act_s8.grow(size_t(Tp * (m.I / 128)));
+      const Fp8ActOut aq{scr.act_q8.get(), scr.act_s8.get(), Tp, Tp};
+      swiglu_oai_e4m3(scr.gu.get(), T, m.I, alpha, limit, aq, s);
+      f8->proj(nullptr, T, m.down8, y, GemmOut::F32, accumulate, lt_min_rows, s, &aq);
+      return;
+    }
     scr.act_b.grow(size_t(T * m.I));
     swiglu_kernel<__nv_bfloat16><<<grid_for(T * m.I, 256), 256, 0, s>>>(scr.gu.get(), T, m.I, alpha, limit,
                                                               reinterpret_cast<__nv_bfloat16*>(scr.act_b.get()));

@@ -16,6 +16,11 @@ namespace m3::cuda {
 
 // gate_up: [T, 2·I] = [gate | up] per row; out: [T, I].
 void swiglu_oai(const float* gate_up, int64_t T, int64_t I, float alpha, float limit, float* out, cudaStream_t s);
+// The same SwiGLU rounded to bf16 and quantised per 1×128 in one pass, for an FP8×FP8 down GEMM (Fp8Gemm::proj's xq):
+// q.q [T_pad, I] codes, q.s [I/128][T_pad] scales, bit for bit fp8_quantize_act_1x128 on the bf16 SwiGLU output.
+// I % 128 == 0, q.ld_s == q.T_pad ≥ T.
+void swiglu_oai_e4m3(const float* gate_up, int64_t T, int64_t I, float alpha, float limit, const Fp8ActOut& q,
+                     cudaStream_t s);
 
 // logits [T, E] → ids/weights [T, top_k]: top_k by sigmoid + bias (bias may be null; NaN ranks last; ties → lower
 // id), weights = unbiased sigmoid renormalised × scale. One thread per token (E·top_k work each).
@@ -41,6 +46,8 @@ struct MlpDev {
 struct FfnScratch {
   DeviceBuffer<float> gu, act, y, shared_y, xe, logits, weights;
   DeviceBuffer<uint16_t> act_b;  // bf16 SwiGLU output (bf16 weights)
+  DeviceBuffer<uint8_t> act_q8;  // the SwiGLU output quantised per 1×128 for an FP8×FP8 down GEMM, and its scales
+  DeviceBuffer<float> act_s8;
   DeviceBuffer<int32_t> ids, gather_src, slot_pos;
   MoeGroupedScratch moe;  // the grouped (no host sync) MoE path's buffers, reserved at capacity
 };
@@ -52,9 +59,12 @@ struct FfnScratch {
 // T ≤ gemv_rows (bf16 in, fp32 out, the SwiGLU output in bf16 between them as for bf16 weights).
 // gemv_rows: with bf16 activations, T ≤ gemv_rows takes the weight-streaming GEMV (gemv.cuh; bf16 or e4m3 weights)
 // for each projection whose shape it supports (the executor's measured decode policy for the weight type; 0 = never).
+// When a projection takes cuBLASLt FP8×FP8 (Fp8Gemm::proj_quantises), its input is quantised by its writer: gate/up
+// reads xq when given (xb quantised by rms_norm_gemma_bf16_e4m3, T_pad = ld_s = round_up(T, 4)), down reads the
+// SwiGLU output quantised in the SwiGLU pass (swiglu_oai_e4m3) — bit-identical to proj's own quantisation.
 void run_mlp(Gemm& g, const MlpDev& m, const float* x, int64_t T, int64_t H, float alpha, float limit, float* y,
              bool accumulate, FfnScratch& scr, cudaStream_t s, const uint16_t* xb = nullptr, Fp8Gemm* f8 = nullptr,
-             int64_t lt_min_rows = 0, int64_t gemv_rows = 0);
+             int64_t lt_min_rows = 0, int64_t gemv_rows = 0, const Fp8ActOut* xq = nullptr);
 
 // Routed experts + shared expert, added to the residual: x[t] += Σ_k w[t,k]·expert_{id[t,k]}(xn[t]) + shared(xn[t]).
 // Two implementations, both summing per token in slot order (a token's result does not depend on the batch, like

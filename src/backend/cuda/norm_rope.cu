@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8_gemm.cuh"
 #include "backend/cuda/kv_fp8.cuh"
 
 namespace m3::cuda {
@@ -50,10 +52,21 @@ __global__ void rms_norm_bf16_kernel(const float* x, int64_t D, const float* __r
 // Sum of squares: each thread's chunks in order, then block_sum (the CPU sums in fp64; the difference is rounding).
 constexpr int kRowThreads = 256, kMaxRowChunks = 8;  // rows of ≤ 8192 floats take the register path
 
-template <int kChunks>
+// kQ (FP8 prefill GEMM input, D % 128 == 0): the bf16-rounded row also quantised per 1×128 into qo (a warp's 32
+// chunks of one iteration are one 128-block); grid = qo.T_pad rows, the rows ≥ `rows` written as padding.
+template <int kChunks, bool kQ = false>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(const float* x, int D, const float* __restrict__ w,
-                                                                   float eps, float* y, __nv_bfloat16* yb) {
+                                                                   float eps, float* y, __nv_bfloat16* yb,
+                                                                   Fp8ActOut qo = {}, int rows = 0) {
   const int n4 = D >> 2;
+  if constexpr (kQ) {
+    if (int(blockIdx.x) >= rows) {  // cuBLASLt's row padding: zeros with scale 1
+      for (int j = threadIdx.x; j < n4; j += kRowThreads)
+        reinterpret_cast<uint32_t*>(qo.q + int64_t(blockIdx.x) * D)[j] = 0;
+      for (int kb = threadIdx.x; kb < D / 128; kb += kRowThreads) qo.s[kb * qo.ld_s + blockIdx.x] = 1.0f;
+      return;
+    }
+  }
   const float4* xr = reinterpret_cast<const float4*>(x + int64_t(blockIdx.x) * D);
   const float4* wr = reinterpret_cast<const float4*>(w);
   float4 xv[kChunks], wv[kChunks];
@@ -76,13 +89,19 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(const float* 
     const float4 v = make_float4(xv[k].x * inv * (1.0f + wv[k].x), xv[k].y * inv * (1.0f + wv[k].y),
                                  xv[k].z * inv * (1.0f + wv[k].z), xv[k].w * inv * (1.0f + wv[k].w));
     const int64_t o = int64_t(blockIdx.x) * D + 4 * j;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
     if (yb) {
-      __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
       uint2 u;
       u.x = *reinterpret_cast<uint32_t*>(&lo), u.y = *reinterpret_cast<uint32_t*>(&hi);
       *reinterpret_cast<uint2*>(yb + o) = u;
     }
     if (y) *reinterpret_cast<float4*>(y + o) = v;
+    if constexpr (kQ) {  // j >> 5 is the 128-block; the whole warp is in it (n4 is a multiple of 32)
+      const float vb[4] = {__low2float(lo), __high2float(lo), __low2float(hi), __high2float(hi)};
+      float sc;
+      reinterpret_cast<uint32_t*>(qo.q)[o >> 2] = quant_block128_warp(vb, sc);
+      if ((threadIdx.x & 31) == 0) qo.s[int64_t(j >> 5) * qo.ld_s + blockIdx.x] = sc;
+    }
   }
 }
 
@@ -252,6 +271,28 @@ void rms_norm_gemma_bf16(const float* x, int64_t rows, int64_t D, const float* w
   else
     rms_norm_bf16_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, D, w, eps, b, y);
   M3_CUDA_LAUNCH_CHECK();
+}
+
+void rms_norm_gemma_bf16_e4m3(const float* x, int64_t rows, int64_t D, const float* w, float eps, uint16_t* yb,
+                              const Fp8ActOut& q, cudaStream_t s) {
+  M3_CUDA_REQUIRE(D % 128 == 0 && q.q && q.s && q.T_pad >= rows && q.ld_s >= q.T_pad,
+                  "rms_norm_gemma_bf16_e4m3: D %lld must be a multiple of 128, T_pad ≥ rows and ld_s ≥ T_pad",
+                  (long long)D);
+  if (q.T_pad <= 0) return;
+  M3_CUDA_REQUIRE(q.T_pad < (int64_t(1) << 31), "rms_norm_gemma: %lld rows is too many", (long long)q.T_pad);
+  auto* b = reinterpret_cast<__nv_bfloat16*>(yb);
+  if (norm_rows_ok(D, x, w, yb, q.q)) {
+    with_chunks(row_chunks(D / 4), [&](auto c) {
+      rms_norm_row_kernel<decltype(c)::value, true>
+          <<<unsigned(q.T_pad), kRowThreads, 0, s>>>(x, int(D), w, eps, nullptr, b, q, int(rows));
+    });
+    M3_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  // Rows too wide for the register path (or unaligned): the two passes the fused kernel replaces.
+  M3_CUDA_REQUIRE(yb, "rms_norm_gemma_bf16_e4m3: a row wider than %d floats needs the bf16 output", 4 * 8 * kRowThreads);
+  rms_norm_gemma_bf16(x, rows, D, w, eps, yb, nullptr, s);
+  fp8_quantize_act_1x128(yb, true, rows, q.T_pad, D, q.q, q.s, q.ld_s, s);
 }
 
 std::vector<float> rope_inv_freq(int rotary_dim, double theta) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/kv_types.cuh"
 
 namespace m3::cuda {
@@ -18,6 +19,12 @@ void rms_norm_gemma(const float* x, int64_t rows, int64_t D, const float* w, flo
 // rms_norm_gemma then f32_to_bf16) for a bf16 GEMM input, and as fp32 into y when y is not null (one pass).
 void rms_norm_gemma_bf16(const float* x, int64_t rows, int64_t D, const float* w, float eps, uint16_t* yb, float* y,
                          cudaStream_t s);
+
+// The bf16 norm (yb may be null) and, in the same pass, its 1×128 e4m3 quantisation for the FP8×FP8 prefill GEMMs:
+// q bit for bit fp8_quantize_act_1x128 (fp8_gemm.cuh) on yb, rows rows..T_pad−1 padded. D % 128 == 0. (Rows wider
+// than the register path fall back to the two passes and then need yb.)
+void rms_norm_gemma_bf16_e4m3(const float* x, int64_t rows, int64_t D, const float* w, float eps, uint16_t* yb,
+                              const Fp8ActOut& q, cudaStream_t s);
 
 // inv_freq[i] = theta^(−2i/rotary_dim), i < rotary_dim/2, computed exactly as the CPU reference does (fp64 → fp32).
 std::vector<float> rope_inv_freq(int rotary_dim, double theta);
