@@ -6,6 +6,7 @@
 # (vision tower on CUDA, --media-threads 8), and the text streams' inter-token latency while such requests are
 # preprocessed (media_concurrency.py).
 #   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_media_run.sh $OUT`   (≈ 5–7 minutes)
+#   M3_MEDIA_CONC_ONLY=1: build, the demo VL model and media_concurrency.py only (no tests, throughput or TTFT).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-${OUT:-/tmp/gpu_media}}"
@@ -22,19 +23,24 @@ find_bin() { find build-gpu -name "$1" -type f | head -1; }
 M=$(find_bin media_test)
 B=$(find_bin bench_media)
 S=build-gpu/bin/m3serve
-[ -n "$M" ] && { timeout 120 "$M" >"$out/media_test.txt" 2>&1; echo "== media_test: rc $?"; tail -1 "$out/media_test.txt"; }
+conc_only="${M3_MEDIA_CONC_ONLY:-0}"
+if [ -n "$M" ] && [ "$conc_only" != 1 ]; then
+  timeout 120 "$M" >"$out/media_test.txt" 2>&1; echo "== media_test: rc $?"; tail -1 "$out/media_test.txt"
+fi
 # Same-host throughput: ours per core (median call) and HF's processor (torch threads = 1) on the same pixels.
-if [ -n "$B" ]; then
+if [ -n "$B" ] && [ "$conc_only" != 1 ]; then
   timeout 90 "$B" 2 >"$out/bench_media.txt" 2>&1; echo "== bench_media: rc $?"
   grep -iE "img/s|1080p|4k" "$out/bench_media.txt" | head -12
   timeout 60 "$B" 2 jpeg-kept >"$out/bench_media_kept.txt" 2>&1; echo "== bench_media jpeg-kept: rc $?"
   grep -iE "img/s|1080p|4k" "$out/bench_media_kept.txt" | head -6
 fi
-timeout 240 python3 scripts/oracle/make_media_fixtures.py --out "$out/hf_fixtures" >"$out/hf_fixtures.log" 2>&1
-echo "== HF processor (make_media_fixtures.py bench): rc $?"
-python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['bench'], indent=1))" \
-  "$out/hf_fixtures/media_fixtures.json" 2>&1 | head -20
-rm -f "$out"/hf_fixtures/media_rows.f32 "$out"/hf_fixtures/*.tar
+if [ "$conc_only" != 1 ]; then
+  timeout 240 python3 scripts/oracle/make_media_fixtures.py --out "$out/hf_fixtures" >"$out/hf_fixtures.log" 2>&1
+  echo "== HF processor (make_media_fixtures.py bench): rc $?"
+  python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['bench'], indent=1))" \
+    "$out/hf_fixtures/media_fixtures.json" 2>&1 | head -20
+  rm -f "$out"/hf_fixtures/media_rows.f32 "$out"/hf_fixtures/*.tar
+fi
 # 8 images × 1080p through the GPU server: the demo VL model with the carried o200k tokenizer.
 vl=/tmp/m3-demo-vl
 tok=/tmp/m3-o200k && mkdir -p "$tok"  # gpu_carry.sh ships the tokenizer gzipped (64 MiB carry limit)
@@ -45,14 +51,16 @@ M3_DEMO_VISION=1 M3_DEMO_TOKENIZER_DIR="$tok" PYTHON=python3 \
 echo "== demo VL model: rc $?"
 if [ -n "$B" ] && [ -x "$S" ]; then
   rm -rf /tmp/m3-jpegs && mkdir -p /tmp/m3-jpegs && "$B" --write-jpegs /tmp/m3-jpegs 48 1080x1920 >/dev/null 2>&1
-  timeout 240 python3 tools/bench_media/media_ttft.py --m3serve "$S" --model "$vl" \
-    --template tests/chat_template/m3_format_synthetic.jinja --jpegs /tmp/m3-jpegs --images 8 --reps 5 \
-    --device cuda --serve-arg=--media-threads --serve-arg=8 >"$out/media_ttft.txt" 2>&1
-  echo "== media_ttft (cuda, 8 × 1080p): rc $?"
-  # The whole report: TTFTs, then the images request stage by stage (request_stage_seconds: body receive, dispatch,
-  # parse, template, media collect / queue / load / hash / process with its user and system CPU time / expand,
-  # tokenise, submit), the serial sum with the engine's own TTFT, and client TTFT − engine TTFT per request kind.
-  cat "$out/media_ttft.txt"
+  if [ "$conc_only" != 1 ]; then
+    timeout 240 python3 tools/bench_media/media_ttft.py --m3serve "$S" --model "$vl" \
+      --template tests/chat_template/m3_format_synthetic.jinja --jpegs /tmp/m3-jpegs --images 8 --reps 5 \
+      --device cuda --serve-arg=--media-threads --serve-arg=8 >"$out/media_ttft.txt" 2>&1
+    echo "== media_ttft (cuda, 8 × 1080p): rc $?"
+    # The whole report: TTFTs, then the images request stage by stage (request_stage_seconds: body receive,
+    # dispatch, parse, template, media collect / queue / load / hash / process with its user and system CPU time /
+    # expand, tokenise, submit), the serial sum with the engine's own TTFT, and client TTFT − engine TTFT per kind.
+    cat "$out/media_ttft.txt"
+  fi
   # Does the engine wait for preprocessing? Text streams' inter-token latency while 8-image requests are decoded
   # (media_concurrency.py: one reader process per stream, bodies encoded up front; streams capped at --tokens and
   # closed when the images phase ends) against the same streams alone for as long.
