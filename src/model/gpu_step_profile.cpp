@@ -29,6 +29,11 @@ GpuStepProfile::~GpuStepProfile() {
     collect();
     spdlog::info("gpu step profile (at exit): {}", report());
     if (intervals_) spdlog::info("decode step intervals (at exit): {}", interval_report());
+    if (intervals_ && !eager_lines_.empty()) {
+      std::string all;
+      for (const std::string& l : eager_lines_) all += (all.empty() ? "" : " | ") + l;
+      spdlog::info("eager prefill steps (at exit): {}", all);
+    }
   }
   for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
 }
@@ -89,7 +94,8 @@ void GpuStepProfile::collect() {
   }
   std::array<double, kCount> step{}, host{}, wait{};
   const bool eager = host_s_.size() == used_;
-  double total = 0;
+  double total = 0, worst_wait = 0;
+  size_t worst_i = 0;
   for (size_t i = 1; i < used_; ++i) {
     float ms = 0.f;
     if (cudaEventElapsedTime(&ms, events_[i - 1], events_[i]) != cudaSuccess) {  // never fatal: a profile
@@ -104,7 +110,9 @@ void GpuStepProfile::collect() {
       // for at most (queued − reached), clipped to the interval: an upper bound, exact when the GPU was idle at 0.
       const double queued = 1e3 * (host_s_[i] - host_s_[0]);
       host[size_t(cats_[i])] += 1e3 * (host_s_[i] - host_s_[i - 1]);
-      wait[size_t(cats_[i])] += std::clamp(queued - total, 0.0, double(ms));
+      const double w = std::clamp(queued - total, 0.0, double(ms));
+      wait[size_t(cats_[i])] += w;
+      if (w > worst_wait) worst_wait = w, worst_i = i;
     }
     total += ms;
     if (intervals_ && pending_decode_) {
@@ -119,6 +127,11 @@ void GpuStepProfile::collect() {
     const size_t d = pending_decode_ ? 1 : 0;
     for (size_t c = 0; c < size_t(kCount); ++c) host_ms_[d][c] += host[c], wait_ms_[d][c] += wait[c];
     ++host_steps_[d];
+    if (intervals_ && d == 0 && eager_lines_.size() < 64)
+      eager_lines_.push_back(fmt::format(
+          "#{}: gpu {:.2f} ms, host {:.2f} ms, largest wait {:.2f} ms in interval {} of {} ({})", host_steps_[0], total,
+          1e3 * (host_s_[used_ - 1] - host_s_[0]), worst_wait, worst_i, used_ - 1,
+          worst_i ? name(Cat(cats_[worst_i])) : "-"));
   }
   ++steps_[pending_decode_ ? 1 : 0];
   pending_gpu_ms_ = total;

@@ -62,6 +62,9 @@ class GpuStepProfile {
   std::array<int64_t, 2> steps_{};
   std::array<std::array<double, kCount>, 2> host_ms_{}, wait_ms_{};  // [prefill, decode][cat], eager steps only
   std::array<int64_t, 2> host_steps_{};
+  // M3_STEP_PROFILE=2: one line per eager prefill step (the first 64): GPU and host time, the interval with the
+  // largest GPU wait — whether a category's wait is steady or one step's (a first-call cost).
+  std::vector<std::string> eager_lines_;
   // GPU idle between decode steps, from the host clock: the wall time from one decode step's begin to the next
   // (when the next follows within 100 ms, i.e. the engine had work) against the first step's GPU time.
   double last_begin_s_ = -1.0, pending_gpu_ms_ = 0.0;
