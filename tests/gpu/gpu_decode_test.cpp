@@ -192,6 +192,12 @@ TEST(GpuDecode, PagedDecodeFp8MatchesCpuOnDequantisedValues) {
   std::vector<int32_t> wide;  // 160 requests > #SMs: the wide pipeline
   for (int i = 0; i < 40; ++i) wide.push_back(97 + 173 * i);
   expect_ok(decode_check::check_paged_decode_fp8(seed(), wide, 4, 16, true, true), "paged_decode_tc e4m3 wide");
+  // 96 requests (#SMs / 2 < R ≤ #SMs on an H200): the deep pipeline, one CTA per request; lengths with an odd chunk
+  // count (the e4m3 pair loop's zero-filled last stage) and a last page of 1 token.
+  std::vector<int32_t> deep;
+  for (int i = 0; i < 24; ++i)
+    deep.push_back(i % 3 == 0 ? 64 * (2 * i + 1) - 1 : i % 3 == 1 ? 128 * (i + 1) : 1 + 97 * i);
+  expect_ok(decode_check::check_paged_decode_fp8(seed(), deep, 4, 16, true, false), "paged_decode_tc e4m3 deep");
 }
 
 TEST(GpuDecode, DecodeIndexFp8MatchesCpuOnDequantisedValues) {

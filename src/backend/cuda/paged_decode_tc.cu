@@ -28,6 +28,12 @@ struct Pipe {
   static constexpr int kTileBytes = CH * D * int(sizeof(KvT));
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kWideStages = sizeof(KvT) == 2 ? 3 : 5, kDeepStages = sizeof(KvT) == 2 ? 6 : 12;
+  // The e4m3 pair loop (paged_decode_tc_kernel's kPair) consumes two stages per iteration and keeps stages − 2
+  // chunks in flight: 6 wide stages (100 KiB, 4 in flight as above) and the same 12 deep.
+  static constexpr int kWidePairStages = 6, kDeepPairStages = 12;
+  __host__ __device__ static constexpr int stages(bool deep, bool pair) {
+    return pair ? (deep ? kDeepPairStages : kWidePairStages) : (deep ? kDeepStages : kWideStages);
+  }
   // q [16, 128] bf16 sits after the ring.
   __host__ __device__ static constexpr int q_off(int stages) { return stages * kStageBytes; }
   __host__ __device__ static constexpr int smem_bytes(int stages) { return q_off(stages) + 16 * D * 2; }
@@ -43,7 +49,11 @@ static_assert(4 * 16 * (D + 8) * 4 + 2 * 4 * 16 * 4 <= kPartOff &&
 static_assert(Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kDeepStages) <=
                       Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kDeepStages) &&
                   Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kWideStages) <=
-                      Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kWideStages),
+                      Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kWideStages) &&
+                  Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kWidePairStages) <=
+                      Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kWideStages) &&
+                  Pipe<e4m3_t>::smem_bytes(Pipe<e4m3_t>::kDeepPairStages) <=
+                      Pipe<__nv_bfloat16>::smem_bytes(Pipe<__nv_bfloat16>::kDeepStages),
               "e4m3 pipelines fit wherever the bf16 ones do (max_active_clusters measures the bf16 kernel)");
 
 // ---- pieces both schedules share ---------------------------------------------------------------------------------
@@ -74,6 +84,68 @@ __device__ __forceinline__ void load_tile(const PagedDecodeTcArgs<KvT>& a, int64
   }
 }
 
+// e4m3 route, S = Q·Kᵀ of the warp's 16 tokens of one staged K tile (n-tile j: tokens warp·16 + 8j + (0..7)) into
+// s0 / s1 (accumulated: zero them first).
+__device__ __forceinline__ void scores_e4m3(uint32_t ks, const uint32_t (&qf)[8][4], int warp, int lane,
+                                            float (&s0)[4], float (&s1)[4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // chunks 4h..4h+3 = k-steps 4h..4h+3
+      uint32_t w[4];
+      ldmatrix_x4(ks + swz64(warp * 16 + 8 * j + (lane & 7), 4 * h + (lane >> 3)), w[0], w[1], w[2], w[3]);
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+        mma_f16_16816(j ? s1 : s0, qf[4 * h + m], e4m3x2_to_f16x2<false>(w[m]), e4m3x2_to_f16x2<true>(w[m]));
+    }
+}
+
+// e4m3 route, O += P·V for the warp's 16 tokens of one staged V tile (pa: P's A fragment, f16).
+__device__ __forceinline__ void pv_e4m3(uint32_t vs, const uint32_t (&pa)[4], int warp, int lane,
+                                        float (&o)[16][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // chunks 2i, 2i + 1; matrices (tokens 0–7 | 8–15) × chunk
+    uint32_t w[4];
+    ldmatrix_x4_trans(vs + swz64(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * i + (lane >> 4)), w[0], w[1],
+                      w[2], w[3]);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int ch = 2 * i + q;
+      // Bytes (0, 2) | (1, 3) of each word into the two halves, then one cvt per pair.
+      const uint32_t x = __byte_perm(w[2 * q], 0, 0x3120), y = __byte_perm(w[2 * q + 1], 0, 0x3120);
+      mma_f16_16816(o[2 * ch], pa, e4m3x2_to_f16x2<false>(x), e4m3x2_to_f16x2<false>(y));
+      mma_f16_16816(o[2 * ch + 1], pa, e4m3x2_to_f16x2<true>(x), e4m3x2_to_f16x2<true>(y));
+    }
+  }
+}
+
+// e4m3 route, two staged chunks folded at once (the kPair loop): S of both (4 independent accumulator chains instead
+// of 2: the chains of dependent mma.sync were the kernel's critical path at 2 warps per scheduler), one online-softmax
+// step over the warp's 32 tokens (one max exchange, one O rescale), then P·V of both. valid0 / valid1 as fold_chunk's
+// valid; ≤ 0 for an absent chunk, whose stage was zero-filled (so P·V adds 0 · 0).
+__device__ __forceinline__ void fold_pair_e4m3(uint32_t ks0, uint32_t ks1, const uint32_t (&qf)[8][4], int valid0,
+                                               int valid1, float sl2, int warp, int lane, float& m0, float& m1,
+                                               float& l0, float& l1, float (&o)[16][4]) {
+  constexpr int kTile = Pipe<e4m3_t>::kTileBytes;
+  float sc[4][4] = {};
+  scores_e4m3(ks0, qf, warp, lane, sc[0], sc[1]);
+  scores_e4m3(ks1, qf, warp, lane, sc[2], sc[3]);
+  const int tb = warp * 16 + 2 * (lane & 3);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (tb + 8 * (j & 1) + (e & 1) >= (j < 2 ? valid0 : valid1)) sc[j][e] = -INFINITY;
+  online_softmax_step(sc, 0, 0x7fffffff, sl2, m0, m1, l0, l1, o);  // masked above (−inf · sl2 stays −inf)
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const uint32_t pa[4] = {pack_f16x2(sc[2 * p][0], sc[2 * p][1]), pack_f16x2(sc[2 * p][2], sc[2 * p][3]),
+                            pack_f16x2(sc[2 * p + 1][0], sc[2 * p + 1][1]),
+                            pack_f16x2(sc[2 * p + 1][2], sc[2 * p + 1][3])};
+    pv_e4m3((p ? ks1 : ks0) + kTile, pa, warp, lane, o);
+  }
+}
+
 // Fold one staged chunk into the warp's (m, l, O): tokens warp·16 .. +15 of the chunk, those ≥ valid masked.
 template <bool kFp8>
 __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint32_t (&qf)[8][4], int valid,
@@ -81,16 +153,7 @@ __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint3
                                            float (&o)[16][4]) {
   float sc[2][4] = {};
   if constexpr (kFp8) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j)  // n-tile j: tokens warp·16 + 8j + (0..7)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // chunks 4h..4h+3 = k-steps 4h..4h+3
-        uint32_t w[4];
-        ldmatrix_x4(ks + swz64(warp * 16 + 8 * j + (lane & 7), 4 * h + (lane >> 3)), w[0], w[1], w[2], w[3]);
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-          mma_f16_16816(sc[j], qf[4 * h + m], e4m3x2_to_f16x2<false>(w[m]), e4m3x2_to_f16x2<true>(w[m]));
-      }
+    scores_e4m3(ks, qf, warp, lane, sc[0], sc[1]);
   } else {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
@@ -107,20 +170,7 @@ __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint3
   const uint32_t pa[4] = {pack(sc[0][0], sc[0][1]), pack(sc[0][2], sc[0][3]), pack(sc[1][0], sc[1][1]),
                           pack(sc[1][2], sc[1][3])};
   if constexpr (kFp8) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // chunks 2i, 2i + 1; matrices (tokens 0–7 | 8–15) × chunk
-      uint32_t w[4];
-      ldmatrix_x4_trans(vs + swz64(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * i + (lane >> 4)), w[0], w[1],
-                        w[2], w[3]);
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int ch = 2 * i + q;
-        // Bytes (0, 2) | (1, 3) of each word into the two halves, then one cvt per pair.
-        const uint32_t x = __byte_perm(w[2 * q], 0, 0x3120), y = __byte_perm(w[2 * q + 1], 0, 0x3120);
-        mma_f16_16816(o[2 * ch], pa, e4m3x2_to_f16x2<false>(x), e4m3x2_to_f16x2<false>(y));
-        mma_f16_16816(o[2 * ch + 1], pa, e4m3x2_to_f16x2<true>(x), e4m3x2_to_f16x2<true>(y));
-      }
-    }
+    pv_e4m3(vs, pa, warp, lane, o);
   } else {
 #pragma unroll
     for (int nd = 0; nd < 8; ++nd) {
@@ -230,12 +280,16 @@ __device__ __forceinline__ void trace_stamp(const PagedDecodeTcArgs<KvT>& a, int
   }
 }
 
-template <typename KvT, bool kDeep>
+// kPair (e4m3 only): the loop folds two chunks per iteration (fold_pair_e4m3) from a ring of Pipe::stages(kDeep,
+// true) with stages − 2 chunks in flight; a split's odd last chunk is paired with a zero-filled stage.
+template <typename KvT, bool kDeep, bool kPair = false>
 __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
     paged_decode_tc_kernel(PagedDecodeTcArgs<KvT> a, int splits, int per) {
   using P = Pipe<KvT>;
   constexpr bool kFp8 = sizeof(KvT) == 1;
-  constexpr int kStages = kDeep ? P::kDeepStages : P::kWideStages;
+  static_assert(!kPair || kFp8, "the pair loop is the e4m3 route's");
+  constexpr int kStages = P::stages(kDeep, kPair);
+  constexpr int kAhead = kPair ? kStages - 2 : kStages - 1;  // chunks the prologue issues
   constexpr int kQOff = P::q_off(kStages);
   constexpr int kStageBytes = P::kStageBytes, kTileBytes = P::kTileBytes;
   static_assert(sizeof(KvT) == 2 || sizeof(KvT) == 1, "bf16 or e4m3 K/V elements");
@@ -255,13 +309,16 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
 
   // Page ids: the prologue's are read together; in the loop, the id of the next chunk to load is read one iteration
   // ahead (a register), so no load waits on an L2 round trip for its page id in the steady state.
+  // (A chunk past the split's range — the pair loop's odd end — is staged as zeros: valid 0, page 0, no read.)
   auto load_chunk = [&](int c, int stage, int32_t vp) {
-    load_tile(a, int64_t(vp) * a.stride_page + int64_t((c & 1) * CH) * a.stride_tok, min(CH, ntok - c * CH),
-              sbase + stage * kStageBytes, tid);
+    load_tile(a, int64_t(vp) * a.stride_page + int64_t((c & 1) * CH) * a.stride_tok,
+              c < c1 ? min(CH, ntok - c * CH) : 0, sbase + stage * kStageBytes, tid);
   };
-  int32_t pv[kStages - 1];
+  auto page_of = [&](int c) { return c < c1 ? a.indices[beg + (c >> 1)] : 0; };
+  const int c1e = kPair ? c0 + ((c1 - c0 + 1) & ~1) : c1;  // the pair loop's end: c1 rounded up to a whole pair
+  int32_t pv[kAhead];
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) pv[s] = c0 + s < c1 ? a.indices[beg + ((c0 + s) >> 1)] : 0;
+  for (int s = 0; s < kAhead; ++s) pv[s] = page_of(c0 + s);
   // q [16, 128] joins the first commit group (rows ≥ G zero-filled), so the first loads are issued at once.
   for (int i = tid; i < 16 * 16; i += kThreads) {
     const int row = i >> 4, ch = i & 15;
@@ -269,12 +326,12 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
                row < a.G ? 16 : 0);
   }
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (c0 + s < c1) load_chunk(c0 + s, s, pv[s]);
+  for (int s = 0; s < kAhead; ++s) {
+    if (c0 + s < c1e) load_chunk(c0 + s, s, pv[s]);
     cp_async_commit();
   }
-  int32_t next_vp = c0 + kStages - 1 < c1 ? a.indices[beg + ((c0 + kStages - 1) >> 1)] : 0;
-  cp_async_wait<kStages - 2>();
+  int32_t next_vp = page_of(c0 + kAhead), next_vp1 = kPair ? page_of(c0 + kAhead + 1) : 0;
+  cp_async_wait<kAhead - 1>();
   __syncthreads();  // q staged
   uint32_t qf[8][4];
   if constexpr (kFp8) {
@@ -303,17 +360,35 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
 #pragma unroll
   for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  for (int c = c0; c < c1; ++c) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // chunk c landed for every thread; the stage refilled below was consumed last iteration
-    if (c == c0) trace_stamp(a, 2);
-    if (const int cl = c + kStages - 1; cl < c1) {
-      load_chunk(cl, (cl - c0) % kStages, next_vp);
-      if (cl + 1 < c1) next_vp = a.indices[beg + ((cl + 1) >> 1)];
+  if constexpr (kPair) {
+    for (int c = c0; c < c1; c += 2) {
+      cp_async_wait<kAhead - 2>();
+      __syncthreads();  // chunks c, c + 1 landed; the two stages refilled below were consumed last iteration
+      if (c == c0) trace_stamp(a, 2);
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        if (const int cl = c + kAhead + t; cl < c1e) load_chunk(cl, (cl - c0) % kStages, t ? next_vp1 : next_vp);
+        cp_async_commit();
+      }
+      next_vp = page_of(c + kAhead + 2), next_vp1 = page_of(c + kAhead + 3);
+      const uint32_t k0 = sbase + ((c - c0) % kStages) * kStageBytes;
+      const uint32_t k1 = sbase + ((c + 1 - c0) % kStages) * kStageBytes;
+      fold_pair_e4m3(k0, k1, qf, ntok - c * CH, c + 1 < c1 ? ntok - (c + 1) * CH : 0, sl2, warp, lane, m0, m1, l0,
+                     l1, o);
     }
-    cp_async_commit();
-    const uint32_t ks = sbase + ((c - c0) % kStages) * kStageBytes;
-    fold_chunk<kFp8>(ks, ks + kTileBytes, qf, ntok - c * CH, sl2, warp, lane, m0, m1, l0, l1, o);
+  } else {
+    for (int c = c0; c < c1; ++c) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // chunk c landed for every thread; the stage refilled below was consumed last iteration
+      if (c == c0) trace_stamp(a, 2);
+      if (const int cl = c + kStages - 1; cl < c1) {
+        load_chunk(cl, (cl - c0) % kStages, next_vp);
+        if (cl + 1 < c1) next_vp = a.indices[beg + ((cl + 1) >> 1)];
+      }
+      cp_async_commit();
+      const uint32_t ks = sbase + ((c - c0) % kStages) * kStageBytes;
+      fold_chunk<kFp8>(ks, ks + kTileBytes, qf, ntok - c * CH, sl2, warp, lane, m0, m1, l0, l1, o);
+    }
   }
   trace_stamp(a, 3);
   cp_async_wait<0>();
@@ -734,31 +809,37 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
     else M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_bal_kernel<KvT, false>, a, bs));
     return;
   }
-  static const cudaError_t attr_wide =
-      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           P::smem_bytes(P::kWideStages));
-  static const cudaError_t attr_deep =
-      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           P::smem_bytes(P::kDeepStages));
-  static const cudaError_t np_wide =
-      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  static const cudaError_t np_deep =
-      cudaFuncSetAttribute(paged_decode_tc_kernel<KvT, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  M3_CUDA_CHECK(attr_wide);
-  M3_CUDA_CHECK(attr_deep);
-  if (splits_ > kPortableSplits) {
-    M3_CUDA_CHECK(np_wide);
-    M3_CUDA_CHECK(np_deep);
-  }
+  // e4m3: the pair loop (two chunks per iteration) unless M3_DECODE_FP8_PAIR=0 (A/B).
+  static const bool pair_env = [] {
+    const char* e = std::getenv("M3_DECODE_FP8_PAIR");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  constexpr bool kFp8 = sizeof(KvT) == 1;
+  const bool pair = kFp8 && pair_env;
+  // Each instantiation gets its shared-memory limit once; the non-portable cluster size (> 8 splits) is checked only
+  // where a launch needs it. prepare() returns that attribute's status.
+  const auto prepare = [&](auto kernel, int stages) {
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::smem_bytes(stages)));
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  };
+  static const cudaError_t np[2][2] = {
+      {prepare(paged_decode_tc_kernel<KvT, false>, P::stages(false, false)),
+       prepare(paged_decode_tc_kernel<KvT, true>, P::stages(true, false))},
+      {kFp8 ? prepare(paged_decode_tc_kernel<KvT, false, kFp8>, P::stages(false, true)) : cudaSuccess,
+       kFp8 ? prepare(paged_decode_tc_kernel<KvT, true, kFp8>, P::stages(true, true)) : cudaSuccess}};
+  if (splits_ > kPortableSplits) M3_CUDA_CHECK(np[pair ? 1 : 0][deep_ ? 1 : 0]);
   cfg.gridDim = dim3(unsigned(a.R), unsigned(splits_));
-  cfg.dynamicSmemBytes = P::smem_bytes(deep_ ? P::kDeepStages : P::kWideStages);
+  cfg.dynamicSmemBytes = P::smem_bytes(P::stages(deep_, pair));
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = 1, attrs[0].val.clusterDim.y = unsigned(splits_), attrs[0].val.clusterDim.z = 1;
   cfg.attrs = attrs, cfg.numAttrs = pdl ? 2 : 1;
-  if (deep_)
-    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, true>, a, splits_, chunks_per_split_));
+  const auto launch = [&](auto kernel) {
+    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, splits_, chunks_per_split_));
+  };
+  if (pair)
+    deep_ ? launch(paged_decode_tc_kernel<KvT, true, kFp8>) : launch(paged_decode_tc_kernel<KvT, false, kFp8>);
   else
-    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_tc_kernel<KvT, false>, a, splits_, chunks_per_split_));
+    deep_ ? launch(paged_decode_tc_kernel<KvT, true>) : launch(paged_decode_tc_kernel<KvT, false>);
 }
 
 template void PagedDecodeTc::run<__nv_bfloat16>(const PagedDecodeTcArgs<__nv_bfloat16>&, cudaStream_t, bool);
