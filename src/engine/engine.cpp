@@ -71,15 +71,117 @@ bool is_media_slot(const M3Config& c, int32_t id) {
 }  // namespace
 
 // The rows of the request's media embeddings that belong to the prompt slot tokens among the `n` tokens from
-// s.computed on (prefill chunks; empty for decode steps and text requests).
+// s.computed on (prefill chunks; empty for decode steps and text requests). Features made on demand start at the
+// first slot of item s.media_first (the admission check saw to it that the chunk's slots are at or after it).
 std::span<const float> Engine::media_rows(const Sequence& s, int64_t n) const {
-  if (!s.req.media_embeds || s.req.media_embeds->empty() || s.computed >= s.prompt_len) return {};
+  const std::vector<float>* rows = s.req.media_embeds.get();
+  int64_t base = 0;  // slot tokens before rows' first row
+  if (s.req.media_encoder) {
+    rows = s.media_features.get();
+    const auto& slots = s.req.media_encoder->item_slots;
+    for (size_t i = 0; i < s.media_first; ++i) base += slots[i];
+  }
+  if (s.computed >= s.prompt_len || (!s.req.media_encoder && (!rows || rows->empty()))) return {};
   const M3Config& c = exec_->config();
   const int64_t end = std::min<int64_t>(s.computed + n, s.prompt_len);
   int64_t before = 0, in = 0;
   for (int64_t i = 0; i < s.computed; ++i) before += is_media_slot(c, s.tokens[size_t(i)]);
   for (int64_t i = s.computed; i < end; ++i) in += is_media_slot(c, s.tokens[size_t(i)]);
-  return std::span<const float>(*s.req.media_embeds).subspan(size_t(before * c.hidden_size), size_t(in * c.hidden_size));
+  if (in == 0) return {};
+  const int64_t have = rows ? int64_t(rows->size()) / c.hidden_size : 0;
+  M3_CHECK(before >= base && before - base + in <= have,
+           "media rows {}..{} of the prompt are not among the {} encoded from row {}", before, before + in, have,
+           base);
+  return std::span<const float>(*rows).subspan(size_t((before - base) * c.hidden_size), size_t(in * c.hidden_size));
+}
+
+size_t Engine::first_needed_item(const Sequence& s, int64_t computed) const {
+  const M3Config& c = exec_->config();
+  int64_t before = 0;
+  const int64_t upto = std::min<int64_t>(computed, s.prompt_len);
+  for (int64_t i = 0; i < upto; ++i) before += is_media_slot(c, s.tokens[size_t(i)]);
+  const auto& slots = s.req.media_encoder->item_slots;
+  int64_t end = 0;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if ((end += slots[i]) > before) return i;
+  return slots.size();
+}
+
+struct Engine::MediaPost {
+  std::mutex mu;
+  Engine* engine = nullptr;  // null once the engine is being destroyed
+};
+
+bool Engine::media_ready(Sequence& s, int rank) {
+  if (!s.req.media_encoder) return true;
+  const size_t first = first_needed_item(s, s.computed);
+  if (first >= s.media_first) return true;
+  request_media(s, rank, first);  // the prefix hit is shorter than the one the features were asked for
+  return false;
+}
+
+void Engine::request_media(Sequence& s, int rank, size_t first) {
+  s.held = true;
+  media_waits_[s.arrival] = MediaWait{rank, &s, first};
+  {
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    metrics_.media_items_requested += s.media_first - first;
+  }
+  const uint64_t arrival = s.arrival;
+  auto done = [post = media_post_, arrival, first](std::shared_ptr<const std::vector<float>> f, std::string error) {
+    std::lock_guard<std::mutex> lk(post->mu);
+    if (post->engine) post->engine->post_media({arrival, first, std::move(f), std::move(error)});
+  };
+  try {
+    s.req.media_encoder->encode(first, s.media_first, std::move(done));
+  } catch (const std::exception& e) {
+    post_media({arrival, first, nullptr, fmt::format("the vision encoder failed: {}", e.what())});
+  }
+}
+
+void Engine::post_media(MediaResult r) {
+  {
+    std::lock_guard<std::mutex> lk(inbox_mu_);
+    media_inbox_.push_back(std::move(r));
+  }
+  inbox_cv_.notify_one();
+}
+
+void Engine::apply_media_results() {
+  std::vector<MediaResult> results;
+  {
+    std::lock_guard<std::mutex> lk(inbox_mu_);
+    results.swap(media_inbox_);
+  }
+  const int64_t H = exec_->config().hidden_size;
+  for (MediaResult& m : results) {
+    auto it = media_waits_.find(m.arrival);
+    if (it == media_waits_.end() || it->second.first != m.first) continue;  // the sequence ended meanwhile
+    const MediaWait w = it->second;
+    media_waits_.erase(it);
+    Sequence& s = *w.seq;
+    int64_t rows = 0;
+    for (size_t i = m.first; i < s.media_first; ++i) rows += s.req.media_encoder->item_slots[i];
+    if (m.error.empty() && (!m.features || int64_t(m.features->size()) != rows * H))
+      m.error = fmt::format("the vision encoder returned {} floats for {} rows of {}",
+                            m.features ? m.features->size() : 0, rows, H);
+    if (!m.error.empty()) {
+      if (std::unique_ptr<Sequence> owned = ranks_[size_t(w.rank)].sched->remove_waiting(&s)) {
+        owned->finish = FinishReason::Error;
+        finish(*owned, m.error);
+      }
+      continue;
+    }
+    if (s.media_features) {  // asked again for earlier items (a shorter prefix hit than before): prepend them
+      auto joined = std::make_shared<std::vector<float>>(*m.features);
+      joined->insert(joined->end(), s.media_features->begin(), s.media_features->end());
+      s.media_features = std::move(joined);
+    } else {
+      s.media_features = std::move(m.features);
+    }
+    s.media_first = m.first;
+    s.held = false;
+  }
 }
 
 Engine::Engine(const M3Model& model, EngineConfig cfg)
@@ -119,7 +221,13 @@ Engine::Engine(std::unique_ptr<ModelExecutor> owned, ModelExecutor* executor, En
     workers_ = std::make_unique<RankWorkers>(P);
   }
   exec_ = &e0;
-  for (Rank& rk : ranks_) rk.sched = std::make_unique<Scheduler>(rk.exec->pool(), scheduler_config(e0.config(), cfg_));
+  media_post_ = std::make_shared<MediaPost>();
+  media_post_->engine = this;
+  for (int r = 0; r < P; ++r) {
+    Rank& rk = ranks_[size_t(r)];
+    rk.sched = std::make_unique<Scheduler>(rk.exec->pool(), scheduler_config(e0.config(), cfg_));
+    rk.sched->set_admit_check([this, r](Sequence& s) { return media_ready(s, r); });
+  }
   metrics_.pages_total = cfg_.num_pages * P;
   metrics_.pages_free = 0;
   for (Rank& rk : ranks_) metrics_.pages_free += rk.exec->pool().num_free();
@@ -128,6 +236,10 @@ Engine::Engine(std::unique_ptr<ModelExecutor> owned, ModelExecutor* executor, En
 
 Engine::~Engine() {
   stop();
+  {
+    std::lock_guard<std::mutex> lk(media_post_->mu);  // encoders still running report to nobody from here
+    media_post_->engine = nullptr;
+  }
   for (Rank& rk : ranks_)
     for (auto& s : rk.sched->abort_all()) finish(*s);
   // The executor passed in outlives the engine: it must not keep a communicator of the group that dies with it.
@@ -169,12 +281,24 @@ void Engine::submit(EngineRequest req, OutputSink sink) {
              "the grammar's vocabulary has {} ids, the model {}", req.constraint->grammar->vocab().size(),
              c.vocab_size);
   }
-  if (req.media_embeds) {
+  if (req.media_embeds || req.media_encoder) {
     int64_t slots = 0;
     for (int32_t id : req.prompt) slots += is_media_slot(c, id);
-    M3_CHECK(int64_t(req.media_embeds->size()) == slots * c.hidden_size,
-             "the prompt has {} image/video slot tokens but {} media embedding rows of width {}", slots,
-             req.media_embeds->size() / size_t(std::max(c.hidden_size, 1)), c.hidden_size);
+    if (req.media_embeds)
+      M3_CHECK(int64_t(req.media_embeds->size()) == slots * c.hidden_size,
+               "the prompt has {} image/video slot tokens but {} media embedding rows of width {}", slots,
+               req.media_embeds->size() / size_t(std::max(c.hidden_size, 1)), c.hidden_size);
+    if (const MediaEncoder* me = req.media_encoder.get()) {
+      M3_CHECK(!req.media_embeds, "media features come up front or from an encoder, not both");
+      M3_CHECK(bool(me->encode), "the media encoder has no encode function");
+      int64_t sum = 0;
+      for (int64_t n : me->item_slots) {
+        M3_CHECK(n >= 1, "a media item has {} slot tokens", n);
+        sum += n;
+      }
+      M3_CHECK(sum == slots, "the prompt has {} image/video slot tokens but its {} media items have {}", slots,
+               me->item_slots.size(), sum);
+    }
   }
   const int64_t need = int64_t(req.prompt.size()) + req.params.max_tokens;
   M3_CHECK(need <= cfg_.max_model_len,
@@ -206,7 +330,7 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lk(inbox_mu_);
       inbox_cv_.wait(lk, [&] {
-        return stop_ || !inbox_.empty() || !abort_inbox_.empty() || has_work();
+        return stop_ || !inbox_.empty() || !abort_inbox_.empty() || !media_inbox_.empty() || has_work();
       });
       if (stop_) return;
     }
@@ -234,8 +358,17 @@ void Engine::drain_inbox() {
     s->seed = s->req.params.sampling.seed ? *s->req.params.sampling.seed : random_seed();
     if (s->req.constraint) s->constraint = std::make_unique<grammar::Constraint>(s->req.constraint);
     const int r = place(*s);
-    ranks_[size_t(r)].sched->add(std::move(s));
+    Scheduler& sched = *ranks_[size_t(r)].sched;
+    if (s->req.media_encoder) {
+      // Ask for the features now, of the items the rank's prefix cache does not hold (the admission check asks
+      // for more should the hit have shrunk by then), so they are made while the request waits.
+      const int64_t hit = sched.prefix_cache().peek(s->tokens, 0, s->req.media) * sched.config().block_size;
+      const size_t first = first_needed_item(*s, hit);
+      if (first < s->media_first) request_media(*s, r, first);
+    }
+    sched.add(std::move(s));
   }
+  apply_media_results();
   if (aborts.empty()) return;
   const std::unordered_set<std::string> ids(aborts.begin(), aborts.end());
   for (Rank& rk : ranks_)
@@ -275,6 +408,7 @@ int Engine::place(const Sequence& s) const {
 }
 
 void Engine::finish(Sequence& s, const std::string& error) {
+  media_waits_.erase(s.arrival);
   EngineOutput o;
   o.finish = s.finish;
   o.error = error;
@@ -290,6 +424,7 @@ void Engine::finish(Sequence& s, const std::string& error) {
       default: ++metrics_.requests_error; break;
     }
     metrics_.e2e.observe(std::chrono::duration<double>(Clock::now() - s.t_arrival).count());
+    if (s.req.media_encoder) metrics_.media_items_skipped += s.media_first;  // never asked for
   }
   if (s.sink) s.sink(o);
 }
@@ -308,7 +443,7 @@ bool Engine::step() {
   drain_inbox();
   if (!has_work()) {
     publish_state();
-    return false;
+    return !media_waits_.empty();  // a caller driving steps keeps going while media features are being made
   }
   // 1. Schedule every rank.
   std::vector<RankStep> st(ranks_.size());
@@ -466,6 +601,7 @@ void Engine::apply(Rank& rank, RankStep& st, std::vector<std::pair<Sequence*, En
       (refused ? metrics_.requests_error
                : s.finish == FinishReason::Stop ? metrics_.requests_stop : metrics_.requests_length)++;
       metrics_.e2e.observe(std::chrono::duration<double>(now - s.t_arrival).count());
+      if (s.req.media_encoder) metrics_.media_items_skipped += s.media_first;  // never asked for
     }
     events.emplace_back(&s, std::move(o));
   }

@@ -13,6 +13,12 @@
 // ranks and runs them in lockstep on one thread each; with expert parallelism a rank without rows runs the idle
 // step, so the MoE exchange of every layer still has all ranks. P = 1 is the same code with one rank, run on the
 // engine thread.
+//
+// Media features on demand (EngineRequest::media_encoder; docs/MEDIA.md "Through the engine"): on arrival the engine
+// peeks at the placed rank's prefix cache and asks the encoder for the items from the first one whose slot tokens
+// are not all in the hit; the sequence is held (not scheduled) until they come back through the inbox. Every
+// admission checks again against the hit it actually gets (pages evicted meanwhile, preemption) and asks for any
+// earlier items then.
 #pragma once
 
 #include <atomic>
@@ -23,6 +29,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/request.h"
@@ -91,6 +98,19 @@ class Engine {
     std::vector<uint32_t> masks;           // this step's grammar masks [constrained rows, words]
   };
   struct RankStep;  // one rank's share of a step (engine.cpp)
+  // Media features on demand (EngineRequest::media_encoder): an encoder's answer, queued by its thread.
+  struct MediaResult {
+    uint64_t arrival = 0;  // the sequence's
+    size_t first = 0;      // items [first, the sequence's media_first) were asked for
+    std::shared_ptr<const std::vector<float>> features;
+    std::string error;
+  };
+  struct MediaPost;  // what the encoders' callbacks hold: the engine while it lives (engine.cpp)
+  struct MediaWait {
+    int rank = 0;
+    Sequence* seq = nullptr;  // held, in that rank's waiting queue
+    size_t first = 0;
+  };
 
   Engine(std::unique_ptr<ModelExecutor> owned, ModelExecutor* executor, EngineConfig cfg);
   void loop();
@@ -107,6 +127,16 @@ class Engine {
   void publish_state();  // running/waiting/page gauges for metrics()
   // The media embedding rows of the prompt slot tokens among the next `n` tokens of `s` (engine.cpp).
   std::span<const float> media_rows(const Sequence& s, int64_t n) const;
+  // The first media item with a slot token at or after position `computed` of the prompt (items before it lie
+  // entirely in the computed prefix); the item count when none.
+  size_t first_needed_item(const Sequence& s, int64_t computed) const;
+  // Rank r's admission check: true when s has the features of every item it will prefill from s.computed;
+  // otherwise asks the encoder for the missing ones and returns false (the scheduler holds s).
+  bool media_ready(Sequence& s, int rank);
+  // Asks s's encoder for items [first, s.media_first) and holds s until they come back.
+  void request_media(Sequence& s, int rank, size_t first);
+  void post_media(MediaResult r);  // any thread
+  void apply_media_results();      // engine thread, from drain_inbox
 
   EngineConfig cfg_;
   std::unique_ptr<dist::InProcessGroup> group_;  // expert-parallel collectives; outlives the ranks' executors
@@ -118,11 +148,14 @@ class Engine {
   std::condition_variable inbox_cv_;
   std::vector<std::pair<EngineRequest, OutputSink>> inbox_;
   std::vector<std::string> abort_inbox_;
+  std::vector<MediaResult> media_inbox_;
   bool stop_ = false;
   std::thread thread_;
 
   // Owned by the engine thread (or by step() callers when no thread runs); so are ranks_' schedulers.
   uint64_t arrival_counter_ = 0;
+  std::unordered_map<uint64_t, MediaWait> media_waits_;  // by arrival: sequences held for their media features
+  std::shared_ptr<MediaPost> media_post_;
 
   mutable std::mutex metrics_mu_;
   EngineMetrics metrics_;

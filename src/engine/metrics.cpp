@@ -65,6 +65,13 @@ std::string EngineMetrics::to_prometheus(const std::string& model) const {
           double(grammar_masks));
   counter("grammar_mask_seconds_total", "Host seconds spent computing constrained-decoding token masks.",
           grammar_mask_seconds);
+  counter("media_items_requested_total",
+          "Images and videos whose features the engine asked the vision encoder for (the items from the first one "
+          "not entirely in the prefix cache's hit).",
+          double(media_items_requested));
+  counter("media_items_skipped_total",
+          "Images and videos of finished requests never encoded: the prefix cache held all their slot tokens.",
+          double(media_items_skipped));
   out += "# HELP m3serve:request_success_total Finished requests by finish reason.\n"
          "# TYPE m3serve:request_success_total counter\n";
   for (auto [reason, v] : {std::pair{"stop", requests_stop}, {"length", requests_length}, {"abort", requests_abort},

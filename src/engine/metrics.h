@@ -35,6 +35,10 @@ struct EngineMetrics {
   uint64_t preemptions = 0;
   uint64_t grammar_masks = 0;        // constrained rows sampled (one token mask each)
   double grammar_mask_seconds = 0;   // host time spent computing those masks
+  // Images / videos of requests whose features the engine asks for (EngineRequest::media_encoder): asked of the
+  // vision encoder, and — counted when the request ends — never asked for because the prefix cache held all their
+  // slot tokens.
+  uint64_t media_items_requested = 0, media_items_skipped = 0;
   uint64_t requests_stop = 0, requests_length = 0, requests_abort = 0, requests_error = 0;
   Histogram ttft = Histogram::latency();
   Histogram itl = Histogram::latency();

@@ -38,6 +38,22 @@ struct GenerationParams {
   void validate(int vocab_size) const;
 };
 
+// Vision features made on demand (issue 12; docs/MEDIA.md "Through the engine"): instead of every item's features
+// up front (EngineRequest::media_embeds), the engine asks for those of the items it will prefill — from the first
+// item whose slot tokens are not all inside the prompt's cached prefix — so an image whose placeholder span the
+// prefix cache already holds is never encoded. Shared by the choices of a request.
+struct MediaEncoder {
+  // The prompt's images / videos in order: slot tokens per item (Σ = the prompt's slot tokens; a video's groups
+  // are one item).
+  std::vector<int64_t> item_slots;
+  // Called with the items' features concatenated in order ([Σ slots, hidden_size] floats), or with an error
+  // message (the request then fails with it).
+  using Done = std::function<void(std::shared_ptr<const std::vector<float>> features, std::string error)>;
+  // Makes the features of items [first, end) off the engine thread (it must not block) and calls done exactly
+  // once, from any thread — also from inside this call.
+  std::function<void(size_t first, size_t end, Done done)> encode;
+};
+
 struct EngineRequest {
   std::string id;
   std::vector<int32_t> prompt;
@@ -53,6 +69,8 @@ struct EngineRequest {
   // [slots, hidden_size] (model/vision_model.h). Each prefill chunk passes its share to the executor
   // (SeqInput::media_embeds), which replaces those rows' embeddings. Null for text.
   std::shared_ptr<const std::vector<float>> media_embeds;
+  // Or (not both): the features on demand, for the items the prefix cache does not already cover (above).
+  std::shared_ptr<const MediaEncoder> media_encoder;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };

@@ -31,6 +31,19 @@ Scheduler::~Scheduler() {
   for (auto& s : waiting_) free_pages(*s, false);
 }
 
+bool Scheduler::has_work() const {
+  return !running_.empty() || std::any_of(waiting_.begin(), waiting_.end(), [](const auto& w) { return !w->held; });
+}
+
+std::unique_ptr<Sequence> Scheduler::remove_waiting(const Sequence* s) {
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w.get() == s; });
+  if (it == waiting_.end()) return nullptr;
+  std::unique_ptr<Sequence> out = std::move(*it);
+  waiting_.erase(it);
+  free_pages(*out, false);
+  return out;
+}
+
 void Scheduler::add(std::unique_ptr<Sequence> s) {
   auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return runs_before(*s, *w); });
   waiting_.insert(it, std::move(s));
@@ -161,14 +174,26 @@ StepPlan Scheduler::schedule() {
     take(s, n);
   }
 
-  // 3. Admit waiting sequences while budget, sequence slots and pages allow.
-  while (budget > 0 && !waiting_.empty() && int(running_.size()) < cfg_.max_num_seqs) {
-    Sequence& s = *waiting_.front();
+  // 3. Admit waiting sequences while budget, sequence slots and pages allow; held ones are skipped.
+  for (size_t w = 0; budget > 0 && w < waiting_.size() && int(running_.size()) < cfg_.max_num_seqs;) {
+    Sequence& s = *waiting_[w];
+    if (s.held) {
+      ++w;
+      continue;
+    }
     if (s.pages.empty() && s.computed == 0) {
       std::vector<int32_t> hit = prefix_.match(s.tokens, 0, s.req.media);
       s.pages = hit;
       s.registered = int(hit.size());
       s.computed = int64_t(hit.size()) * B;
+      if (admit_check_ && !admit_check_(s)) {
+        // Not yet (its media features are being made): give the match back; the next attempt matches again.
+        free_pages(s, false);
+        s.computed = 0;
+        s.held = true;
+        ++w;
+        continue;
+      }
       if (s.cached_tokens < 0) {
         s.cached_tokens = int(s.computed);
         plan.stats.prompt_tokens += uint64_t(s.prompt_len);
@@ -186,13 +211,13 @@ StepPlan Scheduler::schedule() {
       break;
     }
     take(s, n);
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(waiting_[w]));
+    waiting_.erase(waiting_.begin() + ptrdiff_t(w));
   }
-  if (plan.rows.empty()) {
+  if (plan.rows.empty() && has_work()) {
     // Nothing fits. With nothing running, only cached pages can hold the pool: evict them. With requests running
     // but none able to grow (their prefills all wait for pages), make room by preempting one — otherwise no step
-    // would ever free a page.
+    // would ever free a page. (Held sequences wait for something else: they never cost the cache its pages.)
     if (running_.empty())
       prefix_.evict_all_unreferenced();
     else

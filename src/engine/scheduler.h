@@ -1,6 +1,7 @@
 // The scheduler decides what one engine step computes and keeps the page accounting; it never touches a tensor.
 //   schedule() → StepPlan: decode rows first (one token each), then running chunked prefills, then admissions
-//                (prefix-cache match first) under the token budget, max_num_seqs and the free pages. When a
+//                (prefix-cache match first, then the owner's admission check: a refused sequence is held and
+//                skipped) under the token budget, max_num_seqs and the free pages. When a
 //                decoding sequence cannot get a page, the least important, newest running sequence is preempted by
 //                recompute (its full pages stay in the prefix cache) and requeued.
 //   update(plan, sampled) → the sequences that finished: advances `computed`, offers newly full pages to the
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -60,8 +62,16 @@ class Scheduler {
   ~Scheduler();  // releases the pages of every sequence still held
 
   const SchedulerConfig& config() const { return cfg_; }
+  // Asked at every admission attempt, after the prefix-cache match has set s.computed: whether the sequence can
+  // prefill from there now. When it returns false the match is given back and the sequence is held
+  // (Sequence::held: skipped, not work) until its owner clears the flag. The engine's check asks for the media
+  // features the uncached part needs (engine.cpp). Unset: every sequence can.
+  using AdmitCheck = std::function<bool(Sequence&)>;
+  void set_admit_check(AdmitCheck check) { admit_check_ = std::move(check); }
   // Queues a sequence, ordered by (priority, arrival).
   void add(std::unique_ptr<Sequence> s);
+  // Takes a waiting sequence out of the queue (pages released without caching); null when it is not waiting.
+  std::unique_ptr<Sequence> remove_waiting(const Sequence* s);
   // Removes the sequences whose request id is in `ids` (running first, then waiting), releases their pages (full
   // computed pages stay in the prefix cache) and returns them with finish = Abort.
   std::vector<std::unique_ptr<Sequence>> abort(const std::unordered_set<std::string>& ids);
@@ -78,7 +88,8 @@ class Scheduler {
   // valid while the caller holds them.
   std::vector<std::unique_ptr<Sequence>> update(const StepPlan& plan, std::span<const int32_t> sampled);
 
-  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // Running sequences, or waiting ones not held.
+  bool has_work() const;
   int num_running() const { return int(running_.size()); }
   int num_waiting() const { return int(waiting_.size()); }
   // Tokens (prompt + generated) of every running and waiting sequence: the data-parallel engine's load measure.
@@ -98,6 +109,7 @@ class Scheduler {
   PagePool& pool_;
   SchedulerConfig cfg_;
   PrefixCache prefix_;
+  AdmitCheck admit_check_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
 };

@@ -27,6 +27,9 @@ struct Sequence {
   int cached_tokens = -1;       // prefix-cache hit at first admission (−1: not admitted yet)
   uint64_t arrival = 0;         // submission order, the FCFS tie-break
   FinishReason finish = FinishReason::None;
+  // Waits for something outside the scheduler (media features being encoded): skipped by admission and not counted
+  // as work while set. The scheduler sets it when its admission check refuses; the engine clears it.
+  bool held = false;
 
   // ---- engine state (engine/engine.cpp; the scheduler never reads it) ----
   OutputSink sink;
@@ -34,10 +37,14 @@ struct Sequence {
   Clock::time_point t_arrival, t_last;
   bool first_token_sent = false;
   std::unique_ptr<grammar::Constraint> constraint;  // from req.constraint; advanced with every sampled token
+  // With req.media_encoder: the features of items [media_first, items) concatenated (media_first = items: none yet).
+  std::shared_ptr<const std::vector<float>> media_features;
+  size_t media_first = 0;
 
   Sequence(EngineRequest r, uint64_t order) : req(std::move(r)), arrival(order), t_arrival(Clock::now()) {
     tokens = req.prompt;
     prompt_len = int(tokens.size());
+    if (req.media_encoder) media_first = req.media_encoder->item_slots.size();
   }
   int64_t pending() const { return int64_t(tokens.size()) - computed; }
 };

@@ -191,6 +191,68 @@ TEST(Scheduler, ASharedPromptPrefixIsServedFromTheCacheExceptTheLastToken) {
   EXPECT_EQ(pc.rows[0].seq->cached_tokens, 8);
 }
 
+// The admission check (the engine's: media features still being made) holds a sequence: its prefix match is given
+// back, later arrivals are admitted past it, a scheduler with only held sequences has no work and evicts nothing,
+// and once the flag is cleared it is admitted with the cached prefix.
+TEST(Scheduler, AHeldSequenceIsSkippedWithoutCostingTheCacheItsPagesAndRunsOnceReleased) {
+  PagePool pool(8);
+  Scheduler s(pool, config(100));
+  s.add(seq("a", 13, 1, 0));
+  run_to_end(s, pool);
+  ASSERT_EQ(s.prefix_cache().num_cached(), 3);
+  bool ready = false;
+  int asked = 0;
+  s.set_admit_check([&](Sequence& q) {
+    if (q.req.id != "h") return true;
+    ++asked;
+    EXPECT_EQ(q.computed, 12) << "asked after the prefix match";
+    return ready;
+  });
+  auto held = seq("h", 13, 1, 1);
+  Sequence* h = held.get();
+  s.add(std::move(held));
+  s.add(seq("b", 5, 1, 2, 100));
+  StepPlan p1 = s.schedule();
+  ASSERT_EQ(p1.rows.size(), 1u);
+  EXPECT_EQ(p1.rows[0].seq->req.id, "b") << "admitted past the held one";
+  EXPECT_EQ(asked, 1);
+  EXPECT_TRUE(h->held);
+  EXPECT_TRUE(h->pages.empty());
+  EXPECT_EQ(h->computed, 0);
+  EXPECT_EQ(h->cached_tokens, -1) << "not admitted: not counted yet";
+  s.update(p1, std::vector<int32_t>{7});
+  EXPECT_FALSE(s.has_work()) << "only a held sequence left";
+  EXPECT_EQ(s.num_waiting(), 1);
+  EXPECT_TRUE(s.schedule().rows.empty());
+  EXPECT_EQ(asked, 1) << "a held sequence is not asked again";
+  EXPECT_EQ(s.prefix_cache().num_cached(), 4) << "nothing evicted for it (a's 3 pages + b's 1)";
+  EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached()) << "its match was given back";
+  ready = true;
+  EXPECT_TRUE(s.schedule().rows.empty()) << "still held until the flag is cleared";
+  h->held = false;  // what the engine does when the features arrive
+  EXPECT_TRUE(s.has_work());
+  StepPlan p2 = s.schedule();
+  ASSERT_EQ(p2.rows.size(), 1u);
+  EXPECT_EQ(p2.rows[0].seq, h);
+  EXPECT_EQ(h->cached_tokens, 12);
+  EXPECT_EQ(p2.rows[0].num_tokens, 1);
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(s.remove_waiting(h), nullptr) << "running, not waiting";
+  s.update(p2, std::vector<int32_t>{7});
+  // remove_waiting takes a held sequence out with its pages back (the engine, when its encoder fails).
+  auto w = seq("w", 13, 1, 3);
+  Sequence* wp = w.get();
+  ready = false;
+  s.set_admit_check([&](Sequence& q) { return q.req.id != "w"; });
+  s.add(std::move(w));
+  EXPECT_TRUE(s.schedule().rows.empty());
+  auto out = s.remove_waiting(wp);
+  ASSERT_EQ(out.get(), wp);
+  EXPECT_TRUE(out->pages.empty());
+  EXPECT_EQ(s.num_waiting(), 0);
+  EXPECT_EQ(pool.num_used(), s.prefix_cache().num_cached());
+}
+
 TEST(Scheduler, PreemptsTheNewestUnderPagePressureAndStillFinishesEverything) {
   PagePool pool(6);  // 24 tokens: two sequences growing to 16 tokens each cannot both fit
   SchedulerConfig c = config(100);
