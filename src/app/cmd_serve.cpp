@@ -29,6 +29,9 @@
 #include "server/http_server.h"
 #include "server/openai_service.h"
 #ifdef M3_HAVE_MEDIA
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
 #include "media/feature_cache.h"
 #include "media/gateway.h"
 #include "model/vision_model.h"
@@ -362,8 +365,9 @@ CommandRun register_serve(CLI::App& app) {
     sc.image_token_id = c.image_token_id;
     sc.video_token_id = c.video_token_id;
     // The vision tower runs with the executor (docs/MEDIA.md): the CPU reference, or CudaVisionModel next to the
-    // CUDA executor (--vision-device cpu keeps it on the CPU there). Items are encoded on the prepare pool (off the
-    // engine and io threads) and their features ride in the engine request.
+    // CUDA executor (--vision-device cpu keeps it on the CPU there). The engine asks for the features of the items
+    // its prefix cache does not hold (EngineRequest::media_encoder); they are encoded on a thread of their own (off
+    // the engine and io threads) and handed back to it.
     if (c.image_token_id >= 0) {
       using Encode = std::function<std::vector<float>(std::span<const VisionModel::Item>)>;
       Encode encode;
@@ -392,30 +396,56 @@ CommandRun register_serve(CLI::App& app) {
         sc.serve_media = true;
         const int64_t fc_bytes = parse_bytes(o->media_feature_cache, "--media-feature-cache-memory");
         auto features = fc_bytes > 0 ? std::make_shared<media::FeatureCache>(fc_bytes) : nullptr;
-        sc.prepare_media = [gateway, encode, features, width](const server::OJson& messages, std::string prompt) {
+        // The encoder's own thread: the engine asks for the items its prefix cache does not hold
+        // (EngineRequest::media_encoder) and must not wait for them. Requests hold it weakly, never its last owner.
+        auto worker = std::make_shared<boost::asio::thread_pool>(1);
+        sc.prepare_media = [gateway, encode, features, width, worker](const server::OJson& messages,
+                                                                      std::string prompt) {
           const auto t0 = std::chrono::steady_clock::now();
-          media::PreparedMedia pm = media::prepare_chat_media(*gateway, messages, std::move(prompt)).get();
-          const auto t1 = std::chrono::steady_clock::now();
-          server::MediaPrepared out(std::move(pm.prompt));
-          const media::GatewayTimings& gt = pm.timings;
+          auto pm = std::make_shared<media::PreparedMedia>(
+              media::prepare_chat_media(*gateway, messages, std::move(prompt)).get());
+          server::MediaPrepared out(std::move(pm->prompt));
+          const media::GatewayTimings& gt = pm->timings;
           out.stages = {gt.collect, gt.queue, gt.load, gt.hash, gt.process, gt.process_user, gt.process_sys, gt.expand};
-          for (const auto& it : pm.items) {
+          for (const auto& it : pm->items) {
             out.hashes.push_back(it->content_hash);
             out.slots.push_back(it->pixels.tokens());
           }
-          // Cached items' features come from the feature cache; the others are encoded in one batch.
-          out.embeds = std::make_shared<const std::vector<float>>(media::features_with_cache(
-              features.get(), out.hashes, out.slots, width, [&](std::span<const size_t> misses) {
-                out.items_encoded = int64_t(misses.size());
-                std::vector<VisionModel::Item> items;
-                for (size_t m : misses) {
-                  const auto& px = pm.items[m]->pixels;
-                  items.push_back({std::span<const float>(px.values.data(), px.values.size()), {px.t, px.gh, px.gw}});
-                }
-                return encode(items);
-              }));
-          out.gateway_seconds = std::chrono::duration<double>(t1 - t0).count();
-          out.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+          out.gateway_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          // Cached items' features come from the feature cache, the others from one encoder batch. Without the
+          // feature cache a cache of the request's own keeps choices (n > 1) from encoding an item twice.
+          auto cache = features ? features : std::make_shared<media::FeatureCache>(int64_t(1) << 62);
+          out.encode = [pm, hashes = out.hashes, slots = out.slots, encode, cache, width,
+                        pool = std::weak_ptr<boost::asio::thread_pool>(worker)](
+                           size_t first, size_t end, std::function<void(server::MediaPrepared::Encoded)> done) {
+            auto job = [pm, hashes, slots, encode, cache, width, first, end, done] {
+              server::MediaPrepared::Encoded r;
+              const auto t = std::chrono::steady_clock::now();
+              try {
+                r.features = std::make_shared<const std::vector<float>>(media::features_with_cache(
+                    cache.get(), std::span(hashes).subspan(first, end - first),
+                    std::span(slots).subspan(first, end - first), width, [&](std::span<const size_t> misses) {
+                      r.items_encoded = int64_t(misses.size());
+                      std::vector<VisionModel::Item> items;
+                      for (size_t m : misses) {
+                        const auto& px = pm->items[first + m]->pixels;
+                        items.push_back(
+                            {std::span<const float>(px.values.data(), px.values.size()), {px.t, px.gh, px.gw}});
+                      }
+                      return encode(items);
+                    }));
+              } catch (const std::exception& e) {
+                r.features.reset();
+                r.error = fmt::format("the vision encoder failed: {}", e.what());
+              }
+              r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+              done(std::move(r));
+            };
+            if (auto p = pool.lock())
+              boost::asio::post(*p, std::move(job));
+            else
+              done({nullptr, "the server is shutting down", 0, 0});
+          };
           return out;
         };
       }

@@ -5,7 +5,7 @@
 // for a given server (the bytes, a video's fps). On the CPU reference an item's features do not depend on the items
 // batched with it (VisionModel::encode_batch), so a cached item is exact; CudaVisionModel's GEMMs run over all rows
 // of a call, so there a cached item holds what its first batch gave (rounding may differ from another batch's).
-// LRU by bytes; shared by the prepare pool's threads.
+// LRU by bytes; shared by the threads that encode (m3serve serve: the encoder's thread).
 #pragma once
 
 #include <cstdint>

@@ -84,7 +84,7 @@ std::string OpenAIService::render_chat_impl(const ParsedRequest& r, bool allow_m
                    "messages", "no_chat_template");
   const auto t0 = std::chrono::steady_clock::now();
   ChatPrompt p = render_chat_prompt(*cfg_.chat_template, *cfg_.content_format, r);
-  timings_.observe_stage(RequestStage::kTemplate, seconds_since(t0));
+  timings_->observe_stage(RequestStage::kTemplate, seconds_since(t0));
   if (p.media.empty() || allow_media) return std::move(p.text);
   if (cfg_.prepare_media) {
     MediaPrepared prepared;
@@ -96,15 +96,15 @@ std::string OpenAIService::render_chat_impl(const ParsedRequest& r, bool allow_m
       throw ApiError(400, fmt::format("Invalid media input: {}", e.what()), "messages", "invalid_media");
     }
     if (prepared.gateway_seconds > 0 || prepared.encode_seconds > 0) {
-      timings_.observe_media(prepared.gateway_seconds, prepared.encode_seconds, int64_t(prepared.hashes.size()),
-                             prepared.items_encoded);
+      timings_->observe_media_gateway(prepared.gateway_seconds, int64_t(prepared.hashes.size()));
+      if (!prepared.encode) timings_->observe_media_encode(prepared.encode_seconds, prepared.items_encoded);
       const auto& st = prepared.stages;
       using S = RequestStage;
       for (auto [stage, v] : {std::pair{S::kMediaCollect, st.collect}, {S::kMediaQueue, st.queue},
                               {S::kMediaLoad, st.load}, {S::kMediaHash, st.hash}, {S::kMediaProcess, st.process},
                               {S::kMediaProcessUser, st.process_user}, {S::kMediaProcessSys, st.process_sys},
                               {S::kMediaExpand, st.expand}})
-        timings_.observe_stage(stage, v);
+        timings_->observe_stage(stage, v);
     }
     if (cfg_.serve_media) {
       std::string expanded = prepared.prompt;
@@ -154,7 +154,7 @@ std::shared_ptr<grammar::CompiledGrammar> OpenAIService::compiled_grammar(const 
 PreparedJob OpenAIService::prepare(ApiKind kind, std::string_view body) const {
   const auto t0 = std::chrono::steady_clock::now();
   PreparedJob job = prepare_impl(kind, body);  // failures (ApiError) are not timed
-  timings_.observe_preprocess(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  timings_->observe_preprocess(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return job;
 }
 
@@ -162,7 +162,7 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
   PreparedJob job;
   auto t = std::chrono::steady_clock::now();
   job.req = kind == ApiKind::Chat ? parse_chat_request(body, cfg_.limits) : parse_completion_request(body, cfg_.limits);
-  timings_.observe_stage(RequestStage::kParse, seconds_since(t));
+  timings_->observe_stage(RequestStage::kParse, seconds_since(t));
   const ParsedRequest& r = job.req;
   const Tokenizer& tok = *cfg_.tokenizer;
   const uint64_t serial = next_id_.fetch_add(1);
@@ -186,8 +186,8 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
     // The template already wrote any BOS / special tokens, so do not add them again (HF and vLLM agree).
     t = std::chrono::steady_clock::now();
     p.ids = encode_chat_prompt(p.text);
-    if (media.embeds) spans = media_spans(p.ids, media);
-    timings_.observe_stage(RequestStage::kTokenize, seconds_since(t));
+    if (media.embeds || media.encode) spans = media_spans(p.ids, media);
+    timings_->observe_stage(RequestStage::kTokenize, seconds_since(t));
     prompts.push_back(std::move(p));
   } else {
     t = std::chrono::steady_clock::now();
@@ -203,9 +203,22 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
       }
       prompts.push_back(std::move(p));
     }
-    timings_.observe_stage(RequestStage::kTokenize, seconds_since(t));
+    timings_->observe_stage(RequestStage::kTokenize, seconds_since(t));
   }
 
+  // Features on demand: the engine asks for the items its prefix cache does not hold; each call is timed here.
+  std::shared_ptr<const MediaEncoder> encoder;
+  if (media.encode && !spans.empty()) {
+    auto me = std::make_shared<MediaEncoder>();
+    me->item_slots = media.slots;
+    me->encode = [encode = media.encode, timings = timings_](size_t first, size_t end, MediaEncoder::Done done) {
+      encode(first, end, [timings, done = std::move(done)](MediaPrepared::Encoded e) {
+        if (e.error.empty()) timings->observe_media_encode(e.seconds, e.items_encoded);
+        done(std::move(e.features), std::move(e.error));
+      });
+    };
+    encoder = std::move(me);
+  }
   std::shared_ptr<grammar::CompiledGrammar> cg = r.grammar ? compiled_grammar(r) : nullptr;
   int choice = 0;
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
@@ -245,6 +258,7 @@ PreparedJob OpenAIService::prepare_impl(ApiKind kind, std::string_view body) con
       er.constraint = spec;
       er.media = spans;
       er.media_embeds = media.embeds;
+      er.media_encoder = encoder;
       job.engine_requests.push_back(std::move(er));
 
       ChoiceOptions o;

@@ -30,8 +30,9 @@
 namespace m3::server {
 
 // What the media hook returns: the prompt with every anchor expanded, and — when the server runs the vision tower —
-// per item (prompt order) its content hash and slot-token count, and the features of all slots [slots, hidden].
-// A hook that only validates returns the prompt alone (std::string converts).
+// per item (prompt order) its content hash and slot-token count, and either the features of all slots
+// [slots, hidden] (embeds) or the encoder the engine asks for the items the prefix cache does not hold (encode;
+// EngineRequest::media_encoder). A hook that only validates returns the prompt alone (std::string converts).
 struct MediaPrepared {
   MediaPrepared() = default;
   MediaPrepared(std::string p) : prompt(std::move(p)) {}  // NOLINT: implicit on purpose
@@ -39,10 +40,20 @@ struct MediaPrepared {
   std::vector<uint64_t> hashes;
   std::vector<int64_t> slots;
   std::shared_ptr<const std::vector<float>> embeds;
+  // What an encode call gives back: items [first, end)'s features concatenated (or an error message), the
+  // encoder's wall time and the items it ran on (the others' features were cached).
+  struct Encoded {
+    std::shared_ptr<const std::vector<float>> features;
+    std::string error;
+    double seconds = 0;
+    int64_t items_encoded = 0;
+  };
+  // Makes items [first, end) off the calling thread (the engine's) and calls done once, from any thread.
+  std::function<void(size_t first, size_t end, std::function<void(Encoded)> done)> encode;
   // Wall time of the two halves of the hook, for /metrics: the media gateway (fetch, decode, resize, patchify,
-  // templating; on its own pool) and the vision encoder. 0 where the hook does not say.
+  // templating; on its own pool) and, for embeds, the vision encoder. 0 where the hook does not say.
   double gateway_seconds = 0, encode_seconds = 0;
-  int64_t items_encoded = 0;  // items the vision encoder ran on (the others' features were cached)
+  int64_t items_encoded = 0;  // embeds: items the vision encoder ran on (the others' features were cached)
   // The gateway's stages (request_stage_seconds media_*; media::GatewayTimings): collect on the request thread,
   // queue / load / hash / process summed over the items, expand after the last one. Observed with gateway_seconds.
   struct Stages {
@@ -70,8 +81,9 @@ struct ServiceConfig {
   // `m3serve serve` where the media libraries are built.
   std::function<MediaPrepared(const OJson& messages, std::string prompt)> prepare_media;
   // Slot token ids of the model (config.json image_token_index / video_token_index): with serve_media and
-  // embeddings from the hook, the runs of these ids in the tokenised prompt become EngineRequest::media spans and
-  // receive MediaPrepared::embeds.
+  // embeddings (or an encoder) from the hook, the runs of these ids in the tokenised prompt become
+  // EngineRequest::media spans and receive MediaPrepared::embeds (or an EngineRequest::media_encoder over encode
+  // that records each call in /metrics).
   int32_t image_token_id = -1, video_token_id = -1;
   // True once a backend runs the vision tower; until then media that prepare cleanly still get a 400
   // "unsupported_parameter" (after validation, so a broken file is reported as such).
@@ -115,7 +127,7 @@ class OpenAIService {
   std::vector<int32_t> encode_chat_prompt(std::string_view text) const;
 
   // Preprocess / detokenise time per request (for /metrics).
-  RequestTimings& timings() const { return timings_; }
+  RequestTimings& timings() const { return *timings_; }
 
  private:
   PreparedJob prepare_impl(ApiKind kind, std::string_view body) const;
@@ -130,7 +142,8 @@ class OpenAIService {
   mutable std::shared_ptr<const grammar::TokenVocab> vocab_;
   mutable std::mutex grammar_mu_;
   mutable std::map<std::string, std::shared_ptr<grammar::CompiledGrammar>> grammars_;
-  mutable RequestTimings timings_;
+  // Shared with the media encoders of requests in the engine, which may report after the service is gone.
+  std::shared_ptr<RequestTimings> timings_ = std::make_shared<RequestTimings>();
   mutable std::atomic<uint64_t> next_id_{1};
 };
 

@@ -54,10 +54,20 @@ void RequestTimings::observe_detokenize(double s) {
 }
 
 void RequestTimings::observe_media(double gateway_s, double encode_s, int64_t items, int64_t encoded) {
+  observe_media_gateway(gateway_s, items);
+  observe_media_encode(encode_s, encoded);
+}
+
+void RequestTimings::observe_media_gateway(double gateway_s, int64_t items) {
   std::lock_guard<std::mutex> lk(mu_);
   media_gateway_.observe(gateway_s);
+  media_items_ += items;
+}
+
+void RequestTimings::observe_media_encode(double encode_s, int64_t encoded) {
+  std::lock_guard<std::mutex> lk(mu_);
   media_encode_.observe(encode_s);
-  media_items_ += items, media_items_encoded_ += encoded;
+  media_items_encoded_ += encoded;
 }
 
 std::string RequestTimings::to_prometheus(const std::string& lbl) const {
@@ -72,7 +82,8 @@ std::string RequestTimings::to_prometheus(const std::string& lbl) const {
        "Per request with images or video: the media gateway (fetch, decode, resize, patchify, templating), part of "
        "preprocess.",
        media_gateway_);
-  hist("request_media_encode_seconds", "Per request with images or video: the vision encoder, part of preprocess.",
+  hist("request_media_encode_seconds",
+       "Per vision-encoder call (one per request with images or video not in the prefix cache): its wall time.",
        media_encode_);
   // One family, one series per stage: the header once, then each stage's lines (append_prometheus's own header cut).
   const char* kStage = "request_stage_seconds";
@@ -95,7 +106,7 @@ std::string RequestTimings::to_prometheus(const std::string& lbl) const {
   counter("media_items_total", "Images and videos in requests.", media_items_);
   counter("media_items_encoded_total",
           "Images and videos the vision encoder ran on; the others' features came from the feature cache "
-          "(--media-feature-cache-memory).",
+          "(--media-feature-cache-memory) or were not needed (media_items_skipped_total).",
           media_items_encoded_);
   return out;
 }

@@ -5,14 +5,19 @@
 //                                        incremental detokenisation + stop matching + output parsing
 //   m3serve:request_media_gateway_seconds  requests with images/video: the media gateway's wall time (fetch, decode,
 //                                        resize, patchify, templating on its pool), part of preprocess
-//   m3serve:request_media_encode_seconds   the same requests: the vision encoder's wall time, part of preprocess
+//   m3serve:request_media_encode_seconds   per vision-encoder call: its wall time — part of preprocess where the
+//                                        media hook encodes up front; where the engine asks for the features
+//                                        (EngineRequest::media_encoder) one call per request with uncached items,
+//                                        made while the request waits in the engine (inside its TTFT)
 //   m3serve:media_items_total / media_items_encoded_total   images and videos requested / run through the vision
-//                                        encoder (the others came from the feature cache, media/feature_cache.h)
+//                                        encoder (the others came from the feature cache, media/feature_cache.h, or
+//                                        were never asked for: the engine's media_items_skipped_total)
 //   m3serve:request_stage_seconds{stage=…}  a chat / completion request's path stage by stage (RequestStage below),
 //                                        so a TTFT can be taken apart: body receive → dispatch → parse → template →
-//                                        media (collect, per-item queue / load / hash / process, expand; the
-//                                        encoder) → tokenise → submit; the engine's own part is
-//                                        time_to_first_token_seconds (arrival in the engine → first token)
+//                                        media (collect, per-item queue / load / hash / process, expand) →
+//                                        tokenise → submit; the engine's own part (with the vision encoder where
+//                                        the engine asks for the features) is time_to_first_token_seconds
+//                                        (arrival in the engine → first token)
 // Thread-safe (one mutex; an observation is a few ns of work under it).
 #pragma once
 
@@ -53,6 +58,9 @@ class RequestTimings {
   void observe_detokenize(double seconds);
   // items: the request's images and videos; encoded: those the vision encoder ran on (the rest were cached).
   void observe_media(double gateway_seconds, double encode_seconds, int64_t items = 0, int64_t encoded = 0);
+  // The two halves on their own: the gateway at preparation, each encoder call when it is made.
+  void observe_media_gateway(double gateway_seconds, int64_t items);
+  void observe_media_encode(double encode_seconds, int64_t encoded);
   void observe_stage(RequestStage stage, double seconds);
   // Prometheus histograms with the given label set (e.g. model_name="m3").
   std::string to_prometheus(const std::string& labels) const;

@@ -53,10 +53,11 @@ test('an image adds its slot tokens to the prompt and a repeated image hits the 
     `another image must not reuse the first image's pages: ${JSON.stringify(other.usage)}`);
 });
 
-test('a repeated image is not encoded again (feature cache) and answers the same', async () => {
+test('a repeated image is not encoded again (feature cache, prefix cache) and answers the same', async () => {
   const count = async () => {
     const m = await metrics(srv.baseURL);
-    return [m['m3serve:media_items_total'], m['m3serve:media_items_encoded_total']];
+    return [m['m3serve:media_items_total'], m['m3serve:media_items_encoded_total'],
+      m['m3serve:media_items_skipped_total']];
   };
   const [items0, enc0] = await count();
   const a = await ask([text, image('rgb.gif'), image('gray.jpg')]);
@@ -68,9 +69,12 @@ test('a repeated image is not encoded again (feature cache) and answers the same
   const [items2, enc2] = await count();
   assert.equal(items2 - items1, 3);
   assert.equal(enc2 - enc1, 1, 'only the new image is encoded');
+  const [, , skipped2] = await count();
   const again = await ask([text, image('rgb.gif'), image('gray.jpg')]);
-  const [, enc3] = await count();
+  const [, enc3, skipped3] = await count();
   assert.equal(enc3, enc2, 'nothing new to encode');
+  // The prefix cache holds the first turn's pages, both images' slots among them: the engine never asks for them.
+  assert.equal(skipped3 - skipped2, 2, 'both images inside the cached prefix');
   assert.equal(again.choices[0].message.content, a.choices[0].message.content, 'cached features: the same answer');
   assert.equal(again.usage.prompt_tokens, a.usage.prompt_tokens);
   assert.ok(b.usage.prompt_tokens > a.usage.prompt_tokens);

@@ -226,6 +226,74 @@ TEST(ChatPromptMedia, ServedMediaBecomeSpansWithTheItemsHashesAndFeatures) {
   }
 }
 
+// With an encoder instead of features the engine request gets a MediaEncoder over the hook's encode (one for all
+// choices): its item slots, and each call it makes is timed in /metrics (request_media_encode_seconds,
+// media_items_encoded_total) before the engine gets the features.
+TEST(ChatPromptMedia, ServedMediaOnDemandGiveTheEngineAnEncoderThatIsTimed) {
+  M3_REQUIRE_TOKENIZER();
+  auto j = nlohmann::json::parse(testref::slurp(test::kQwenTokenizer));
+  int max_id = 0;
+  for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, a["id"].get<int>());
+  const int img = max_id + 1;
+  j["added_tokens"].push_back({{"id", img}, {"content", "]<]image[>["}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", false}, {"special", true}});
+  ServiceConfig c = test::service_config();
+  c.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_json(j.dump()));
+  c.chat_template = std::make_shared<const ChatTemplate>(synthetic());
+  c.serve_media = true;
+  c.image_token_id = img;
+  std::vector<std::pair<size_t, size_t>> asked;
+  c.prepare_media = [&](const OJson&, std::string prompt) {
+    const size_t at = prompt.find("]<]image[>[");
+    MediaPrepared m(prompt.substr(0, at) + "]<]image[>[]<]image[>[ and ]<]image[>[]<]image[>[]<]image[>[" +
+                    prompt.substr(at + 11));
+    m.hashes = {11, 22};
+    m.slots = {2, 3};
+    m.gateway_seconds = 0.5;
+    m.encode = [&asked](size_t first, size_t end, std::function<void(MediaPrepared::Encoded)> done) {
+      asked.emplace_back(first, end);
+      if (first == 0) return done({nullptr, "broken", 0.25, 0});
+      done({std::make_shared<const std::vector<float>>(3 * 8, 0.5f), "", 0.125, 1});
+    };
+    return m;
+  };
+  const std::string body =
+      R"({"n":2,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"a"}}]}]})";
+  OpenAIService svc(c);
+  auto job = svc.prepare(ApiKind::Chat, body);
+  ASSERT_EQ(job.engine_requests.size(), 2u);
+  const auto& er = job.engine_requests[0];
+  ASSERT_NE(er.media_encoder, nullptr);
+  EXPECT_EQ(job.engine_requests[1].media_encoder, er.media_encoder) << "one encoder for the request's choices";
+  EXPECT_EQ(er.media_embeds, nullptr);
+  EXPECT_EQ(er.media_encoder->item_slots, (std::vector<int64_t>{2, 3}));
+  ASSERT_EQ(er.media.size(), 2u);
+  EXPECT_EQ(er.media[1].length, 3);
+  EXPECT_EQ(er.media[1].hash, 22u);
+  std::shared_ptr<const std::vector<float>> got;
+  std::string error;
+  er.media_encoder->encode(1, 2, [&](std::shared_ptr<const std::vector<float>> f, std::string e) {
+    got = std::move(f);
+    error = std::move(e);
+  });
+  EXPECT_EQ(error, "");
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->size(), 24u);
+  er.media_encoder->encode(0, 2, [&](std::shared_ptr<const std::vector<float>>, std::string e) { error = e; });
+  EXPECT_EQ(error, "broken");
+  EXPECT_EQ(asked, (std::vector<std::pair<size_t, size_t>>{{1, 2}, {0, 2}}));
+  const std::string text = svc.timings().to_prometheus("model_name=\"m\"");
+  auto value = [&](const std::string& series) {
+    const size_t at = text.find(series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 1));
+  };
+  EXPECT_EQ(value("m3serve:media_items_total{model_name=\"m\"}"), 2);
+  EXPECT_EQ(value("m3serve:media_items_encoded_total{model_name=\"m\"}"), 1) << "the failed call is not counted";
+  EXPECT_EQ(value("m3serve:request_media_encode_seconds_count{model_name=\"m\"}"), 1);
+  EXPECT_EQ(value("m3serve:request_media_encode_seconds_sum{model_name=\"m\"}"), 0.125);
+  EXPECT_EQ(value("m3serve:request_media_gateway_seconds_count{model_name=\"m\"}"), 1);
+}
+
 TEST(ChatPromptContent, PartsTemplatesGetArraysAndStringTemplatesGetJoinedText) {
   EXPECT_EQ(detect_content_format(synthetic()), ContentFormat::kParts);
   EXPECT_EQ(detect_content_format(*test::tiny_template()), ContentFormat::kString);

@@ -8,7 +8,8 @@ Starts `m3serve serve --device cpu` (or --device cuda) on a checkpoint with visi
   images    the same text + N different JPEG data: URLs (new images every repetition: no media-cache hits)
   samelen   a text-only request padded to the same prompt length as `images` (the prefill the image slots cost)
 The gateway and encoder wall times come from /metrics (request_media_{gateway,encode}_seconds), and the image
-request's whole HTTP-side preparation from request_preprocess_seconds; its path stage by stage from
+request's whole HTTP-side preparation from request_preprocess_seconds (the gateway is inside it; the encoder runs
+when the engine asks for the features, inside the engine's TTFT); its path stage by stage from
 request_stage_seconds{stage=...} (body receive, dispatch, parse, template, media collect / queue / load / hash /
 process (+ its user and system CPU time) / expand, tokenise, submit) and the engine's part (arrival -> first token)
 from time_to_first_token_seconds: each repetition's delta of the sums around the images request.
@@ -151,10 +152,10 @@ def main():
         print(f"  text-only TTFT {1e3 * med['text']:.1f}, same-length text TTFT {1e3 * med['samelen']:.1f}, "
               f"with images {1e3 * med['images']:.1f}")
         p = statistics.median(pre)
-        rest = statistics.median([x - y - z for x, y, z in zip(pre, gw, enc)])
-        print(f"  media gateway {1e3 * g:.1f} (inside the images request), vision encoder {1e3 * e:.1f}; the images "
-              f"request's whole preprocess {1e3 * p:.1f}, of which not gateway or encoder (JSON, template, "
-              f"tokenise) {1e3 * rest:.1f}")
+        rest = statistics.median([x - y for x, y in zip(pre, gw)])
+        print(f"  media gateway {1e3 * g:.1f} (inside the images request), vision encoder {1e3 * e:.1f} (in the "
+              f"engine's TTFT); the images request's whole preprocess {1e3 * p:.1f}, of which not gateway (JSON, "
+              f"template, tokenise) {1e3 * rest:.1f}")
         print(f"  images - encoder - same-length text = {1e3 * o:.1f} ms = {100 * o / med['samelen']:.1f} % of the "
               f"same-length text TTFT; images - encoder - text-only = "
               f"{100 * (med['images'] - e - med['text']) / med['text']:.1f} % of the text-only TTFT")
