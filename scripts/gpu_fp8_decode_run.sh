@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call (2026-12-03, sixth session) for the e4m3 decode attention's pair loop (two chunks per iteration,
-# paged_decode_tc.cu kPair) and the FP8 prefill's per-step host profile:
-#   bench_decode --fp8 --attn-only at B = 8 / 32 / 64, 16k (its e4m3 checks first), then the same binary with
-#   M3_DECODE_FP8_PAIR=0 (A/B); gpu_decode_test (both loops), gpu_graph_test, gpu_model_test, gpu_kv_fp8_test;
+# One device call (2026-12-03, sixth session) for the paged decode attention's pair loop (paged_decode_tc.cu kPair:
+# two chunks per iteration; e4m3, and bf16 in the deep shape) and the FP8 prefill's per-step host profile:
+#   bench_decode --fp8 --attn-only at B = 8 / 32 / 64, 16k (bf16 and e4m3; the e4m3 checks first), then the same
+#   binary with M3_DECODE_PAIR=0 (A/B); gpu_decode_test (both loops), gpu_graph_test, gpu_model_test, gpu_kv_fp8_test;
 #   the 60k-token FP8 e2e with M3_STEP_PROFILE=2 (one line per eager prefill step: where the "head" wait sits);
 #   ncu of the pair kernel at B = 64.
 #   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_fp8_decode_run.sh $OUT`   (≈ 6 minutes)
@@ -16,21 +16,21 @@ t0=$(date +%s)
 c="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 M3_COMMIT="$c" timeout 150 bash tools/bench_decode/run_device.sh "$out/dec" --fp8 --attn-only --batches 8,32,64 \
   --ctxs 16384 >"$out/dec.txt" 2>&1
-echo "== bench_decode e4m3 attention (pair loop): rc $?"
+echo "== bench_decode attention (pair loop): rc $?"
 grep -E "FAIL|e4m3 .*(ok|FAIL)|^\| paged" "$out/dec.txt" | cut -c1-200 | head -30
 bd=/tmp/bench_decode_build/bench_decode
 if [ -x "$bd" ]; then
-  M3_DECODE_FP8_PAIR=0 timeout 90 "$bd" --fp8 --attn-only --batches 8,32,64 --ctxs 16384 --no-checks \
+  M3_DECODE_PAIR=0 timeout 90 "$bd" --fp8 --attn-only --batches 8,32,64 --ctxs 16384 --no-checks \
     >"$out/dec_nopair.txt" 2>&1
-  echo "== bench_decode e4m3 attention, M3_DECODE_FP8_PAIR=0: rc $?"
-  grep -E "^\| paged.*e4m3" "$out/dec_nopair.txt" | head -12
+  echo "== bench_decode attention, M3_DECODE_PAIR=0: rc $?"
+  grep -E "^\| paged" "$out/dec_nopair.txt" | head -16
 fi
 M3_COMMIT="$c" M3_STEP_SKIP_DECODE=1 M3_STEP_TESTS="gpu_decode_test gpu_graph_test gpu_model_test gpu_kv_fp8_test" \
   M3_STEP_E2E="fp8" bash scripts/gpu_step_run.sh "$out/step" 2>&1 | grep -v "^in order"
 b=$(find build-gpu -name gpu_decode_test -type f | head -1)
 if [ -n "$b" ]; then
-  M3_DECODE_FP8_PAIR=0 timeout 200 "$b" --gtest_brief=1 >"$out/gpu_decode_test_nopair.txt" 2>&1
-  echo "== gpu_decode_test M3_DECODE_FP8_PAIR=0: rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/gpu_decode_test_nopair.txt" |
+  M3_DECODE_PAIR=0 timeout 200 "$b" --gtest_brief=1 >"$out/gpu_decode_test_nopair.txt" 2>&1
+  echo "== gpu_decode_test M3_DECODE_PAIR=0: rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/gpu_decode_test_nopair.txt" |
     tr '\n' ' ')"
 fi
 if [ -x "$bd" ] && command -v ncu >/dev/null; then

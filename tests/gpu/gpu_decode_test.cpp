@@ -42,6 +42,16 @@ TEST(GpuDecode, PagedDecodeWidePipelineMatchesCpu) {
   expect_ok(decode_check::check_paged_decode(seed(), pos, 4, 16, true, true), "paged_decode_tc sparse G16 wide");
 }
 
+// 24 rows × 4 KV heads = 96 requests (#SMs / 2 < R ≤ #SMs on an H200): the deep pipeline and its pair loop (two
+// chunks per iteration), with rows of an odd chunk count (a zero-filled last stage) and 1-token last pages.
+TEST(GpuDecode, PagedDecodeDeepPipelineMatchesCpu) {
+  M3_SKIP_WITHOUT_GPU();
+  std::vector<int32_t> pos;
+  for (int i = 0; i < 24; ++i)
+    pos.push_back(i % 3 == 0 ? 64 * (2 * i + 1) - 1 : i % 3 == 1 ? 128 * (i + 1) : 1 + 97 * i);
+  expect_ok(decode_check::check_paged_decode(seed(), pos, 4, 16, true, false), "paged_decode_tc sparse G16 deep");
+}
+
 TEST(GpuDecode, PagedDecodeSparseG8MatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
   expect_ok(decode_check::check_paged_decode(seed(), kMixed, 1, 8, true, true), "paged_decode_tc sparse G8 (TP8)");

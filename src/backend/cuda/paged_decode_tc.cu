@@ -28,9 +28,10 @@ struct Pipe {
   static constexpr int kTileBytes = CH * D * int(sizeof(KvT));
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kWideStages = sizeof(KvT) == 2 ? 3 : 5, kDeepStages = sizeof(KvT) == 2 ? 6 : 12;
-  // The e4m3 pair loop (paged_decode_tc_kernel's kPair) consumes two stages per iteration and keeps stages − 2
-  // chunks in flight: 6 wide stages (100 KiB, 4 in flight as above) and the same 12 deep.
-  static constexpr int kWidePairStages = 6, kDeepPairStages = 12;
+  // The pair loop (paged_decode_tc_kernel's kPair) consumes two stages per iteration and keeps stages − 2 chunks in
+  // flight: e4m3 6 wide stages (100 KiB, 4 in flight as above) and the same 12 deep; bf16 deep only, the same 6
+  // stages (4 in flight instead of 5; its wide ring has no room for a fourth 32 KiB stage).
+  static constexpr int kWidePairStages = 6, kDeepPairStages = sizeof(KvT) == 2 ? 6 : 12;
   __host__ __device__ static constexpr int stages(bool deep, bool pair) {
     return pair ? (deep ? kDeepPairStages : kWidePairStages) : (deep ? kDeepStages : kWideStages);
   }
@@ -119,17 +120,49 @@ __device__ __forceinline__ void pv_e4m3(uint32_t vs, const uint32_t (&pa)[4], in
   }
 }
 
-// e4m3 route, two staged chunks folded at once (the kPair loop): S of both (4 independent accumulator chains instead
-// of 2: the chains of dependent mma.sync were the kernel's critical path at 2 warps per scheduler), one online-softmax
-// step over the warp's 32 tokens (one max exchange, one O rescale), then P·V of both. valid0 / valid1 as fold_chunk's
-// valid; ≤ 0 for an absent chunk, whose stage was zero-filled (so P·V adds 0 · 0).
-__device__ __forceinline__ void fold_pair_e4m3(uint32_t ks0, uint32_t ks1, const uint32_t (&qf)[8][4], int valid0,
-                                               int valid1, float sl2, int warp, int lane, float& m0, float& m1,
-                                               float& l0, float& l1, float (&o)[16][4]) {
-  constexpr int kTile = Pipe<e4m3_t>::kTileBytes;
+// bf16, S = Q·Kᵀ of the warp's 16 tokens of one staged K tile into s0 / s1 (accumulated).
+__device__ __forceinline__ void scores_bf16(uint32_t ks, const uint32_t (&qf)[8][4], int warp, int lane,
+                                            float (&s0)[4], float (&s1)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x4(ks + swz128(warp * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0, b1, b2,
+                b3);
+    mma_bf16_16816(s0, qf[kk], b0, b1);
+    mma_bf16_16816(s1, qf[kk], b2, b3);
+  }
+}
+
+// bf16, O += P·V for the warp's 16 tokens of one staged V tile (pa: P's A fragment, bf16).
+__device__ __forceinline__ void pv_bf16(uint32_t vs, const uint32_t (&pa)[4], int warp, int lane,
+                                        float (&o)[16][4]) {
+#pragma unroll
+  for (int nd = 0; nd < 8; ++nd) {
+    uint32_t v0, v1, v2, v3;
+    ldmatrix_x4_trans(vs + swz128(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * nd + (lane >> 4)), v0, v1,
+                      v2, v3);
+    mma_bf16_16816(o[2 * nd], pa, v0, v1);
+    mma_bf16_16816(o[2 * nd + 1], pa, v2, v3);
+  }
+}
+
+// Two staged chunks folded at once (the kPair loop): S of both (4 independent accumulator chains instead of 2: the
+// chains of dependent mma.sync are the critical path at 1–2 warps per scheduler), one online-softmax step over the
+// warp's 32 tokens (one max exchange, one O rescale), then P·V of both. valid0 / valid1 as fold_chunk's valid; ≤ 0
+// for an absent chunk, whose stage was zero-filled (so P·V adds 0 · 0).
+template <bool kFp8>
+__device__ __forceinline__ void fold_pair(uint32_t ks0, uint32_t ks1, const uint32_t (&qf)[8][4], int valid0,
+                                          int valid1, float sl2, int warp, int lane, float& m0, float& m1, float& l0,
+                                          float& l1, float (&o)[16][4]) {
+  constexpr int kTile = kFp8 ? Pipe<e4m3_t>::kTileBytes : Pipe<__nv_bfloat16>::kTileBytes;
   float sc[4][4] = {};
-  scores_e4m3(ks0, qf, warp, lane, sc[0], sc[1]);
-  scores_e4m3(ks1, qf, warp, lane, sc[2], sc[3]);
+  if constexpr (kFp8) {
+    scores_e4m3(ks0, qf, warp, lane, sc[0], sc[1]);
+    scores_e4m3(ks1, qf, warp, lane, sc[2], sc[3]);
+  } else {
+    scores_bf16(ks0, qf, warp, lane, sc[0], sc[1]);
+    scores_bf16(ks1, qf, warp, lane, sc[2], sc[3]);
+  }
   const int tb = warp * 16 + 2 * (lane & 3);
 #pragma unroll
   for (int j = 0; j < 4; ++j)
@@ -137,12 +170,15 @@ __device__ __forceinline__ void fold_pair_e4m3(uint32_t ks0, uint32_t ks1, const
     for (int e = 0; e < 4; ++e)
       if (tb + 8 * (j & 1) + (e & 1) >= (j < 2 ? valid0 : valid1)) sc[j][e] = -INFINITY;
   online_softmax_step(sc, 0, 0x7fffffff, sl2, m0, m1, l0, l1, o);  // masked above (−inf · sl2 stays −inf)
+  const auto pack = [](float lo, float hi) { return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi); };
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
-    const uint32_t pa[4] = {pack_f16x2(sc[2 * p][0], sc[2 * p][1]), pack_f16x2(sc[2 * p][2], sc[2 * p][3]),
-                            pack_f16x2(sc[2 * p + 1][0], sc[2 * p + 1][1]),
-                            pack_f16x2(sc[2 * p + 1][2], sc[2 * p + 1][3])};
-    pv_e4m3((p ? ks1 : ks0) + kTile, pa, warp, lane, o);
+    const uint32_t pa[4] = {pack(sc[2 * p][0], sc[2 * p][1]), pack(sc[2 * p][2], sc[2 * p][3]),
+                            pack(sc[2 * p + 1][0], sc[2 * p + 1][1]), pack(sc[2 * p + 1][2], sc[2 * p + 1][3])};
+    if constexpr (kFp8)
+      pv_e4m3((p ? ks1 : ks0) + kTile, pa, warp, lane, o);
+    else
+      pv_bf16((p ? ks1 : ks0) + kTile, pa, warp, lane, o);
   }
 }
 
@@ -155,32 +191,17 @@ __device__ __forceinline__ void fold_chunk(uint32_t ks, uint32_t vs, const uint3
   if constexpr (kFp8) {
     scores_e4m3(ks, qf, warp, lane, sc[0], sc[1]);
   } else {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      uint32_t b0, b1, b2, b3;
-      ldmatrix_x4(ks + swz128(warp * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)), b0, b1, b2,
-                  b3);
-      mma_bf16_16816(sc[0], qf[kk], b0, b1);
-      mma_bf16_16816(sc[1], qf[kk], b2, b3);
-    }
+    scores_bf16(ks, qf, warp, lane, sc[0], sc[1]);
   }
   online_softmax_step(sc, warp * 16 + 2 * (lane & 3), valid, sl2, m0, m1, l0, l1, o);
   // P as the A operand: f16 on the e4m3 route (its B operand, V, is f16), bf16 otherwise.
   const auto pack = [](float lo, float hi) { return kFp8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi); };
   const uint32_t pa[4] = {pack(sc[0][0], sc[0][1]), pack(sc[0][2], sc[0][3]), pack(sc[1][0], sc[1][1]),
                           pack(sc[1][2], sc[1][3])};
-  if constexpr (kFp8) {
+  if constexpr (kFp8)
     pv_e4m3(vs, pa, warp, lane, o);
-  } else {
-#pragma unroll
-    for (int nd = 0; nd < 8; ++nd) {
-      uint32_t v0, v1, v2, v3;
-      ldmatrix_x4_trans(vs + swz128(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * nd + (lane >> 4)), v0, v1,
-                        v2, v3);
-      mma_bf16_16816(o[2 * nd], pa, v0, v1);
-      mma_bf16_16816(o[2 * nd + 1], pa, v2, v3);
-    }
-  }
+  else
+    pv_bf16(vs, pa, warp, lane, o);
 }
 
 // Merge the 4 warps' (m, l, O) of one request segment through shared memory, kPass dims at a time (area: [4 warps]
@@ -280,14 +301,15 @@ __device__ __forceinline__ void trace_stamp(const PagedDecodeTcArgs<KvT>& a, int
   }
 }
 
-// kPair (e4m3 only): the loop folds two chunks per iteration (fold_pair_e4m3) from a ring of Pipe::stages(kDeep,
-// true) with stages − 2 chunks in flight; a split's odd last chunk is paired with a zero-filled stage.
+// kPair (e4m3, and bf16 in the deep shape where its stages fit): the loop folds two chunks per iteration
+// (fold_pair) from a ring of Pipe::stages(kDeep, true) with stages − 2 chunks in flight; a split's odd last chunk is
+// paired with a zero-filled stage.
 template <typename KvT, bool kDeep, bool kPair = false>
 __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
     paged_decode_tc_kernel(PagedDecodeTcArgs<KvT> a, int splits, int per) {
   using P = Pipe<KvT>;
   constexpr bool kFp8 = sizeof(KvT) == 1;
-  static_assert(!kPair || kFp8, "the pair loop is the e4m3 route's");
+  static_assert(!kPair || kFp8 || kDeep, "bf16 pairs fit the deep ring only");
   constexpr int kStages = P::stages(kDeep, kPair);
   constexpr int kAhead = kPair ? kStages - 2 : kStages - 1;  // chunks the prologue issues
   constexpr int kQOff = P::q_off(kStages);
@@ -373,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, kDeep ? 1 : 2)
       next_vp = page_of(c + kAhead + 2), next_vp1 = page_of(c + kAhead + 3);
       const uint32_t k0 = sbase + ((c - c0) % kStages) * kStageBytes;
       const uint32_t k1 = sbase + ((c + 1 - c0) % kStages) * kStageBytes;
-      fold_pair_e4m3(k0, k1, qf, ntok - c * CH, c + 1 < c1 ? ntok - (c + 1) * CH : 0, sl2, warp, lane, m0, m1, l0,
+      fold_pair<kFp8>(k0, k1, qf, ntok - c * CH, c + 1 < c1 ? ntok - (c + 1) * CH : 0, sl2, warp, lane, m0, m1, l0,
                      l1, o);
     }
   } else {
@@ -809,13 +831,14 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
     else M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_bal_kernel<KvT, false>, a, bs));
     return;
   }
-  // e4m3: the pair loop (two chunks per iteration) unless M3_DECODE_FP8_PAIR=0 (A/B).
+  // The pair loop (two chunks per iteration): e4m3 in both shapes, bf16 in the deep one; M3_DECODE_PAIR=0 turns it
+  // off (A/B).
   static const bool pair_env = [] {
-    const char* e = std::getenv("M3_DECODE_FP8_PAIR");
+    const char* e = std::getenv("M3_DECODE_PAIR");
     return !(e && std::strcmp(e, "0") == 0);
   }();
   constexpr bool kFp8 = sizeof(KvT) == 1;
-  const bool pair = kFp8 && pair_env;
+  const bool pair = (kFp8 || deep_) && pair_env;
   // Each instantiation gets its shared-memory limit once; the non-portable cluster size (> 8 splits) is checked only
   // where a launch needs it. prepare() returns that attribute's status.
   const auto prepare = [&](auto kernel, int stages) {
@@ -826,7 +849,7 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
       {prepare(paged_decode_tc_kernel<KvT, false>, P::stages(false, false)),
        prepare(paged_decode_tc_kernel<KvT, true>, P::stages(true, false))},
       {kFp8 ? prepare(paged_decode_tc_kernel<KvT, false, kFp8>, P::stages(false, true)) : cudaSuccess,
-       kFp8 ? prepare(paged_decode_tc_kernel<KvT, true, kFp8>, P::stages(true, true)) : cudaSuccess}};
+       prepare(paged_decode_tc_kernel<KvT, true, true>, P::stages(true, true))}};
   if (splits_ > kPortableSplits) M3_CUDA_CHECK(np[pair ? 1 : 0][deep_ ? 1 : 0]);
   cfg.gridDim = dim3(unsigned(a.R), unsigned(splits_));
   cfg.dynamicSmemBytes = P::smem_bytes(P::stages(deep_, pair));
@@ -837,7 +860,7 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
     M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, splits_, chunks_per_split_));
   };
   if (pair)
-    deep_ ? launch(paged_decode_tc_kernel<KvT, true, kFp8>) : launch(paged_decode_tc_kernel<KvT, false, kFp8>);
+    deep_ ? launch(paged_decode_tc_kernel<KvT, true, true>) : launch(paged_decode_tc_kernel<KvT, false, kFp8>);
   else
     deep_ ? launch(paged_decode_tc_kernel<KvT, true>) : launch(paged_decode_tc_kernel<KvT, false>);
 }
