@@ -87,7 +87,7 @@ class Engine {
   EngineMetrics metrics() const;  // thread-safe snapshot
 
   // Runs one scheduling step on the calling thread (tests drive the engine without its thread). Returns false
-  // when there was nothing to do.
+  // when there was nothing to do and no media features are awaited (while they are, it returns true at once).
   bool step();
 
  private:
