@@ -23,6 +23,7 @@
 #include "app/commands.h"
 #include "app/model_runner.h"
 #include "base/error.h"
+#include "engine/warmup.h"
 #include "engine/engine.h"
 #include "model/executor_factory.h"
 #include "server/crash_handler.h"
@@ -52,6 +53,7 @@ struct ServeOptions {
   int64_t max_model_len = 0;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;
+  bool warmup = true;  // GPU executors: the startup warm-up request (engine/warmup.h)
   bool prefix_caching = true;
   bool tokenizer_prefix_cache = true;
   std::string kv_cache_memory;
@@ -216,6 +218,10 @@ CommandRun register_serve(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per engine step")
       ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
+  cmd->add_flag("--warmup,!--no-warmup", o->warmup,
+                "GPU: run one synthetic full-step request at startup so the first request does not pay one-time "
+                "costs (lazy kernel loading, GEMM plans, buffer growth, the first decode graph)")
+      ->capture_default_str();
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
                 "Reuse KV pages of identical prompt prefixes (default on)");
   cmd->add_flag("!--no-tokenizer-prefix-cache", o->tokenizer_prefix_cache,
@@ -333,6 +339,14 @@ CommandRun register_serve(CLI::App& app) {
       std::fprintf(stderr, "note: --max-model-len %lld reduced to %lld (model limit / KV cache capacity)\n",
                    (long long)o->max_model_len, (long long)rc.max_model_len);
     engine.start();
+    // GPU executors: one synthetic full-step request before listening (engine/warmup.h), so the first client
+    // request does not pay the first steps' one-time costs.
+    if (o->warmup && dynamic_cast<const CpuExecutor*>(executor.get()) == nullptr) {
+      const int64_t vocab = std::min<int64_t>(c.vocab_size, int64_t(tokenizer->vocab_size()));
+      const WarmupResult w = warm_up_engine(engine, rc.max_num_batched_tokens, vocab);
+      std::fprintf(stderr, "warm-up: one %lld-token prefill step and one decode step in %.0f ms\n",
+                   (long long)w.prompt_tokens, w.seconds * 1e3);
+    }
 
     server::ServiceConfig sc;
     sc.limits.model_name =
