@@ -2,7 +2,8 @@
 # One device call (2026-12-03, sixth session) for the paged decode attention's pair loop (paged_decode_tc.cu kPair:
 # two chunks per iteration; e4m3, and bf16 in the deep shape) and the FP8 prefill's per-step host profile:
 #   bench_decode --fp8 --attn-only at B = 8 / 32 / 64, 16k (bf16 and e4m3; the e4m3 checks first), then the same
-#   binary with M3_DECODE_PAIR=0 (A/B); gpu_decode_test (both loops), gpu_graph_test, gpu_model_test, gpu_kv_fp8_test;
+#   binary with M3_DECODE_PAIR=0 (A/B); gpu_decode_test (default, and M3_DECODE_PAIR=1: every pair loop),
+#   gpu_graph_test, gpu_model_test, gpu_kv_fp8_test;
 #   the 60k-token FP8 e2e with M3_STEP_PROFILE=2 (one line per eager prefill step: where the "head" wait sits);
 #   ncu of the pair kernel at B = 64.
 #   device `run`: carry [".gpudeps", ".gpucarry"], command `bash scripts/gpu_fp8_decode_run.sh $OUT`   (≈ 6 minutes)
@@ -29,8 +30,8 @@ M3_COMMIT="$c" M3_STEP_SKIP_DECODE=1 M3_STEP_TESTS="gpu_decode_test gpu_graph_te
   M3_STEP_E2E="fp8" bash scripts/gpu_step_run.sh "$out/step" 2>&1 | grep -v "^in order"
 b=$(find build-gpu -name gpu_decode_test -type f | head -1)
 if [ -n "$b" ]; then
-  M3_DECODE_PAIR=0 timeout 200 "$b" --gtest_brief=1 >"$out/gpu_decode_test_nopair.txt" 2>&1
-  echo "== gpu_decode_test M3_DECODE_PAIR=0: rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/gpu_decode_test_nopair.txt" |
+  M3_DECODE_PAIR=1 timeout 200 "$b" --gtest_brief=1 >"$out/gpu_decode_test_allpair.txt" 2>&1
+  echo "== gpu_decode_test M3_DECODE_PAIR=1: rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/gpu_decode_test_allpair.txt" |
     tr '\n' ' ')"
 fi
 if [ -x "$bd" ] && command -v ncu >/dev/null; then

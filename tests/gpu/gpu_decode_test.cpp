@@ -42,8 +42,8 @@ TEST(GpuDecode, PagedDecodeWidePipelineMatchesCpu) {
   expect_ok(decode_check::check_paged_decode(seed(), pos, 4, 16, true, true), "paged_decode_tc sparse G16 wide");
 }
 
-// 24 rows × 4 KV heads = 96 requests (#SMs / 2 < R ≤ #SMs on an H200): the deep pipeline and its pair loop (two
-// chunks per iteration), with rows of an odd chunk count (a zero-filled last stage) and 1-token last pages.
+// 24 rows × 4 KV heads = 96 requests (#SMs / 2 < R ≤ #SMs on an H200): the deep pipeline (with M3_DECODE_PAIR=1 its
+// pair loop, two chunks per iteration), rows of an odd chunk count (a zero-filled last stage) and 1-token last pages.
 TEST(GpuDecode, PagedDecodeDeepPipelineMatchesCpu) {
   M3_SKIP_WITHOUT_GPU();
   std::vector<int32_t> pos;

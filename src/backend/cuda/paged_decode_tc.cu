@@ -831,14 +831,16 @@ void PagedDecodeTc::run(const PagedDecodeTcArgs<KvT>& a, cudaStream_t s, bool pd
     else M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_decode_bal_kernel<KvT, false>, a, bs));
     return;
   }
-  // The pair loop (two chunks per iteration): e4m3 in both shapes, bf16 in the deep one; M3_DECODE_PAIR=0 turns it
-  // off (A/B).
-  static const bool pair_env = [] {
+  // The pair loop (two chunks per iteration) where it measured faster: e4m3 in the deep shape (H200, B = 32 at 16k:
+  // 28.3 → 25.5 µs; bench/results/2026-12-03f-h200.md). e4m3 wide measured the same at B = 64 (41.5 / 41.3) and
+  // slower at B = 8 (13.3 / 13.9: 7 splits of 4–5 chunks), bf16 deep the same at B = 32 (38.4 / 38.6).
+  // M3_DECODE_PAIR=0: never; =1: wherever it compiles (e4m3 both shapes, bf16 deep) — A/B.
+  static const int pair_env = [] {
     const char* e = std::getenv("M3_DECODE_PAIR");
-    return !(e && std::strcmp(e, "0") == 0);
+    return e == nullptr ? -1 : std::strcmp(e, "0") == 0 ? 0 : std::strcmp(e, "1") == 0 ? 1 : -1;
   }();
   constexpr bool kFp8 = sizeof(KvT) == 1;
-  const bool pair = (kFp8 || deep_) && pair_env;
+  const bool pair = pair_env == 1 ? (kFp8 || deep_) : pair_env == -1 && kFp8 && deep_;
   // Each instantiation gets its shared-memory limit once; the non-portable cluster size (> 8 splits) is checked only
   // where a launch needs it. prepare() returns that attribute's status.
   const auto prepare = [&](auto kernel, int stages) {
