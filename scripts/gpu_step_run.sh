@@ -41,6 +41,7 @@ for v in ${M3_STEP_E2E:-bfloat16 fp8}; do
   echo "== e2e 60k $d ${kv:-(defaults)}: rc $?"
   grep -E "Median TTFT|Median TPOT|gpu profile" "$out/e2e-$name.log" | cut -c1-330
   grep -rh "decode step intervals" "$out/e2e-$name" 2>/dev/null | tail -1 | sed 's/.*| in order: /in order: /' | cut -c1-2000
+  grep -rh "^warm-up:" "$out/e2e-$name" 2>/dev/null | head -1
   grep -rh "eager prefill steps" "$out/e2e-$name" 2>/dev/null | tail -1 | sed 's/.*(at exit): /eager prefill: /' |
     cut -c1-3000
   rm -rf "$out/e2e-$name/runs"

@@ -196,7 +196,10 @@ int main(int argc, char** argv) {
                                                        cuda::MsaPrefillSparse::Mode::Auto};
         for (int v = 0; v < 3; ++v) {
           cuda::MsaPrefillSparse attn;
-          attn.plan(T, kHkv, kG, kD, kB, kTopK, num_pages, modes[v]);
+          // Auto gets the rows (the engine's call): a step whose rows' selections are all fixed skips the router.
+          const bool rows_known = modes[v] == cuda::MsaPrefillSparse::Mode::Auto;
+          attn.plan(T, kHkv, kG, kD, kB, kTopK, num_pages, modes[v], rows_known ? &pos : nullptr,
+                    rows_known ? &row_seq : nullptr);
           auto f = [&](cudaStream_t st) { attn.run(q.get(), dsel.get(), rows, kv, scale, out.get(), st); };
           f(nullptr);
           attn.check(nullptr);
