@@ -279,11 +279,40 @@ TEST(MsaPrefillRoute, NarrowUnionsGoToTheUnionTileKernelAndWideOnesToKvBlockMajo
   ASSERT_EQ(route.size(), 2u);
   EXPECT_EQ(route[0], 0);  // 4 · 100 ≤ 32 · 26
   EXPECT_EQ(route[1], 1);  // ≈ 23 distinct pages for 30 entries
-  // Threshold 0 sends every non-empty tile to KV-block-major, a huge one none.
+  // Threshold 0 sends every tile whose union exceeds top_k to KV-block-major (tile 0's 4 pages = top_k stay), a
+  // huge one none.
   const auto all = msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages.data(), T, 1, K, B, 0);
-  EXPECT_EQ(all, (std::vector<uint8_t>{1, 1}));
+  EXPECT_EQ(all, (std::vector<uint8_t>{0, 1}));
   const auto none = msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages.data(), T, 1, K, B, 1 << 20);
   EXPECT_EQ(none, (std::vector<uint8_t>{0, 0}));
+}
+
+// A tile whose union is at most top_k pages goes to the union-tile kernel whatever the ratio: one row at position 0
+// (|U| = E = 1), one row with a full selection (|U| = E = top_k); two rows with disjoint selections (|U| = E = 2 ·
+// top_k) go to KV-block-major.
+TEST(MsaPrefillRoute, UnionsOfAtMostTopKPagesStayUnionTiles) {
+  const int B = 128, K = 4;
+  std::vector<int32_t> pages(16);
+  for (int b = 0; b < 16; ++b) pages[size_t(b)] = 500 + b;
+  const std::vector<int32_t> pti = {0, 16, 32};
+  {
+    const std::vector<int32_t> pos = {0}, seq = {0}, sel = {0, -1, -1, -1};
+    EXPECT_EQ(msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages.data(), 1, 1, K, B, 26),
+              std::vector<uint8_t>{0});
+    EXPECT_TRUE(msa_prefill_union_only(pos.data(), seq.data(), 1, B, K, 0));
+  }
+  {
+    const std::vector<int32_t> pos = {10 * B}, seq = {0}, sel = {2, 5, 7, 10};
+    EXPECT_EQ(msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages.data(), 1, 1, K, B, 0),
+              std::vector<uint8_t>{0});
+  }
+  {
+    std::vector<int32_t> pages2(32);
+    for (int b = 0; b < 32; ++b) pages2[size_t(b)] = 900 + b;
+    const std::vector<int32_t> pos = {10 * B, 10 * B}, seq = {0, 1}, sel = {2, 5, 7, 10, 1, 3, 4, 10};
+    EXPECT_EQ(msa_prefill_route(sel.data(), pos.data(), seq.data(), pti.data(), pages2.data(), 2, 1, K, B, 26),
+              std::vector<uint8_t>{1});
+  }
 }
 
 // The host's shortcut agrees with the route twin: on random steps of short sequences (fixed selections: every block of

@@ -84,7 +84,7 @@ std::vector<uint8_t> msa_prefill_route(const int32_t* selection, const int32_t* 
       const int64_t entries = int64_t(pages.size());
       std::sort(pages.begin(), pages.end());
       const int64_t distinct = std::unique(pages.begin(), pages.end()) - pages.begin();
-      route[size_t(tile * Hkv + h)] = uint8_t(distinct * 100 > entries * threshold_pct);
+      route[size_t(tile * Hkv + h)] = uint8_t(distinct > top_k && distinct * 100 > entries * threshold_pct);
     }
   return route;
 }

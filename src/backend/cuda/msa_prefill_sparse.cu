@@ -51,7 +51,8 @@ __global__ void msa_route_kernel(const int32_t* selection, const int32_t* pos, c
   }
   __syncthreads();
   if (i == 0) {
-    const bool kv_major = int64_t(counts[0]) * 100 > int64_t(counts[1]) * threshold_pct;
+    // The rule of cpu::msa_prefill_route, with its absolute term: a union of ≤ top_k pages stays a union tile.
+    const bool kv_major = counts[0] > top_k && int64_t(counts[0]) * 100 > int64_t(counts[1]) * threshold_pct;
     route[tile * Hkv + h] = uint8_t(kv_major);
     if (kv_major) atomicAdd(routed, 1);
   }
