@@ -250,8 +250,10 @@ TEST(GpuMsaPrefillTc, RouterSendsWideUnionTilesToKvBlockMajorAndNarrowOnesToUnio
   run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 26, &counts);
   EXPECT_GT(counts.first, 0) << "no tile routed to the union-tile kernel";
   EXPECT_GT(counts.second, 0) << "no tile routed to the KV-block-major kernel";
-  run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 0, &counts);  // every tile KV-block-major
-  EXPECT_EQ(counts.first, 0);
+  // Threshold 0: every tile whose union exceeds top_k pages goes to KV-block-major; the short sequence's 37 full
+  // tiles (unions of ≤ 3 pages) stay union tiles by the rule's absolute term, for each of the 2 KV heads.
+  run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 0, &counts);
+  EXPECT_EQ(counts.first, 2 * 37);
   run_case({{{0, 300}, {20000, 129}}, 2, 16}, -1, Variant::Auto, 0, 1 << 20, &counts);  // every tile union
   EXPECT_EQ(counts.second, 0);
   run_case({{{5000, 77}, {0, 1}, {2304, 250}}, 2, 16}, -1, Variant::Auto);  // ragged tiles across sequences
@@ -271,16 +273,19 @@ TEST(GpuMsaPrefillTc, StepsOfShortRowsWithNarrowUnionsSkipTheRouter) {
   // Position 2048 has 17 blocks: the indexer chooses 16 of them, so only the device can route that tile.
   EXPECT_FALSE(S::union_only(iota_pos(0, 2049), std::vector<int32_t>(2049, 0), kB, 16, 26));
   EXPECT_FALSE(S::union_only(iota_pos(1000, 20), std::vector<int32_t>(20, 0), kB, 4, 26));  // top_k 4 < 8 blocks
-  // Eight one-row sequences at position 0 in one tile: 8 distinct pages for 8 entries (100 % > 26 %).
-  EXPECT_FALSE(S::union_only(std::vector<int32_t>(8, 0), iota_pos(0, 8), kB, 16, 26));
-  // Two sequences of 4 rows at local 7: union ≤ 16 pages for 64 entries (25 % ≤ 26 %); at threshold 24 not.
-  const std::vector<int32_t> two_pos = {1000, 1001, 1002, 1003, 1000, 1001, 1002, 1003};
+  // Eight one-row sequences at position 0 in one tile: 8 distinct pages for 8 entries (100 % > 26 %), but a union
+  // of ≤ top_k pages stays a union tile; at position 300 (3 blocks each) the bound is 24 pages for 24 entries.
+  EXPECT_TRUE(S::union_only(std::vector<int32_t>(8, 0), iota_pos(0, 8), kB, 16, 26));
+  EXPECT_FALSE(S::union_only(std::vector<int32_t>(8, 300), iota_pos(0, 8), kB, 16, 26));
+  // Two sequences of 4 rows at local 8: union ≤ 18 pages for 72 entries (25 % ≤ 26 %); at threshold 24 not.
+  const std::vector<int32_t> two_pos = {1100, 1101, 1102, 1103, 1100, 1101, 1102, 1103};
   const std::vector<int32_t> two_seq = {0, 0, 0, 0, 1, 1, 1, 1};
   EXPECT_TRUE(S::union_only(two_pos, two_seq, kB, 16, 26));
   EXPECT_FALSE(S::union_only(two_pos, two_seq, kB, 16, 24));
   EXPECT_FALSE(S::union_only({5, -1}, {0, 0}, kB, 16, 26));  // a bad position is the device's to report
   EXPECT_TRUE(S::union_only({}, {}, kB, 16, 26));
-  EXPECT_FALSE(S::union_only({0, 1, 2, 130, 131, 1500, 1501, 1502}, std::vector<int32_t>(8, 0), kB, 16, 26));
+  // One sequence, rows at blocks 1, 2 and 12: 12 pages (≤ top_k) for 43 entries.
+  EXPECT_TRUE(S::union_only({0, 1, 2, 130, 131, 1500, 1501, 1502}, std::vector<int32_t>(8, 0), kB, 16, 26));
 }
 
 // The executor's plan with the step's rows: a short step runs the union kernel alone (no route), long ones keep Auto;
@@ -288,8 +293,7 @@ TEST(GpuMsaPrefillTc, StepsOfShortRowsWithNarrowUnionsSkipTheRouter) {
 TEST(GpuMsaPrefillTc, ShortStepPlannedWithItsRowsRunsTheUnionKernelAlone) {
   M3_SKIP_WITHOUT_GPU();
   cuda::MsaPrefillSparse sp;
-  // Rows at local 11: 12 pages for 96 entries (12.5 %). (Rows at 0, 130 and 1500 in one tile would not pass: 12 pages
-  // for 43 entries.)
+  // Rows at local 11: 12 pages for 96 entries (12.5 %).
   const std::vector<int32_t> short_pos = {1500, 1501, 1502, 1503, 1504, 1505, 1506, 1507}, seq(8, 0);
   sp.plan(8, 4, kG, kD, kB, 16, 64, cuda::MsaPrefillSparse::Mode::Auto, &short_pos, &seq);
   EXPECT_EQ(sp.step_mode(), cuda::MsaPrefillSparse::Mode::Union);
