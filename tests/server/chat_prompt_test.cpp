@@ -168,17 +168,23 @@ TEST(ChatPromptMedia, GatewayHookValidatesMediaFirstAndBadFilesAre400InvalidMedi
   EXPECT_NE(text.find("what is this<IMG>"), std::string::npos) << "the expanded prompt is what gets tokenised";
 }
 
+// The Qwen test tokenizer with one more special token, the M3 image placeholder "]<]image[>[", as id *img.
+std::shared_ptr<const Tokenizer> qwen_with_image_token(int* img) {
+  auto j = nlohmann::json::parse(testref::slurp(test::kQwenTokenizer));
+  int max_id = 0;
+  for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, a["id"].get<int>());
+  *img = max_id + 1;
+  j["added_tokens"].push_back({{"id", *img}, {"content", "]<]image[>["}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", false}, {"special", true}});
+  return std::make_shared<const Tokenizer>(Tokenizer::from_json(j.dump()));
+}
+
 // With serve_media the hook's features and hashes ride in the engine request: each run of slot tokens in the
 // tokenised prompt becomes a MediaSpan carrying its item's content hash (the prefix-cache key, kv/prefix_cache.h).
 TEST(ChatPromptMedia, ServedMediaBecomeSpansWithTheItemsHashesAndFeatures) {
   M3_REQUIRE_TOKENIZER();
-  auto j = nlohmann::json::parse(testref::slurp(test::kQwenTokenizer));
-  int max_id = 0;
-  for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, a["id"].get<int>());
-  const int img = max_id + 1;
-  j["added_tokens"].push_back({{"id", img}, {"content", "]<]image[>["}, {"single_word", false}, {"lstrip", false},
-                               {"rstrip", false}, {"normalized", false}, {"special", true}});
-  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_json(j.dump()));
+  int img = 0;
+  auto tok = qwen_with_image_token(&img);
   ServiceConfig c = test::service_config();
   c.tokenizer = tok;
   c.chat_template = std::make_shared<const ChatTemplate>(synthetic());
@@ -231,14 +237,10 @@ TEST(ChatPromptMedia, ServedMediaBecomeSpansWithTheItemsHashesAndFeatures) {
 // media_items_encoded_total) before the engine gets the features.
 TEST(ChatPromptMedia, ServedMediaOnDemandGiveTheEngineAnEncoderThatIsTimed) {
   M3_REQUIRE_TOKENIZER();
-  auto j = nlohmann::json::parse(testref::slurp(test::kQwenTokenizer));
-  int max_id = 0;
-  for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, a["id"].get<int>());
-  const int img = max_id + 1;
-  j["added_tokens"].push_back({{"id", img}, {"content", "]<]image[>["}, {"single_word", false}, {"lstrip", false},
-                               {"rstrip", false}, {"normalized", false}, {"special", true}});
+  int img = 0;
+  auto tok = qwen_with_image_token(&img);
   ServiceConfig c = test::service_config();
-  c.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::from_json(j.dump()));
+  c.tokenizer = tok;
   c.chat_template = std::make_shared<const ChatTemplate>(synthetic());
   c.serve_media = true;
   c.image_token_id = img;
