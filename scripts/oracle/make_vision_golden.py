@@ -182,6 +182,15 @@ def main():
     sm = copy.deepcopy(model).to(torch.bfloat16)
     sm.save_pretrained(args.out, safe_serialization=True)
     del sm
+    # m3serve's switch for the ViT rotary (docs/MEDIA.md "Rotary variants"): the fixture is HF's, so pin HF's
+    # variant (m3serve's default is the official one). HF ignores the key.
+    cfg_path = os.path.join(args.out, "config.json")
+    with open(cfg_path) as f:
+        saved = json.load(f)
+    saved.setdefault("vision_config", {})["vit_rope"] = "hf517"
+    with open(cfg_path, "w") as f:
+        json.dump(saved, f, indent=2, sort_keys=True)
+        f.write("\n")
     use = model
     try:
         Cls = M.MiniMaxM3SparseForConditionalGeneration

@@ -1,5 +1,6 @@
 #include "model/vision_model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <cmath>
@@ -37,17 +38,28 @@ std::vector<float> read(const SafeTensors& st, const std::vector<std::string>& s
 
 }  // namespace
 
+VitRope parse_vit_rope(std::string_view name) {
+  if (name == "official") return VitRope::kOfficial;
+  if (name == "hf517") return VitRope::kHf517;
+  fail("vit_rope '{}' is not one of official, hf517", name);
+}
+
+const char* vit_rope_name(VitRope r) { return r == VitRope::kHf517 ? "hf517" : "official"; }
+
 void VisionConfig::validate() const {
   M3_CHECK(hidden_size > 0 && num_heads > 0 && hidden_size % num_heads == 0,
            "vision_config: hidden_size {} must be a positive multiple of num_attention_heads {}", hidden_size,
            num_heads);
   M3_CHECK(head_dim() % 4 == 0, "vision_config: head dim {} must be a multiple of 4 (axial RoPE)", head_dim());
+  M3_CHECK(rope != VitRope::kOfficial || head_dim() >= 6, "vision_config: head dim {} is too small for the 3D RoPE",
+           head_dim());
+  M3_CHECK(segment_max_groups >= 0, "vision_config: vision_segment_max_frames {} is negative", segment_max_groups);
   M3_CHECK(num_layers >= 0 && intermediate_size > 0, "vision_config: bad layer count / intermediate_size");
   M3_CHECK(merge_size == 2, "vision_config: spatial_merge_size {} is not supported (M3 uses 2)", merge_size);
   M3_CHECK(projector_hidden_size > 0 && text_hidden_size > 0, "config: projector_hidden_size / text hidden missing");
 }
 
-VisionConfig load_vision_config(const std::string& path) {
+VisionConfig load_vision_config(const std::string& path, std::optional<VitRope> rope) {
   std::ifstream f(path, std::ios::binary);
   M3_CHECK(f.good(), "cannot open config file {}", path);
   std::stringstream ss;
@@ -74,6 +86,19 @@ VisionConfig load_vision_config(const std::string& path) {
   if (auto r = v.find("rope_theta"); r != v.end() && r->is_number()) c.rope_theta = r->get<double>();
   if (auto rp = v.find("rope_parameters"); rp != v.end() && rp->is_object() && rp->contains("rope_theta"))
     c.rope_theta = (*rp)["rope_theta"].get<double>();
+  // The rotary variant: vit_rope in vision_config (or at the top level), else the serving default (official).
+  for (const json* j : std::array<const json*, 2>{&root, &v})
+    if (auto r = j->find("vit_rope"); r != j->end()) {
+      M3_CHECK(r->is_string(), "{}: vit_rope must be a string (official or hf517)", path);
+      try {
+        c.rope = parse_vit_rope(r->get<std::string>());
+      } catch (const Error& e) {
+        fail("{}: {}", path, e.what());
+      }
+    }
+  if (rope) c.rope = *rope;
+  // Read as temporal groups per segment, as the specification states it (docs/MEDIA.md "Rotary variants").
+  c.segment_max_groups = get_int(v, "vision_segment_max_frames", get_int(root, "vision_segment_max_frames", 4));
   if (auto act = v.find("hidden_act"); act != v.end() && act->is_string())
     M3_CHECK(act->get<std::string>() == "gelu", "{}: vision hidden_act '{}' is not supported (M3 uses exact gelu)",
              path, act->get<std::string>());
@@ -141,8 +166,8 @@ VisionWeights load_vision_weights(const SafeTensors& st, const VisionConfig& c) 
   return w;
 }
 
-VisionModel VisionModel::load(const std::string& model_dir) {
-  VisionConfig c = load_vision_config((std::filesystem::path(model_dir) / "config.json").string());
+VisionModel VisionModel::load(const std::string& model_dir, std::optional<VitRope> rope) {
+  VisionConfig c = load_vision_config((std::filesystem::path(model_dir) / "config.json").string(), rope);
   SafeTensors st = SafeTensors::open(model_dir);
   return VisionModel(c, load_vision_weights(st, c));
 }
@@ -163,6 +188,27 @@ void VisionModel::patch_positions(std::array<int, 3> g, int merge, std::vector<i
           }
 }
 
+VisionModel::Layout VisionModel::layout(const VisionConfig& c, std::span<const std::array<int, 3>> grids) {
+  Layout L;
+  L.seq = {0};
+  std::vector<int32_t> t, h, w;
+  for (const auto& g : grids) {
+    patch_positions(g, c.merge_size, t, h, w);
+    const int64_t per_group = int64_t(g[1]) * g[2];
+    const int S = c.segment_max_groups > 0 ? c.segment_max_groups : std::max(g[0], 1);
+    for (int t0 = 0; t0 < g[0]; t0 += S) {
+      const int t1 = std::min(g[0], t0 + S);
+      L.seq.push_back(L.seq.back() + int64_t(t1 - t0) * per_group);
+      if (c.rope == VitRope::kOfficial)
+        for (int64_t r = t0 * per_group; r < t1 * per_group; ++r) t[size_t(r)] -= t0;
+    }
+    L.t.insert(L.t.end(), t.begin(), t.end());
+    L.h.insert(L.h.end(), h.begin(), h.end());
+    L.w.insert(L.w.end(), w.begin(), w.end());
+  }
+  return L;
+}
+
 std::vector<float> VisionModel::encode(std::span<const float> pixels, std::array<int, 3> g,
                                        VisionTrace* trace) const {
   const Item item{pixels, g};
@@ -174,8 +220,8 @@ std::vector<float> VisionModel::encode_batch(std::span<const Item> items, Vision
   const int64_t D = c.hidden_size, H = c.num_heads, hd = c.head_dim(), I = c.intermediate_size;
   const int64_t P = c.projector_hidden_size, Ht = c.text_hidden_size, K = c.patch_dim();
   const int64_t m2 = int64_t(c.merge_size) * c.merge_size;
-  std::vector<int64_t> begin = {0};  // first row of each item
-  std::vector<int32_t> pt, ph, pw;
+  std::vector<std::array<int, 3>> grids;
+  int64_t R = 0;
   std::vector<float> pixels;
   for (const Item& it : items) {
     const auto& g = it.grid_thw;
@@ -185,15 +231,11 @@ std::vector<float> VisionModel::encode_batch(std::span<const Item> items, Vision
     const int64_t Ri = int64_t(g[0]) * g[1] * g[2];
     M3_CHECK(int64_t(it.pixels.size()) == Ri * K, "vision: {} pixel values for grid ({}, {}, {}); expected {} × {}",
              it.pixels.size(), g[0], g[1], g[2], Ri, K);
-    begin.push_back(begin.back() + Ri);
-    std::vector<int32_t> t, h, w;
-    patch_positions(g, c.merge_size, t, h, w);
-    pt.insert(pt.end(), t.begin(), t.end());
-    ph.insert(ph.end(), h.begin(), h.end());
-    pw.insert(pw.end(), w.begin(), w.end());
+    grids.push_back(g);
+    R += Ri;
   }
-  const int64_t R = begin.back();
   if (R == 0) return {};
+  const Layout pos = layout(c, grids);  // rotary positions and attention sequences
   const float* px = items[0].pixels.data();
   if (items.size() > 1) {
     pixels.reserve(size_t(R * K));
@@ -221,11 +263,15 @@ std::vector<float> VisionModel::encode_batch(std::span<const Item> items, Vision
       std::memcpy(&k[r * D], &qkv[r * 3 * D + D], size_t(D) * 4);
       std::memcpy(&v[r * D], &qkv[r * 3 * D + 2 * D], size_t(D) * 4);
     }
-    cpu::vision_rope_hf517(q.data(), R, H, hd, pt.data(), ph.data(), c.rope_theta);
-    cpu::vision_rope_hf517(k.data(), R, H, hd, pt.data(), ph.data(), c.rope_theta);
-    for (size_t i = 0; i + 1 < begin.size(); ++i) {  // block-diagonal: one sequence per item
-      const int64_t off = begin[i] * D;
-      cpu::attention_full(q.data() + off, k.data() + off, v.data() + off, begin[i + 1] - begin[i], H, hd, scale,
+    for (float* x : {q.data(), k.data()}) {
+      if (c.rope == VitRope::kHf517)
+        cpu::vision_rope_hf517(x, R, H, hd, pos.t.data(), pos.h.data(), c.rope_theta);
+      else
+        cpu::vision_rope_official(x, R, H, hd, pos.t.data(), pos.h.data(), pos.w.data(), c.rope_theta);
+    }
+    for (size_t i = 0; i + 1 < pos.seq.size(); ++i) {  // block-diagonal: one sequence per image / video segment
+      const int64_t off = pos.seq[i] * D;
+      cpu::attention_full(q.data() + off, k.data() + off, v.data() + off, pos.seq[i + 1] - pos.seq[i], H, hd, scale,
                           att.data() + off);
     }
     cpu::matmul_nt(att.data(), R, D, L.wo.data(), D, o.data());

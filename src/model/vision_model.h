@@ -1,22 +1,30 @@
 // The MiniMax-M3 vision tower, projector and 2×2 merge on the CPU reference backend (issue 12 item 4;
 // docs/M3_MODEL.md §5.4–5.5, docs/VISION.md): pixel rows from the media gateway ([R, 1176], merge-window order,
 // src/media/image.h) → one LLM-width embedding per 2×2 window ([R/4, text hidden]) that replaces a slot token's row
-// (SeqInput::media_embeds). Matched to HF transformers 5.17 `minimax_m3_vl` (tests/golden/vision_golden_test.cpp).
+// (SeqInput::media_embeds). Matched to HF transformers 5.17 `minimax_m3_vl` with VitRope::kHf517
+// (tests/golden/vision_golden_test.cpp); VitRope::kOfficial is the specification's vLLM variant.
 #pragma once
 
 #include <array>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/safetensors.h"
 
 namespace m3 {
 
-// Which rotary the ViT uses (docs/M3_MODEL.md §5.4: the two references disagree).
+// Which rotary the ViT uses (docs/MEDIA.md "Rotary variants": the two references disagree). Chosen by
+// vision_config.vit_rope in config.json ("official" | "hf517"; absent: official) or `serve --vit-rope`.
 enum class VitRope {
-  kHf517,  // HF 5.17: D/4 frequencies over (temporal group, patch row), all D dims, rotate-half
+  kHf517,     // HF 5.17: D/4 frequencies over (temporal group, patch row), all D dims, rotate-half, in bf16 in HF
+  kOfficial,  // vLLM / official _get_3d_rope_embed: D/6 frequencies each over (t, h, w), first 6·(D/6) dims, NeoX
 };
+// "official" / "hf517" (anything else throws m3::Error) and back.
+VitRope parse_vit_rope(std::string_view name);
+const char* vit_rope_name(VitRope r);
 
 struct VisionConfig {
   int hidden_size = 0;        // ViT width (1280 in M3)
@@ -31,7 +39,10 @@ struct VisionConfig {
   double rope_theta = 10000.0;
   int projector_hidden_size = 0;  // width inside both projector MLPs (6144)
   int text_hidden_size = 0;       // output width (6144)
-  VitRope rope = VitRope::kHf517;
+  VitRope rope = VitRope::kOfficial;
+  // A video's attention sequences: segments of at most this many temporal groups (vision_segment_max_frames, 4 in
+  // M3; docs/MEDIA.md "Rotary variants"); 0: one sequence per item. Images are one sequence each.
+  int segment_max_groups = 4;
 
   int head_dim() const { return hidden_size / num_heads; }
   int patch_dim() const { return num_channels * temporal_patch_size * patch_size * patch_size; }  // 1176
@@ -39,8 +50,8 @@ struct VisionConfig {
 };
 
 // From a model directory's config.json (vision_config + projector_hidden_size + text_config.hidden_size). Throws
-// m3::Error when the config has no vision tower or it is inconsistent.
-VisionConfig load_vision_config(const std::string& config_json_path);
+// m3::Error when the config has no vision tower or it is inconsistent. `rope`, when set, overrides vit_rope.
+VisionConfig load_vision_config(const std::string& config_json_path, std::optional<VitRope> rope = std::nullopt);
 
 struct VisionLayerWeights {
   std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;
@@ -71,13 +82,13 @@ struct VisionTrace {
 class VisionModel {
  public:
   VisionModel(VisionConfig cfg, VisionWeights w) : cfg_(std::move(cfg)), w_(std::move(w)) {}
-  static VisionModel load(const std::string& model_dir);
+  static VisionModel load(const std::string& model_dir, std::optional<VitRope> rope = std::nullopt);
 
   const VisionConfig& config() const { return cfg_; }
 
   // One image or video: pixel rows [R, 1176] with grid (t, gh, gw), R = t·gh·gw, rows in merge-window order.
-  // Attention spans the item's own patches (one sequence per item, as HF does for one item per call).
-  // Returns [R/4, text hidden].
+  // Attention spans the item's own patches (one sequence per item, as HF does for one item per call), a video's
+  // cut into segments of ≤ segment_max_groups temporal groups (vLLM's scope). Returns [R/4, text hidden].
   std::vector<float> encode(std::span<const float> pixels, std::array<int, 3> grid_thw,
                             VisionTrace* trace = nullptr) const;
 
@@ -86,14 +97,26 @@ class VisionModel {
     std::array<int, 3> grid_thw;
   };
   // Several items of any sizes in one call: every matmul, norm and MLP runs over all rows at once; attention is
-  // block-diagonal (each item attends to its own patches only, like vLLM — HF 5.17 would join the items of one call
-  // into one sequence, docs/M3_MODEL.md §5.4). Each result equals encode() of that item alone, bit for bit.
+  // block-diagonal (each image, each ≤ segment_max_groups-group video segment, attends to its own patches only, like
+  // vLLM — HF 5.17 would join the items of one call into one sequence, docs/MEDIA.md). Each result equals encode()
+  // of that item alone, bit for bit.
   // Returns the items' [R_i/4, text hidden] blocks concatenated, in order. Trace (optional) covers all rows.
   std::vector<float> encode_batch(std::span<const Item> items, VisionTrace* trace = nullptr) const;
 
   // Rotary positions of each row (temporal group, patch row, patch column), merge-window order.
   static void patch_positions(std::array<int, 3> grid_thw, int merge, std::vector<int32_t>& t,
                               std::vector<int32_t>& h, std::vector<int32_t>& w);
+
+  // The rows of one encoder call over these grids: each row's rotary positions and the attention sequences.
+  struct Layout {
+    std::vector<int32_t> t, h, w;  // per row, merge-window order; t as the variant wants it (below)
+    std::vector<int64_t> seq;      // first row of each attention sequence, then the total row count
+  };
+  // One sequence per image; a video is cut into segments of ≤ c.segment_max_groups temporal groups (rows are
+  // t-major, so a segment is a contiguous row range). kOfficial: t restarts at 0 in each segment; kHf517: t is the
+  // group index within the item (HF's position; HF itself would attend over all groups at once). h, w: patch row
+  // and column over the item's full grid. Grids are not checked here.
+  static Layout layout(const VisionConfig& c, std::span<const std::array<int, 3>> grids);
 
  private:
   VisionConfig cfg_;

@@ -95,6 +95,11 @@ void add_bias(float* y, int64_t rows, int64_t N, const float* b);
 // temporal group and the patch row (the column is not used; docs/M3_MODEL.md §5.4).
 void vision_rope_hf517(float* x, int64_t T, int64_t H, int64_t D, const int32_t* pos_a, const int32_t* pos_b,
                        double theta);
+// The official (vLLM `_get_3d_rope_embed`) 3D vision RoPE, in place on x [T, H, D], fp32: n = D/6 frequencies
+// inv[k] = θ^(−2k/(2n)), k < n, per axis (M3: D 80, n 13, 10000^(−2k/26)); per row the 3n angles
+// [pos_t·inv | pos_h·inv | pos_w·inv] over NeoX pairs (i, i + 3n); dims 6n..D−1 pass through (M3: 78 and 79).
+void vision_rope_official(float* x, int64_t T, int64_t H, int64_t D, const int32_t* pos_t, const int32_t* pos_h,
+                          const int32_t* pos_w, double theta);
 // Bidirectional multi-head attention over T rows: q, k, v, out [T, H, D]; softmax in fp32 (sum in double).
 void attention_full(const float* q, const float* k, const float* v, int64_t T, int64_t H, int64_t D, float scale,
                     float* out);

@@ -1,5 +1,6 @@
 // Vision-tower ops of the CPU reference backend (issue 12 item 4; docs/M3_MODEL.md §5.4–5.5): LayerNorm with bias,
-// exact GELU, bias add, the HF 5.17 axial vision RoPE and bidirectional attention over one image's patches.
+// exact GELU, bias add, the two vision RoPE variants (HF 5.17 axial, official 3D) and bidirectional attention over
+// one image's patches.
 #include <cmath>
 #include <algorithm>
 #include <limits>
@@ -57,6 +58,31 @@ void vision_rope_hf517(float* x, int64_t T, int64_t H, int64_t D, const int32_t*
         const float a = v[i], b = v[i + half];
         v[i] = a * cs[size_t(i)] - b * sn[size_t(i)];
         v[i + half] = b * cs[size_t(i)] + a * sn[size_t(i)];
+      }
+    }
+  }
+}
+
+void vision_rope_official(float* x, int64_t T, int64_t H, int64_t D, const int32_t* pos_t, const int32_t* pos_h,
+                          const int32_t* pos_w, double theta) {
+  // inv[k] = θ^(−2k/(2n)) in fp32, the form of torch's 1 / base ** (arange(0, 2n, 2) / (2n)).
+  const int64_t n = D / 6, rot = 3 * n;
+  std::vector<float> inv(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) inv[size_t(k)] = 1.0f / std::pow(float(theta), float(2 * k) / float(2 * n));
+  std::vector<float> cs(static_cast<size_t>(rot)), sn(static_cast<size_t>(rot));
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t pos[3] = {pos_t[t], pos_h[t], pos_w[t]};
+    for (int64_t i = 0; i < rot; ++i) {
+      const float a = float(pos[i / n]) * inv[size_t(i % n)];
+      cs[size_t(i)] = std::cos(a);
+      sn[size_t(i)] = std::sin(a);
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      float* v = x + (t * H + h) * D;
+      for (int64_t i = 0; i < rot; ++i) {
+        const float a = v[i], b = v[i + rot];
+        v[i] = a * cs[size_t(i)] - b * sn[size_t(i)];
+        v[i + rot] = b * cs[size_t(i)] + a * sn[size_t(i)];
       }
     }
   }
