@@ -40,7 +40,7 @@ struct CudaVisionModel::Impl {
   std::vector<DevLayer> layers;
   DeviceBuffer<float> staging;  // fp32 weights on their way to bf16
   // Per call: positions, attention tiles, activations.
-  std::vector<int32_t> h_pos, h_tiles;  // h_pos: [2R] (temporal group, patch row)
+  std::vector<int32_t> h_pos, h_tiles;  // h_pos: [3R] (temporal group, patch row, patch column)
   DeviceBuffer<int32_t> d_pos, d_tiles;
   DeviceBuffer<float> px, x, qkv, f, p2, m1, out;
   DeviceBuffer<uint16_t> xnb, qb, kb, vb, attnb, fb, p2b;
@@ -91,8 +91,12 @@ struct CudaVisionModel::Impl {
     finish_setup();
   }
 
+  cuda::VisionRope rope() const {
+    return c.rope == VitRope::kHf517 ? cuda::VisionRope::kHf517 : cuda::VisionRope::kOfficial;
+  }
+
   void finish_setup() {
-    const auto inv = cuda::vision_rope_inv_freq(c.head_dim(), c.rope_theta);
+    const auto inv = cuda::vision_rope_inv_freq(c.head_dim(), c.rope_theta, rope());
     up_f32(inv_freq, inv, inv.size());
     M3_CUDA_CHECK(cudaStreamSynchronize(s));
   }
@@ -133,20 +137,15 @@ struct CudaVisionModel::Impl {
     const int64_t D = c.hidden_size, H = c.num_heads, hd = c.head_dim(), I = c.intermediate_size,
                   P = c.projector_hidden_size, Ht = c.text_hidden_size, K = c.patch_dim();
     const int64_t m2 = int64_t(c.merge_size) * c.merge_size;
-    std::vector<int64_t> begin = {0};
-    h_pos.clear();
-    std::vector<int32_t> t, h, w, ph;
-    for (const auto& g : grids) {
-      check_grid(c, g);
-      begin.push_back(begin.back() + int64_t(g[0]) * g[1] * g[2]);
-      VisionModel::patch_positions(g, c.merge_size, t, h, w);
-      h_pos.insert(h_pos.end(), t.begin(), t.end());
-      ph.insert(ph.end(), h.begin(), h.end());
-    }
-    const int64_t R = begin.back(), N = R / m2;
+    for (const auto& g : grids) check_grid(c, g);
+    // The CPU model's layout: rotary positions per variant, one attention sequence per image / video segment.
+    const VisionModel::Layout lay = VisionModel::layout(c, grids);
+    const int64_t R = lay.seq.back(), N = R / m2;
     if (R == 0) return nullptr;
-    h_pos.insert(h_pos.end(), ph.begin(), ph.end());  // [pos_a (R) | pos_b (R)]
-    h_tiles = cuda::vision_attention_tiles(begin);
+    h_pos.assign(lay.t.begin(), lay.t.end());  // [pos_t (R) | pos_h (R) | pos_w (R)]
+    h_pos.insert(h_pos.end(), lay.h.begin(), lay.h.end());
+    h_pos.insert(h_pos.end(), lay.w.begin(), lay.w.end());
+    h_tiles = cuda::vision_attention_tiles(lay.seq);
     const int num_tiles = int(h_tiles.size() / 3);
     // Pageable sources: the copy returns once the data is staged, so the host vectors may change afterwards.
     cuda::upload(d_pos, h_pos.data(), h_pos.size(), s);
@@ -155,8 +154,9 @@ struct CudaVisionModel::Impl {
     p2.grow(size_t(R * Ht)), m1.grow(size_t(N * P)), out.grow(size_t(N * Ht));
     xnb.grow(size_t(R * D)), qb.grow(size_t(R * D)), kb.grow(size_t(R * D)), vb.grow(size_t(R * D));
     attnb.grow(size_t(R * D)), fb.grow(size_t(R * std::max(I, P))), p2b.grow(size_t(R * Ht));
-    const int32_t* pos_a = d_pos.get();
-    const int32_t* pos_b = d_pos.get() + R;
+    const int32_t* pos_t = d_pos.get();
+    const int32_t* pos_h = d_pos.get() + R;
+    const int32_t* pos_w = d_pos.get() + 2 * R;
     const float scale = 1.0f / std::sqrt(float(hd));
 
     // Patch embedding (the Conv3d as a [D, 1176] matmul), then pre_layrnorm in place on the fp32 stream.
@@ -171,8 +171,8 @@ struct CudaVisionModel::Impl {
       // x += out_proj(attention(rope(qkv(LN1(x))))) + bo
       cuda::vision_layer_norm(x.get(), R, D, L.ln1_w.get(), L.ln1_b.get(), c.layer_norm_eps, nullptr, xnb.get(), s);
       gemm.nt_bf16(xnb.get(), R, D, L.wqkv.get(), 3 * D, qkv.get(), false, s);
-      cuda::vision_qkv_rope(qkv.get(), L.bqkv.get(), R, int(H), int(hd), pos_a, pos_b, inv_freq.get(), qb.get(),
-                            kb.get(), vb.get(), s);
+      cuda::vision_qkv_rope(qkv.get(), L.bqkv.get(), R, int(H), int(hd), rope(), pos_t, pos_h, pos_w,
+                            inv_freq.get(), qb.get(), kb.get(), vb.get(), s);
       cuda::vision_attention(qb.get(), kb.get(), vb.get(), d_tiles.get(), num_tiles, int(H), int(hd), scale,
                              attnb.get(), s);
       gemm.nt_bf16(attnb.get(), R, D, L.wo.get(), D, x.get(), true, s);
@@ -215,8 +215,8 @@ std::unique_ptr<CudaVisionModel> CudaVisionModel::random(const VisionConfig& cfg
   return m;
 }
 
-std::unique_ptr<CudaVisionModel> CudaVisionModel::load(const std::string& model_dir) {
-  const VisionConfig c = load_vision_config((std::filesystem::path(model_dir) / "config.json").string());
+std::unique_ptr<CudaVisionModel> CudaVisionModel::load(const std::string& model_dir, std::optional<VitRope> rope) {
+  const VisionConfig c = load_vision_config((std::filesystem::path(model_dir) / "config.json").string(), rope);
   const SafeTensors st = SafeTensors::open(model_dir);
   return std::make_unique<CudaVisionModel>(c, load_vision_weights(st, c));
 }
@@ -261,11 +261,15 @@ double CudaVisionModel::flops(const VisionConfig& c, std::span<const std::array<
   const double D = c.hidden_size, I = c.intermediate_size, P = c.projector_hidden_size, Ht = c.text_hidden_size,
                K = c.patch_dim(), L = c.num_layers, m2 = double(c.merge_size) * c.merge_size;
   double total = 0;
+  const VisionModel::Layout lay = VisionModel::layout(c, grids);
+  for (size_t i = 0; i + 1 < lay.seq.size(); ++i) {  // Q·Kᵀ and P·V over all heads, per attention sequence
+    const double S = double(lay.seq[i + 1] - lay.seq[i]);
+    total += L * 4 * S * S * D;
+  }
   for (const auto& g : grids) {
     const double R = double(g[0]) * g[1] * g[2];
     total += 2 * R * (K * D + L * (4 * D * D + 2 * D * I) + D * P + P * Ht);  // per-patch GEMMs
     total += 2 * (R / m2) * (m2 * Ht * P + P * Ht);                          // merge MLP
-    total += L * 4 * R * R * D;                                              // Q·Kᵀ and P·V over all heads
   }
   return total;
 }

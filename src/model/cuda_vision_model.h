@@ -2,7 +2,8 @@
 // CUDA"): the GPU twin of VisionModel (model/vision_model.h), same contract. Weights are uploaded once as bf16
 // (matrices) and fp32 (LayerNorm weights, biases); GEMMs take bf16 inputs with fp32 accumulation (cuBLASLt,
 // backend/cuda/gemm.cuh), the residual stream stays fp32; the other ops are backend/cuda/vision_ops.cuh.
-// Items of different sizes share one call: every GEMM runs over all rows, attention is per item (block-diagonal).
+// Items of different sizes share one call: every GEMM runs over all rows, attention is per image / video segment
+// (block-diagonal, VisionModel::layout). Both rotary variants (VisionConfig::rope).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -25,7 +27,9 @@ class CudaVisionModel {
   // Random weights filled on the device (benchmarks at M3's widths without a host copy): matrices uniform in
   // ±1/sqrt(fan-in), LayerNorm weights in ±1, small biases (base/counter_hash.h counters, seed `seed`).
   static std::unique_ptr<CudaVisionModel> random(const VisionConfig& cfg, uint64_t seed);
-  static std::unique_ptr<CudaVisionModel> load(const std::string& model_dir);
+  // `rope`, when set, overrides the config's vit_rope (load_vision_config).
+  static std::unique_ptr<CudaVisionModel> load(const std::string& model_dir,
+                                               std::optional<VitRope> rope = std::nullopt);
   ~CudaVisionModel();
   CudaVisionModel(const CudaVisionModel&) = delete;
   CudaVisionModel& operator=(const CudaVisionModel&) = delete;

@@ -1,7 +1,9 @@
 // The vision tower on CUDA (issue 12 item 4; docs/MEDIA.md "Vision tower on CUDA"): every op of
-// backend/cuda/vision_ops.cuh against its CPU twin (backend/cpu/vision_ops.cpp), the whole tower (CudaVisionModel)
-// against the CPU VisionModel and HF's golden stages on the tiny_vl fixture with two images of different sizes in one
-// call, and the CUDA executor placing image features in the prompt against the CPU forward and HF's logits.
+// backend/cuda/vision_ops.cuh against its CPU twin (backend/cpu/vision_ops.cpp; the q/k/v RoPE in both variants),
+// the whole tower (CudaVisionModel) against the CPU VisionModel and HF's golden stages on the tiny_vl fixture with two
+// images of different sizes in one call, the official variant's tower against the CPU twin stage by stage (images and
+// a video of two segments), and the CUDA executor placing image features in the prompt against the CPU forward and
+// HF's logits.
 //
 // Tolerances (relative to the largest |reference| of the compared row or tensor): bf16 has an 8-bit significand, so
 // one rounding moves a value by ≤ 2^-9 ≈ 2e-3 of itself. Ops with a bf16 output: 4e-3 (one rounding, plus fp32
@@ -127,41 +129,49 @@ TEST(GpuVisionOps, BiasGeluMatchesCpuTwin) {
   expect_close("vision_bias_act bias", "[19, 300]", dy.get(), ref2, 1e-7);
 }
 
-TEST(GpuVisionOps, QkvRopeMatchesCpuTwinOnTwoItems) {
+// Both rotary variants (VitRope): hf517 against cpu::vision_rope_hf517, official against cpu::vision_rope_official
+// (dims 6·(hd/6).. unrotated: 78, 79 at hd 80), with VisionModel::layout's positions for a 2-group video, a 6-group
+// one (two segments: t restarts under official), a tall image (patch rows up to 63: large angles) and a wide 1×2×58.
+TEST(GpuVisionOps, QkvRopeMatchesCpuTwinForBothVariants) {
   M3_SKIP_WITHOUT_GPU();
   struct Shape {
     int H, hd;
   };
-  for (Shape sh : {Shape{4, 16}, Shape{16, 80}}) {
-    const int H = sh.H, hd = sh.hd;
-    const int64_t D = int64_t(H) * hd;
-    // Two items: a 2-frame video group grid and a tall image (patch rows up to 63: large angles).
-    std::vector<int32_t> pa, pb, t, h, w;
-    for (std::array<int, 3> g : {std::array<int, 3>{2, 4, 6}, std::array<int, 3>{1, 64, 4}}) {
-      VisionModel::patch_positions(g, 2, t, h, w);
-      pa.insert(pa.end(), t.begin(), t.end());
-      pb.insert(pb.end(), h.begin(), h.end());
+  const std::array<int, 3> grids[] = {{2, 4, 6}, {6, 2, 4}, {1, 64, 4}, {1, 2, 58}};
+  for (VitRope rope : {VitRope::kHf517, VitRope::kOfficial}) {
+    VisionConfig vc;
+    vc.rope = rope;
+    const VisionModel::Layout lay = VisionModel::layout(vc, grids);
+    const cuda::VisionRope crope = rope == VitRope::kHf517 ? cuda::VisionRope::kHf517 : cuda::VisionRope::kOfficial;
+    for (Shape sh : {Shape{4, 16}, Shape{16, 80}}) {
+      const int H = sh.H, hd = sh.hd;
+      const int64_t D = int64_t(H) * hd, R = int64_t(lay.t.size());
+      const auto qkv = rand_vec(size_t(R * 3 * D)), bias = rand_vec(size_t(3 * D));
+      std::vector<float> full = qkv, q(size_t(R * D)), k(size_t(R * D)), v(size_t(R * D));
+      cpu::add_bias(full.data(), R, 3 * D, bias.data());
+      for (int64_t r = 0; r < R; ++r) {
+        std::copy_n(&full[size_t(r * 3 * D)], D, &q[size_t(r * D)]);
+        std::copy_n(&full[size_t(r * 3 * D + D)], D, &k[size_t(r * D)]);
+        std::copy_n(&full[size_t(r * 3 * D + 2 * D)], D, &v[size_t(r * D)]);
+      }
+      for (float* x : {q.data(), k.data()}) {
+        if (rope == VitRope::kHf517)
+          cpu::vision_rope_hf517(x, R, H, hd, lay.t.data(), lay.h.data(), 10000.0);
+        else
+          cpu::vision_rope_official(x, R, H, hd, lay.t.data(), lay.h.data(), lay.w.data(), 10000.0);
+      }
+      Dev<float> dqkv(qkv), dbias(bias), dinv(cuda::vision_rope_inv_freq(hd, 10000.0, crope));
+      Dev<int32_t> dpt(lay.t), dph(lay.h), dpw(lay.w);
+      Dev<uint16_t> dq(q.size()), dk(k.size()), dv(v.size());
+      dq.poison(), dk.poison(), dv.poison();
+      cuda::vision_qkv_rope(dqkv.p(), dbias.p(), R, H, hd, crope, dpt.p(), dph.p(), dpw.p(), dinv.p(), dq.p(),
+                            dk.p(), dv.p(), nullptr);
+      const std::string shape = std::string(vit_rope_name(rope)) + " R " + std::to_string(R) + " H " +
+                                std::to_string(H) + " hd " + std::to_string(hd);
+      expect_close("vision_qkv_rope q", shape, bf16_floats(dq.get()), q, 4e-3);
+      expect_close("vision_qkv_rope k", shape, bf16_floats(dk.get()), k, 4e-3);
+      expect_close("vision_qkv_rope v", shape, bf16_floats(dv.get()), v, 4e-3);
     }
-    const int64_t R = int64_t(pa.size());
-    const auto qkv = rand_vec(size_t(R * 3 * D)), bias = rand_vec(size_t(3 * D));
-    std::vector<float> full = qkv, q(size_t(R * D)), k(size_t(R * D)), v(size_t(R * D));
-    cpu::add_bias(full.data(), R, 3 * D, bias.data());
-    for (int64_t r = 0; r < R; ++r) {
-      std::copy_n(&full[size_t(r * 3 * D)], D, &q[size_t(r * D)]);
-      std::copy_n(&full[size_t(r * 3 * D + D)], D, &k[size_t(r * D)]);
-      std::copy_n(&full[size_t(r * 3 * D + 2 * D)], D, &v[size_t(r * D)]);
-    }
-    cpu::vision_rope_hf517(q.data(), R, H, hd, pa.data(), pb.data(), 10000.0);
-    cpu::vision_rope_hf517(k.data(), R, H, hd, pa.data(), pb.data(), 10000.0);
-    Dev<float> dqkv(qkv), dbias(bias), dinv(cuda::vision_rope_inv_freq(hd, 10000.0));
-    Dev<int32_t> dpa(pa), dpb(pb);
-    Dev<uint16_t> dq(q.size()), dk(k.size()), dv(v.size());
-    dq.poison(), dk.poison(), dv.poison();
-    cuda::vision_qkv_rope(dqkv.p(), dbias.p(), R, H, hd, dpa.p(), dpb.p(), dinv.p(), dq.p(), dk.p(), dv.p(), nullptr);
-    const std::string shape = "R " + std::to_string(R) + " H " + std::to_string(H) + " hd " + std::to_string(hd);
-    expect_close("vision_qkv_rope q", shape, bf16_floats(dq.get()), q, 4e-3);
-    expect_close("vision_qkv_rope k", shape, bf16_floats(dk.get()), k, 4e-3);
-    expect_close("vision_qkv_rope v", shape, bf16_floats(dv.get()), v, 4e-3);
   }
 }
 
@@ -264,6 +274,95 @@ TEST(GpuVisionTower, TinyVlTwoImageSizesInOneCallMatchCpuAndHf) {
   const VisionModel::Item odd_grid[] = {{std::span<const float>(pa).subspan(0, size_t(6 * 7) * 1176), {1, 6, 7}}};
   EXPECT_THROW(gpu->encode_batch(odd_grid), Error);
   EXPECT_TRUE(gpu->encode_batch({}).empty());
+}
+
+// The official variant through the whole tower, CudaVisionModel against VisionModel stage by stage: tiny_vl loaded
+// with the override (head dim 16: 12 dims rotated) and a random 2-head tower at M3's head dim 80, each on image A (or
+// a 6×8 image), a 6-group video (two attention segments, t restarting) and image B in one call; then the video
+// alone against its two segments encoded as separate videos (per-segment scope on the GPU too).
+TEST(GpuVisionTower, OfficialRopeMatchesCpuTwinOnImagesAndAVideo) {
+  M3_SKIP_WITHOUT_GPU();
+  auto check = [](const std::string& name, const VisionModel& cpu, CudaVisionModel& gpu,
+                  std::span<const VisionModel::Item> items, std::span<const float> video, int64_t per_group) {
+    const VisionConfig& c = cpu.config();
+    ASSERT_EQ(c.rope, VitRope::kOfficial);
+    ASSERT_EQ(gpu.config().rope, VitRope::kOfficial);
+    const int64_t D = c.hidden_size, Ht = c.text_hidden_size;
+    VisionTrace tc, tg;
+    const auto want = cpu.encode_batch(items, &tc);
+    const auto got = gpu.encode_batch(items, &tg);
+    const double e_patch = row_rel(tg.patch_embed, tc.patch_embed, D);
+    std::printf("[gpu-vision] %s official: patch embed %.3e", name.c_str(), e_patch);
+    EXPECT_LT(e_patch, 1e-2) << name;
+    ASSERT_EQ(tg.layers.size(), tc.layers.size());
+    for (size_t l = 0; l < tc.layers.size(); ++l) {
+      const double e = row_rel(tg.layers[l], tc.layers[l], D);
+      std::printf("  layer %zu %.3e", l, e);
+      EXPECT_LT(e, 3e-2) << name << " layer " << l;
+    }
+    const double e_proj = row_rel(tg.projected, tc.projected, Ht), e_out = row_rel(got, want, Ht);
+    std::printf("  projector %.3e  embeddings %.3e\n", e_proj, e_out);
+    EXPECT_LT(e_proj, 3e-2) << name;
+    EXPECT_LT(e_out, 3e-2) << name;
+    // The 6-group video = its first 4 groups + its last 2 as separate videos.
+    const std::array<int, 3> g6{6, 2, 4}, g4{4, 2, 4}, g2{2, 2, 4};
+    const VisionModel::Item whole[] = {{video, g6}};
+    const VisionModel::Item parts[] = {{video.subspan(0, size_t(4 * per_group * 1176)), g4},
+                                       {video.subspan(size_t(4 * per_group * 1176)), g2}};
+    const double e_seg = row_rel(gpu.encode_batch(whole), gpu.encode_batch(parts), Ht);
+    std::printf("[gpu-vision] %s official: 6-group video vs its segments as two videos %.3e\n", name.c_str(), e_seg);
+    EXPECT_LT(e_seg, 1e-2) << name << ": attention per ≤ 4-group segment, t from 0 in each";
+  };
+  const int64_t per_group = 8;  // grid 2×4 per temporal group
+  const auto video = rand_vec(size_t(6 * per_group * 1176));
+
+  // tiny_vl with the official variant (the fixture pins hf517).
+  {
+    VisionModel cpu = VisionModel::load(fixture().string(), VitRope::kOfficial);
+    auto gpu = CudaVisionModel::load(fixture().string(), VitRope::kOfficial);
+    SafeTensors gold = SafeTensors::open((fixture() / "golden.safetensors").string());
+    const auto pa = f32(gold, "pixel_values"), pb = f32(gold, "b.pixel_values");
+    const VisionModel::Item items[] = {{pa, grid(gold, "image_grid_thw")},
+                                       {video, {6, 2, 4}},
+                                       {pb, grid(gold, "b.image_grid_thw")}};
+    check("tiny_vl (hd 16)", cpu, *gpu, items, video, per_group);
+  }
+  // Head dim 80 (M3's): 2 heads, 2 layers, random weights (bf16-exact, so both towers start from the same values).
+  {
+    VisionConfig c;
+    c.hidden_size = 160, c.num_heads = 2, c.intermediate_size = 128, c.num_layers = 2;
+    c.projector_hidden_size = 64, c.text_hidden_size = 32;
+    c.rope = VitRope::kOfficial;
+    const int64_t D = c.hidden_size, I = c.intermediate_size, P = c.projector_hidden_size, Ht = c.text_hidden_size,
+                  K = c.patch_dim();
+    auto mat = [](int64_t rows, int64_t cols, float gain = 1.f) {
+      auto v = rand_vec(size_t(rows * cols), 0.f, gain / std::sqrt(float(cols)));
+      for (auto& x : v) x = round_to_bf16(x);
+      return v;
+    };
+    auto ln = [](int64_t n) {
+      auto v = rand_vec(size_t(n), 0.f, 0.2f);
+      for (auto& x : v) x = 1.f + x;
+      return v;
+    };
+    auto bias = [](int64_t n) { return rand_vec(size_t(n), 0.f, 0.05f); };
+    VisionWeights w;
+    w.patch_embed = mat(D, K), w.pre_ln_w = ln(D), w.pre_ln_b = bias(D);
+    for (int l = 0; l < c.num_layers; ++l) {
+      VisionLayerWeights L;
+      L.ln1_w = ln(D), L.ln1_b = bias(D), L.ln2_w = ln(D), L.ln2_b = bias(D);
+      L.wqkv = mat(3 * D, D), L.bqkv = bias(3 * D), L.wo = mat(D, D), L.bo = bias(D);
+      L.fc1 = mat(I, D), L.fc1_b = bias(I), L.fc2 = mat(D, I), L.fc2_b = bias(D);
+      w.layers.push_back(std::move(L));
+    }
+    w.proj1 = mat(P, D), w.proj1_b = bias(P), w.proj2 = mat(Ht, P), w.proj2_b = bias(Ht);
+    w.merge1 = mat(P, 4 * Ht), w.merge1_b = bias(P), w.merge2 = mat(Ht, P), w.merge2_b = bias(Ht);
+    CudaVisionModel gpu(c, w);
+    const VisionModel cpu(c, std::move(w));
+    const auto img = rand_vec(size_t(48 * K)), tall = rand_vec(size_t(40 * K));
+    const VisionModel::Item items[] = {{img, {1, 6, 8}}, {video, {6, 2, 4}}, {tall, {1, 10, 4}}};
+    check("random tower (hd 80)", cpu, gpu, items, video, per_group);
+  }
 }
 
 // The CUDA executor puts image features on the slot rows (SeqInput::media_embeds) as the CPU forward does: fp32

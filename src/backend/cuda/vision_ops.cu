@@ -52,37 +52,60 @@ __global__ void bias_act_kernel(float* __restrict__ y, int64_t n, int64_t N, con
   }
 }
 
-// One thread per rotate-half pair (row r, head h, i < hd/2) of q and of k, and per two v elements.
+// One thread per (row r, head h, i < hd/2): v elements i and i + hd/2, and for q and k
+// - kHf517 (official = false): the rotate-half pair (i, i + hd/2);
+// - kOfficial: the NeoX pair (i, i + 3n) for i < 3n (n = hd/6), else the unrotated elements 6n + 2j, 6n + 2j + 1
+//   with j = i − 3n (hd − 6n is even for even hd, so these threads cover them exactly).
 __global__ void qkv_rope_kernel(const float* __restrict__ qkv, const float* __restrict__ bias, int64_t R, int H,
-                                int hd, const int32_t* __restrict__ pos_a, const int32_t* __restrict__ pos_b,
+                                int hd, bool official, const int32_t* __restrict__ pos_t,
+                                const int32_t* __restrict__ pos_h, const int32_t* __restrict__ pos_w,
                                 const float* __restrict__ inv_freq, __nv_bfloat16* __restrict__ q,
                                 __nv_bfloat16* __restrict__ k, __nv_bfloat16* __restrict__ v) {
-  const int half = hd / 2, quarter = hd / 4;
+  const int half = hd / 2, quarter = hd / 4, n3 = official ? 3 * (hd / 6) : half, nf = hd / 6;
   const int64_t D = int64_t(H) * hd, per_row = int64_t(H) * half;
   const int64_t n = R * per_row;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = idx / per_row;
     const int hh = int((idx % per_row) / half), i = int(idx % half);
-    // Angle: frequency i of the temporal-group position for i < hd/4, frequency i − hd/4 of the patch row after.
-    const float ang = i < quarter ? float(pos_a[r]) * inv_freq[i] : float(pos_b[r]) * inv_freq[i - quarter];
+    const float* row = qkv + r * 3 * D;
+    const int64_t c0 = int64_t(hh) * hd, o0 = r * D + c0;
+    {
+      const int64_t col = c0 + i;
+      v[o0 + i] = __float2bfloat16_rn(row[2 * D + col] + bias[2 * D + col]);
+      v[o0 + i + half] = __float2bfloat16_rn(row[2 * D + col + half] + bias[2 * D + col + half]);
+    }
+    if (i >= n3) {  // official only: two dims past the rotated ones, copied
+      const int64_t col = c0 + 2 * n3 + 2 * (i - n3);
+      for (int e = 0; e < 2; ++e) {
+        q[r * D + col + e] = __float2bfloat16_rn(row[col + e] + bias[col + e]);
+        k[r * D + col + e] = __float2bfloat16_rn(row[D + col + e] + bias[D + col + e]);
+      }
+      continue;
+    }
+    // Angle. kHf517: frequency i of the temporal-group position for i < hd/4, frequency i − hd/4 of the patch row
+    // after. kOfficial: axis i / n (t, h, w), frequency i mod n.
+    float ang;
+    if (!official) {
+      ang = i < quarter ? float(pos_t[r]) * inv_freq[i] : float(pos_h[r]) * inv_freq[i - quarter];
+    } else {
+      const int axis = i / nf;
+      const int32_t p = axis == 0 ? pos_t[r] : axis == 1 ? pos_h[r] : pos_w[r];
+      ang = float(p) * inv_freq[i - axis * nf];
+    }
     float sn, cs;
     sincosf(ang, &sn, &cs);
-    const int64_t col = int64_t(hh) * hd + i;
-    const float* row = qkv + r * 3 * D;
-    const int64_t o = r * D + col;
+    const int64_t col = c0 + i, o = o0 + i;
     {
-      const float a = row[col] + bias[col], bb = row[col + half] + bias[col + half];
+      const float a = row[col] + bias[col], bb = row[col + n3] + bias[col + n3];
       q[o] = __float2bfloat16_rn(a * cs - bb * sn);
-      q[o + half] = __float2bfloat16_rn(bb * cs + a * sn);
+      q[o + n3] = __float2bfloat16_rn(bb * cs + a * sn);
     }
     {
-      const float a = row[D + col] + bias[D + col], bb = row[D + col + half] + bias[D + col + half];
+      const float a = row[D + col] + bias[D + col], bb = row[D + col + n3] + bias[D + col + n3];
       k[o] = __float2bfloat16_rn(a * cs - bb * sn);
-      k[o + half] = __float2bfloat16_rn(bb * cs + a * sn);
+      k[o + n3] = __float2bfloat16_rn(bb * cs + a * sn);
     }
-    v[o] = __float2bfloat16_rn(row[2 * D + col] + bias[2 * D + col]);
-    v[o + half] = __float2bfloat16_rn(row[2 * D + col + half] + bias[2 * D + col + half]);
   }
 }
 
@@ -237,21 +260,24 @@ void vision_bias_act(float* y, int64_t rows, int64_t N, const float* b, bool gel
   M3_CUDA_LAUNCH_CHECK();
 }
 
-std::vector<float> vision_rope_inv_freq(int hd, double theta) {
-  // Same expression and precision as cpu::vision_rope_hf517 (fp32 pow of fp32 operands).
-  const int q = hd / 4, half = hd / 2;
-  std::vector<float> inv(size_t(std::max(q, 0)));
-  for (int k = 0; k < q; ++k) inv[size_t(k)] = 1.0f / std::pow(float(theta), float(2 * k) / float(half));
+std::vector<float> vision_rope_inv_freq(int hd, double theta, VisionRope rope) {
+  // Same expressions and precision as the CPU twins (fp32 pow of fp32 operands).
+  const bool official = rope == VisionRope::kOfficial;
+  const int n = official ? hd / 6 : hd / 4, denom = official ? 2 * n : hd / 2;
+  std::vector<float> inv(size_t(std::max(n, 0)));
+  for (int k = 0; k < n; ++k) inv[size_t(k)] = 1.0f / std::pow(float(theta), float(2 * k) / float(denom));
   return inv;
 }
 
-void vision_qkv_rope(const float* qkv, const float* bias, int64_t R, int H, int hd, const int32_t* pos_a,
-                     const int32_t* pos_b, const float* inv_freq, uint16_t* q, uint16_t* k, uint16_t* v,
-                     cudaStream_t s) {
+void vision_qkv_rope(const float* qkv, const float* bias, int64_t R, int H, int hd, VisionRope rope,
+                     const int32_t* pos_t, const int32_t* pos_h, const int32_t* pos_w, const float* inv_freq,
+                     uint16_t* q, uint16_t* k, uint16_t* v, cudaStream_t s) {
   if (R <= 0) return;
   M3_CUDA_REQUIRE(H > 0 && hd > 0 && hd % 4 == 0, "vision_qkv_rope: head dim %d must be a positive multiple of 4", hd);
+  const bool official = rope == VisionRope::kOfficial;
+  M3_CUDA_REQUIRE(!official || (hd >= 6 && pos_w), "vision_qkv_rope: the 3D RoPE needs hd ≥ 6 (%d) and pos_w", hd);
   const int64_t n = R * H * (hd / 2);
-  qkv_rope_kernel<<<blocks_for(n, 256), 256, 0, s>>>(qkv, bias, R, H, hd, pos_a, pos_b, inv_freq,
+  qkv_rope_kernel<<<blocks_for(n, 256), 256, 0, s>>>(qkv, bias, R, H, hd, official, pos_t, pos_h, pos_w, inv_freq,
                                                      reinterpret_cast<__nv_bfloat16*>(q),
                                                      reinterpret_cast<__nv_bfloat16*>(k),
                                                      reinterpret_cast<__nv_bfloat16*>(v));
