@@ -81,6 +81,7 @@ struct ServeOptions {
   int64_t max_media_pixels = 0;
   int media_threads = 2;
   std::string vision_device = "auto";  // where the vision tower runs: auto (with the executor), cpu
+  std::string vit_rope = "config";     // ViT rotary: config (vision_config.vit_rope, else official), official, hf517
   std::string media_feature_cache = "2GiB";  // vision features kept by content hash (media/feature_cache.h)
 };
 
@@ -302,6 +303,10 @@ CommandRun register_serve(CLI::App& app) {
   cmd->add_option("--vision-device", o->vision_device,
                   "Where the vision tower runs: auto (on the GPU with the CUDA executor, else the CPU) or cpu")
       ->check(CLI::IsMember({"auto", "cpu"}))->capture_default_str();
+  cmd->add_option("--vit-rope", o->vit_rope,
+                  "The vision tower's rotary (docs/MEDIA.md): config (config.json's vision_config.vit_rope, else "
+                  "official), official (vLLM's 3D RoPE) or hf517 (HF transformers 5.17's axial RoPE)")
+      ->check(CLI::IsMember({"config", "official", "hf517"}))->capture_default_str();
 
   return [o]() -> int {
     server::install_crash_handler();
@@ -387,17 +392,22 @@ CommandRun register_serve(CLI::App& app) {
       Encode encode;
       int width = 0;
       [[maybe_unused]] const bool cpu_executor = dynamic_cast<const CpuExecutor*>(executor.get()) != nullptr;
+      const std::optional<VitRope> rope =
+          o->vit_rope == "config" ? std::nullopt : std::optional<VitRope>(parse_vit_rope(o->vit_rope));
+      const char* rope_name = nullptr;
       try {
 #ifdef M3_WITH_CUDA
         if (!cpu_executor && o->vision_device == "auto") {
-          std::shared_ptr<CudaVisionModel> gpu = CudaVisionModel::load(o->model);
+          std::shared_ptr<CudaVisionModel> gpu = CudaVisionModel::load(o->model, rope);
           width = gpu->config().text_hidden_size;
+          rope_name = vit_rope_name(gpu->config().rope);
           encode = [gpu](std::span<const VisionModel::Item> items) { return gpu->encode_batch(items); };
         }
 #endif
         if (!encode) {
-          auto cpu = std::make_shared<const VisionModel>(VisionModel::load(o->model));
+          auto cpu = std::make_shared<const VisionModel>(VisionModel::load(o->model, rope));
           width = cpu->config().text_hidden_size;
+          rope_name = vit_rope_name(cpu->config().rope);
           encode = [cpu](std::span<const VisionModel::Item> items) { return cpu->encode_batch(items); };
         }
       } catch (const m3::Error& e) {
@@ -408,6 +418,7 @@ CommandRun register_serve(CLI::App& app) {
         M3_CHECK(width == c.hidden_size, "vision projector width {} differs from the text hidden size {}", width,
                  c.hidden_size);
         sc.serve_media = true;
+        std::fprintf(stderr, "vision tower: %s rotary (--vit-rope)\n", rope_name ? rope_name : "?");
         const int64_t fc_bytes = parse_bytes(o->media_feature_cache, "--media-feature-cache-memory");
         auto features = fc_bytes > 0 ? std::make_shared<media::FeatureCache>(fc_bytes) : nullptr;
         // The encoder's own thread: the engine asks for the items its prefix cache does not hold
